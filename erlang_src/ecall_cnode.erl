@@ -1,0 +1,110 @@
+%% @private
+%% Owns this node's C-node identities (`<name>_ecall_<K>@<host>', one per
+%% link), registered with epmd for as long as this process lives.
+%%
+%% When the node is not distributed, or the NIF did not load, no identity is
+%% started, a clear log line says why, and ecall behaves as plain
+%% distribution (`!', erpc).
+-module(ecall_cnode).
+-behaviour(gen_server).
+
+-export([start_link/0, cnode/0, nodes/0]).
+-export([init/1, handle_call/3, handle_cast/2, handle_info/2, terminate/2]).
+
+-include_lib("kernel/include/logger.hrl").
+
+-define(KEY, {ecall, cnode}).
+-define(START_TIMEOUT, 15000).
+
+-spec start_link() -> {ok, pid()} | {error, term()}.
+start_link() ->
+    gen_server:start_link({local, ?MODULE}, ?MODULE, [], []).
+
+%% @doc The identities, or why there are none.
+-spec cnode() -> {ok, ecall_nif:cnode()} | {error, not_distributed | {nif_not_loaded, term()} | term()}.
+cnode() ->
+    persistent_term:get(?KEY, {error, not_started}).
+
+%% @doc Node names of this node's C-node identities.
+-spec nodes() -> [node()].
+nodes() ->
+    case cnode() of
+        {ok, C} -> [binary_to_atom(N) || {N, _, _} <- ecall_nif:cnode_info(C)];
+        {error, _} -> []
+    end.
+
+-spec init([]) -> {ok, map()} | {stop, term()}.
+init([]) ->
+    %% terminate/2 must run on shutdown to drop the identities.
+    process_flag(trap_exit, true),
+    Result = start_identities(),
+    persistent_term:put(?KEY, Result),
+    case Result of
+        {ok, CNode} ->
+            ?LOG_INFO("ecall: C-node identities ~p registered with epmd",
+                      [[N || {N, _, _} <- ecall_nif:cnode_info(CNode)]]),
+            {ok, #{cnode => CNode}};
+        {error, not_distributed} ->
+            ?LOG_NOTICE("ecall: this node is not distributed (no -sname/-name); "
+                        "ecall:send/2 and friends behave as plain ! and erpc", []),
+            {ok, #{}};
+        {error, {nif_not_loaded, Why}} ->
+            ?LOG_ERROR("ecall: the NIF did not load (~p); falling back to native distribution",
+                       [Why]),
+            {ok, #{}};
+        {error, Why} ->
+            %% epmd refused the names, for example: a real failure, let the
+            %% supervisor see it.
+            {stop, {cnode_start_failed, Why}}
+    end.
+
+-spec start_identities() -> {ok, ecall_nif:cnode()} | {error, term()}.
+start_identities() ->
+    case {is_alive(), ecall_nif:load_error()} of
+        {false, _} ->
+            {error, not_distributed};
+        {true, none} ->
+            [Name, Host] = string:split(atom_to_list(node()), "@"),
+            Nodes = [iolist_to_binary([Name, "_ecall_", integer_to_list(K), $@, Host])
+                     || K <- lists:seq(1, ecall_config:links())],
+            Cookie = atom_to_binary(erlang:get_cookie()),
+            Ref = make_ref(),
+            ok = ecall_nif:cnode_start(Nodes, Cookie, tick_ms(), ?START_TIMEOUT, Ref),
+            receive
+                {ecall_cnode, Ref, Result} -> Result
+            after ?START_TIMEOUT ->
+                {error, timeout}
+            end;
+        {true, Why} ->
+            {error, {nif_not_loaded, Why}}
+    end.
+
+%% The peer drops a connection after net_ticktime without traffic from it
+%% and ticks every quarter of that; we write at least as often.
+-spec tick_ms() -> pos_integer().
+tick_ms() ->
+    Ticktime = case net_kernel:get_net_ticktime() of
+                   {ongoing_change_to, T} -> T;
+                   T when is_integer(T) -> T;
+                   _ -> 60
+               end,
+    max(100, Ticktime * 1000 div 4).
+
+-spec handle_call(term(), gen_server:from(), map()) -> {reply, {error, badarg}, map()}.
+handle_call(_Req, _From, State) ->
+    {reply, {error, badarg}, State}.
+
+-spec handle_cast(term(), map()) -> {noreply, map()}.
+handle_cast(_Msg, State) ->
+    {noreply, State}.
+
+-spec handle_info(term(), map()) -> {noreply, map()}.
+handle_info(_Info, State) ->
+    {noreply, State}.
+
+-spec terminate(term(), map()) -> ok.
+terminate(_Reason, _State) ->
+    %% Dropping the last reference closes the listeners and the epmd
+    %% registrations (once the links that use them have stopped).
+    _ = persistent_term:erase(?KEY),
+    ok.

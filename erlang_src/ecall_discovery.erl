@@ -1,0 +1,61 @@
+%% @private
+%% Automatic discovery: every node running ecall joins the group `nodes' of
+%% the pg scope `ecall_pg' and connects to the nodes that show up in it.
+%% Connecting happens in a short-lived process per node so that a slow peer
+%% never holds up discovery. A peer that leaves needs nothing here: its
+%% connection process sees `nodedown' on its own.
+-module(ecall_discovery).
+-behaviour(gen_server).
+
+-export([start_link/0]).
+-export([init/1, handle_call/3, handle_cast/2, handle_info/2]).
+
+-include_lib("kernel/include/logger.hrl").
+
+-define(SCOPE, ecall_pg).
+-define(GROUP, nodes).
+
+-spec start_link() -> {ok, pid()} | {error, term()}.
+start_link() ->
+    gen_server:start_link({local, ?MODULE}, ?MODULE, [], []).
+
+-spec init([]) -> {ok, map()}.
+init([]) ->
+    case ecall_config:get(discovery) andalso ecall_cnode:cnode() of
+        {ok, _} ->
+            ok = pg:join(?SCOPE, ?GROUP, self()),
+            {Ref, Members} = pg:monitor(?SCOPE, ?GROUP),
+            connect_all(Members),
+            {ok, #{ref => Ref}};
+        _ ->
+            {ok, #{}}
+    end.
+
+-spec handle_info(term(), map()) -> {noreply, map()}.
+handle_info({Ref, join, ?GROUP, Pids}, #{ref := Ref} = St) ->
+    connect_all(Pids),
+    {noreply, St};
+handle_info(_Info, St) ->
+    {noreply, St}.
+
+-spec connect_all([pid()]) -> ok.
+connect_all(Pids) ->
+    Me = node(),
+    _ = [spawn(fun() -> connect(Node) end) || Node <- lists:usort([node(P) || P <- Pids]),
+                                              Node =/= Me],
+    ok.
+
+-spec connect(node()) -> ok.
+connect(Node) ->
+    case ecall:connect(Node) of
+        ok -> ok;
+        {error, Reason} -> ?LOG_WARNING("ecall: cannot connect to ~p: ~p", [Node, Reason])
+    end.
+
+-spec handle_call(term(), gen_server:from(), map()) -> {reply, {error, badarg}, map()}.
+handle_call(_Req, _From, St) ->
+    {reply, {error, badarg}, St}.
+
+-spec handle_cast(term(), map()) -> {noreply, map()}.
+handle_cast(_Msg, St) ->
+    {noreply, St}.

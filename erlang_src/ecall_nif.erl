@@ -1,0 +1,76 @@
+%% @doc Loader and stubs of the Rust NIF (crate `native/ecall_nif`).
+%%
+%% The module always loads: when the shared library cannot be loaded the
+%% reason is kept (see {@link load_error/0}) and every stub raises
+%% `nif_not_loaded', which ecall turns into a fallback to native
+%% distribution. Nothing here is part of the public API.
+-module(ecall_nif).
+
+-export([loaded/0, load_error/0]).
+-export([cnode_start/5, cnode_info/1,
+         peer_open/6, peer_close/1, peer_stats/1,
+         send/3, send_admitted/3, wait_room/3]).
+
+-on_load(init/0).
+
+-define(LIB, "libecall_nif").
+
+-type cnode() :: reference().
+-type peer() :: reference().
+-export_type([cnode/0, peer/0]).
+
+-spec init() -> ok.
+init() ->
+    Path = filename:join(priv_dir(), ?LIB),
+    case erlang:load_nif(Path, 0) of
+        ok ->
+            ok;
+        {error, Reason} ->
+            %% Keep loading the module: callers fall back to native
+            %% distribution, and ecall_cnode logs why.
+            persistent_term:put({?MODULE, load_error}, Reason),
+            ok
+    end.
+
+-spec priv_dir() -> file:filename().
+priv_dir() ->
+    case code:priv_dir(ecall) of
+        {error, bad_name} ->
+            filename:join(filename:dirname(filename:dirname(code:which(?MODULE))), "priv");
+        Dir ->
+            Dir
+    end.
+
+%% @doc Why the NIF did not load, or `none'.
+-spec load_error() -> none | term().
+load_error() ->
+    persistent_term:get({?MODULE, load_error}, none).
+
+-spec loaded() -> boolean().
+loaded() -> false.
+
+-spec cnode_start([binary()], binary(), pos_integer(), pos_integer(), reference()) -> ok.
+cnode_start(_Nodes, _Cookie, _TickMs, _HandshakeMs, _Ref) -> erlang:nif_error(nif_not_loaded).
+
+-spec cnode_info(cnode()) -> [{binary(), non_neg_integer(), non_neg_integer()}].
+cnode_info(_CNode) -> erlang:nif_error(nif_not_loaded).
+
+-spec peer_open(cnode(), binary(), binary(), [binary()], pid(), map()) -> {ok, peer()}.
+peer_open(_CNode, _Node, _Cookie, _Receivers, _Owner, _Opts) -> erlang:nif_error(nif_not_loaded).
+
+-spec peer_close(peer()) -> ok.
+peer_close(_Peer) -> erlang:nif_error(nif_not_loaded).
+
+-spec peer_stats(peer()) -> #{atom() => non_neg_integer()}.
+peer_stats(_Peer) -> erlang:nif_error(nif_not_loaded).
+
+-spec send(peer(), pid() | atom() | reference(), term()) ->
+          ok | closed | {full, non_neg_integer()}.
+send(_Peer, _To, _Msg) -> erlang:nif_error(nif_not_loaded).
+
+-spec send_admitted(peer(), pid() | atom() | reference(), term()) ->
+          ok | closed | {full, non_neg_integer()}.
+send_admitted(_Peer, _To, _Msg) -> erlang:nif_error(nif_not_loaded).
+
+-spec wait_room(peer(), non_neg_integer(), reference()) -> wait | retry.
+wait_room(_Peer, _Size, _Ref) -> erlang:nif_error(nif_not_loaded).

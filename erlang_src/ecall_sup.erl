@@ -1,0 +1,26 @@
+%% @private
+%% Top supervisor. Order matters: the receiver pool is up before anything
+%% can announce this node to peers, and connections start after the C-node
+%% they use. rest_for_one: a restarted C-node takes the connections that
+%% used its identities down with it.
+-module(ecall_sup).
+-behaviour(supervisor).
+
+-export([start_link/0, init/1]).
+
+-spec start_link() -> {ok, pid()} | {error, term()}.
+start_link() ->
+    supervisor:start_link({local, ?MODULE}, ?MODULE, []).
+
+-spec init([]) -> {ok, {supervisor:sup_flags(), [supervisor:child_spec()]}}.
+init([]) ->
+    Children = [
+        #{id => ecall_receiver_sup, type => supervisor,
+          start => {ecall_receiver_sup, start_link, []}},
+        #{id => ecall_pg, start => {pg, start_link, [ecall_pg]}},
+        #{id => ecall_cnode, start => {ecall_cnode, start_link, []}},
+        #{id => ecall_conn_sup, type => supervisor,
+          start => {ecall_conn_sup, start_link, []}},
+        #{id => ecall_discovery, start => {ecall_discovery, start_link, []}}
+    ],
+    {ok, {#{strategy => rest_for_one, intensity => 5, period => 10}, Children}}.

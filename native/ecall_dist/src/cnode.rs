@@ -1,0 +1,282 @@
+//! A C-node identity: one node name registered with the local epmd, a
+//! listener for incoming connections, and the flags and creation that every
+//! connection made under this name uses.
+//!
+//! Shutdown: dropping the [`Identity`] cancels its accept loop and every
+//! incoming connection it serves, and closes the epmd connection, which
+//! unregisters the name.
+
+use crate::wire;
+use crate::{epmd_addr, Error};
+use erl_dist::epmd::{EpmdClient, NodeEntry};
+use erl_dist::handshake::{HandshakeStatus, ServerSideHandshake};
+use erl_dist::node::{Creation, LocalNode, NodeName};
+use erl_dist::DistributionFlags;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::AsyncWriteExt;
+use tokio::net::{TcpListener, TcpStream};
+use tokio_util::compat::{Compat, TokioAsyncReadCompatExt};
+use tokio_util::sync::CancellationToken;
+
+/// Distribution flags offered by the C-node.
+///
+/// erl_dist 0.8's `MANDATORY_25_DIGEST` is bit 36, which OTP 26+ uses for
+/// `LOCAL_EXT`; OTP's real value is `0x04000000`, so the set is spelled out.
+/// No atom cache, no fragments (we do not implement them), no monitors (we
+/// do not answer them). `V4_NC` and `UNLINK_ID` are mandatory from OTP 26.
+pub fn flags() -> DistributionFlags {
+    const OTP_MANDATORY_25_DIGEST: u64 = 0x0400_0000;
+    DistributionFlags::from_bits_truncate(
+        0x0107_0f94
+            | OTP_MANDATORY_25_DIGEST
+            | DistributionFlags::UNLINK_ID.bits()
+            | DistributionFlags::V4_NC.bits(),
+    )
+}
+
+/// Settings of one identity.
+#[derive(Debug, Clone)]
+pub struct IdentityConfig {
+    /// Full node name, `a_ecall_1@host`.
+    pub node: String,
+    /// Cookie that incoming connections must prove.
+    pub cookie: String,
+    /// Write at least this often on every connection (peer net_ticktime/4).
+    pub tick: Duration,
+    /// Longest time a handshake may take.
+    pub handshake_timeout: Duration,
+}
+
+/// A registered C-node name. See the module docs.
+#[derive(Debug)]
+pub struct Identity {
+    local: LocalNode,
+    config: IdentityConfig,
+    port: u16,
+    cancel: CancellationToken,
+    /// Incoming connections accepted (handshake done).
+    pub accepted: AtomicU64,
+    /// Incoming connections refused (bad cookie, bad handshake).
+    pub refused: AtomicU64,
+    _epmd: Compat<TcpStream>,
+}
+
+impl Identity {
+    /// Binds a listener, registers the name with epmd (hidden node) and
+    /// starts accepting. Must run inside a tokio runtime.
+    pub async fn start(config: IdentityConfig) -> Result<Arc<Identity>, Error> {
+        let name: NodeName = config
+            .node
+            .parse()
+            .map_err(|e| Error::BadName(format!("{}: {e}", config.node)))?;
+        let listener = TcpListener::bind(("0.0.0.0", 0))
+            .await
+            .map_err(Error::io("listen"))?;
+        let port = listener.local_addr().map_err(Error::io("listen"))?.port();
+        let epmd = TcpStream::connect(epmd_addr("127.0.0.1"))
+            .await
+            .map_err(Error::io("connect to epmd"))?;
+        let (keep, creation) = EpmdClient::new(epmd.compat())
+            .register(NodeEntry::new_hidden(name.name(), port))
+            .await
+            .map_err(|e| Error::Epmd(format!("register {}: {e}", config.node)))?;
+        let mut local = LocalNode::new(name, creation);
+        local.flags = flags();
+        let id = Arc::new(Identity {
+            local,
+            config,
+            port,
+            cancel: CancellationToken::new(),
+            accepted: AtomicU64::new(0),
+            refused: AtomicU64::new(0),
+            _epmd: keep,
+        });
+        tokio::spawn(accept_loop(
+            Arc::downgrade(&id),
+            listener,
+            id.cancel.clone(),
+        ));
+        Ok(id)
+    }
+
+    /// Our node as the handshake needs it.
+    pub fn local_node(&self) -> LocalNode {
+        self.local.clone()
+    }
+
+    /// Full node name.
+    pub fn node(&self) -> &str {
+        &self.config.node
+    }
+
+    /// Creation given by epmd.
+    pub fn creation(&self) -> Creation {
+        self.local.creation
+    }
+
+    /// Listening port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// Tick interval.
+    pub fn tick(&self) -> Duration {
+        self.config.tick
+    }
+
+    /// Handshake deadline.
+    pub fn handshake_timeout(&self) -> Duration {
+        self.config.handshake_timeout
+    }
+
+    /// A token cancelled when the identity goes away.
+    pub fn cancelled(&self) -> CancellationToken {
+        self.cancel.clone()
+    }
+}
+
+impl Drop for Identity {
+    fn drop(&mut self) {
+        self.cancel.cancel();
+    }
+}
+
+async fn accept_loop(
+    id: std::sync::Weak<Identity>,
+    listener: TcpListener,
+    cancel: CancellationToken,
+) {
+    loop {
+        let accepted = tokio::select! {
+            _ = cancel.cancelled() => return,
+            a = listener.accept() => a,
+        };
+        let Ok((stream, _)) = accepted else { continue };
+        let Some(me) = id.upgrade() else { return };
+        let cancel = cancel.clone();
+        tokio::spawn(async move {
+            let _ = stream.set_nodelay(true);
+            let hs =
+                tokio::time::timeout(me.handshake_timeout(), server_handshake(&me, stream)).await;
+            match hs {
+                Ok(Ok((stream, peer))) => {
+                    me.accepted.fetch_add(1, Ordering::Relaxed);
+                    tracing::info!(node = me.node(), peer = %peer, "incoming connection");
+                    let tick = me.tick();
+                    drop(me);
+                    let reason = serve_passive(stream, tick, cancel).await;
+                    tracing::info!(peer = %peer, reason, "incoming connection closed");
+                }
+                Ok(Err(e)) => {
+                    me.refused.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(node = me.node(), error = %e, "incoming handshake refused");
+                }
+                Err(_) => {
+                    me.refused.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(node = me.node(), "incoming handshake timed out");
+                }
+            }
+        });
+    }
+}
+
+async fn server_handshake(me: &Identity, stream: TcpStream) -> Result<(TcpStream, String), String> {
+    let mut hs = ServerSideHandshake::new(stream.compat(), me.local_node(), &me.config.cookie);
+    match hs.execute_recv_name().await.map_err(|e| e.to_string())? {
+        Some(_) => {}
+        None => return Err("peer asked for a dynamic name".into()),
+    }
+    let (stream, peer) = hs
+        .execute_rest(HandshakeStatus::Ok)
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok((stream.into_inner(), peer.name.to_string()))
+}
+
+/// Serves a connection on which we send nothing of our own: answers
+/// `is_auth`, ticks, and returns why it ended.
+pub async fn serve_passive(stream: TcpStream, tick: Duration, cancel: CancellationToken) -> String {
+    let (mut rd, mut wr) = stream.into_split();
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<Vec<u8>>(16);
+    let reader = async move {
+        let mut buf = Vec::new();
+        loop {
+            match wire::read_frame(&mut rd, &mut buf).await {
+                Ok(false) => {}
+                Ok(true) => {
+                    if let Some(reply) = wire::answer(&buf) {
+                        if tx.send(reply).await.is_err() {
+                            return "writer gone".to_string();
+                        }
+                    }
+                }
+                Err(e) => return format!("read: {e}"),
+            }
+        }
+    };
+    let writer = async move {
+        let mut ticker = tokio::time::interval(tick);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            let r = tokio::select! {
+                _ = ticker.tick() => wr.write_all(&wire::TICK).await,
+                m = rx.recv() => match m {
+                    Some(frame) => wr.write_all(&frame).await,
+                    None => return "reader gone".to_string(),
+                },
+            };
+            if let Err(e) = r {
+                return format!("write: {e}");
+            }
+        }
+    };
+    tokio::select! {
+        r = reader => r,
+        r = writer => r,
+        _ = cancel.cancelled() => "identity stopped".to_string(),
+    }
+}
+
+/// Client side of the handshake with `peer` (`name@host`), under `me`.
+pub async fn connect(me: &Identity, peer: &str, cookie: &str) -> Result<TcpStream, Error> {
+    let name: NodeName = peer
+        .parse()
+        .map_err(|e| Error::BadName(format!("{peer}: {e}")))?;
+    let epmd = TcpStream::connect(epmd_addr(name.host()))
+        .await
+        .map_err(Error::io("connect to the peer's epmd"))?;
+    let entry = EpmdClient::new(epmd.compat())
+        .get_node(name.name())
+        .await
+        .map_err(|e| Error::Epmd(format!("look up {peer}: {e}")))?
+        .ok_or_else(|| Error::NotRegistered(peer.to_string()))?;
+    let stream = TcpStream::connect((name.host(), entry.port))
+        .await
+        .map_err(Error::io("connect to the peer"))?;
+    let _ = stream.set_nodelay(true);
+    let mut hs =
+        erl_dist::handshake::ClientSideHandshake::new(stream.compat(), me.local_node(), cookie);
+    let status = hs
+        .execute_send_name(erl_dist::LOWEST_DISTRIBUTION_PROTOCOL_VERSION)
+        .await
+        .map_err(|e| Error::Handshake(e.to_string()))?;
+    if status == HandshakeStatus::Alive {
+        // erl_dist 0.8 never finishes a handshake continued after `alive`
+        // (see DESIGN.md): decline, and let the owner ask the peer to drop
+        // the stale connection before the next attempt.
+        let _ = hs.execute_rest(false).await;
+        return Err(Error::Alive);
+    }
+    let (stream, _peer) = hs.execute_rest(true).await.map_err(|e| match e {
+        // A wrong cookie shows up on the client side only as an early EOF.
+        erl_dist::handshake::HandshakeError::Io(ref io)
+            if io.kind() == std::io::ErrorKind::UnexpectedEof =>
+        {
+            Error::Handshake(format!("{e} (wrong cookie?)"))
+        }
+        e => Error::Handshake(e.to_string()),
+    })?;
+    Ok(stream.into_inner())
+}

@@ -1,0 +1,83 @@
+//! The ecall C-node: the part of ecall that speaks Erlang distribution.
+//!
+//! It has no BEAM dependency, so it can be tested against a real `erl` on
+//! its own. The data path, from the NIF's point of view:
+//!
+//! 1. [`cnode::Identity::start`] registers a hidden node name such as
+//!    `a_ecall_1@host` with the local epmd and accepts connections (it
+//!    answers `is_auth`, so `net_adm:ping/1` works, and ticks).
+//! 2. [`link::Peer::open`] makes the lock-sharded queues for one remote node
+//!    and one link per identity; each link does the real handshake with the
+//!    peer's cookie, then writes what its shards hold as `{batch, Requests}`
+//!    messages to the peer's receiver pool.
+//! 3. [`link::Peer::push`] is the hot path: one short critical section, no
+//!    thread wake-up when the writer is already busy.
+//!
+//! Frames are spliced ([`etf::BatchHeader`]): request bytes encoded once by
+//! the caller are never decoded or re-encoded here.
+#![deny(missing_docs)]
+#![deny(unsafe_code)]
+#![warn(clippy::all)]
+
+pub mod cnode;
+pub mod etf;
+pub mod link;
+pub mod shard;
+pub mod wire;
+
+pub use cnode::{Identity, IdentityConfig};
+pub use link::{LinkEvents, Peer, PeerConfig, Push};
+pub use shard::BatchCaps;
+
+/// Errors of the C-node.
+#[derive(Debug)]
+pub enum Error {
+    /// A node name that is not `name@host`.
+    BadName(String),
+    /// A socket operation failed.
+    Io(&'static str, std::io::Error),
+    /// epmd refused or failed.
+    Epmd(String),
+    /// The peer is not registered with its epmd.
+    NotRegistered(String),
+    /// The handshake failed.
+    Handshake(String),
+    /// The peer still holds a connection under our name.
+    Alive,
+    /// Inconsistent settings.
+    Config(String),
+}
+
+impl Error {
+    fn io(what: &'static str) -> impl FnOnce(std::io::Error) -> Error {
+        move |e| Error::Io(what, e)
+    }
+}
+
+impl std::fmt::Display for Error {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Error::BadName(s) => write!(f, "bad node name {s}"),
+            Error::Io(what, e) => write!(f, "{what}: {e}"),
+            Error::Epmd(s) => write!(f, "epmd: {s}"),
+            Error::NotRegistered(s) => write!(f, "{s} is not registered with epmd"),
+            Error::Handshake(s) => write!(f, "handshake: {s}"),
+            Error::Alive => write!(f, "the peer still holds a connection under our name"),
+            Error::Config(s) => write!(f, "configuration: {s}"),
+        }
+    }
+}
+
+impl std::error::Error for Error {}
+
+/// The epmd port: `ERL_EPMD_PORT` when set, as `erl` does, else 4369.
+pub fn epmd_port() -> u16 {
+    std::env::var("ERL_EPMD_PORT")
+        .ok()
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(4369)
+}
+
+fn epmd_addr(host: &str) -> (String, u16) {
+    (host.to_string(), epmd_port())
+}

@@ -1,0 +1,535 @@
+//! A peer: the shards that hold requests for one remote node, and the links
+//! (one TCP connection per C-node identity) that carry them.
+//!
+//! Behaviour:
+//! - A push appends to the caller's shard and wakes the shard's link writer
+//!   only if that writer is asleep; a busy writer finds the request on its
+//!   next pass. The writer takes one batch from each of its shards per pass
+//!   and writes them with one vectored write.
+//! - The writer writes at least once per tick interval (an empty frame when
+//!   idle) so that the peer keeps the connection.
+//! - Every socket write has a deadline (`stall_timeout`); a write that does
+//!   not finish in time ends the connection like any other error.
+//! - When a connection ends, its owner is told ([`LinkEvents::down`]) and the
+//!   link reconnects with exponential backoff. What the shards hold stays
+//!   queued (bounded by the byte budget) and goes out once the link is back;
+//!   a batch that was being written when the socket died is lost, as it
+//!   would be with native distribution.
+//! - [`Peer::close`] stops the links, drops what is queued (counted in
+//!   `dropped`) and releases every caller waiting for room.
+//! - Memory: the element bytes queued for the peer are accounted in one
+//!   budget. Past it, a push is refused with [`Push::Full`]; the caller may
+//!   then wait for room ([`Peer::wait_room`]), and is woken in arrival order
+//!   as writes free room.
+
+use crate::cnode::{self, Identity};
+use crate::etf::BatchHeader;
+use crate::shard::{BatchCaps, Frame, Shard};
+use crate::{wire, Error};
+use std::collections::VecDeque;
+use std::io::IoSlice;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::io::AsyncWriteExt;
+use tokio::net::tcp::OwnedWriteHalf;
+use tokio::sync::Notify;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+/// What a link reports to its owner. Called from runtime threads.
+pub trait LinkEvents: Send + Sync + 'static {
+    /// Link `link` is connected.
+    fn up(&self, link: usize);
+    /// Link `link` lost its connection, or failed to make one.
+    fn down(&self, link: usize, reason: &str);
+    /// The peer still holds a connection under link `link`'s node name.
+    fn alive(&self, link: usize, node: &str);
+}
+
+/// Settings of one peer.
+#[derive(Debug, Clone)]
+pub struct PeerConfig {
+    /// Remote node name, `b@host`.
+    pub node: String,
+    /// Cookie for that node.
+    pub cookie: String,
+    /// Registered names of the receiver pool on the peer.
+    pub receivers: Vec<String>,
+    /// Number of shards.
+    pub shards: usize,
+    /// Batch caps.
+    pub caps: BatchCaps,
+    /// Byte budget for everything queued for the peer.
+    pub max_queue_bytes: usize,
+    /// Deadline of one socket write; `None` disables it.
+    pub stall_timeout: Option<Duration>,
+    /// First reconnect delay; doubles up to `backoff_max`.
+    pub backoff_min: Duration,
+    /// Longest reconnect delay.
+    pub backoff_max: Duration,
+}
+
+/// Result of a push.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Push {
+    /// Queued.
+    Queued,
+    /// Over the byte budget: nothing was queued.
+    Full,
+    /// The peer is closed: nothing was queued.
+    Closed,
+}
+
+/// Counters of one peer. All monotonic except the gauges noted.
+#[derive(Debug, Default)]
+pub struct PeerStats {
+    /// Requests accepted by [`Peer::push`].
+    pub pushed: AtomicU64,
+    /// Batches written.
+    pub batches: AtomicU64,
+    /// Requests written (sum of batch sizes).
+    pub requests: AtomicU64,
+    /// Bytes written to sockets, frames and ticks.
+    pub bytes: AtomicU64,
+    /// Socket writes (one vectored write may carry several batches).
+    pub writes: AtomicU64,
+    /// Requests dropped: queued when the peer closed, or lost in a write
+    /// that failed.
+    pub dropped: AtomicU64,
+    /// Pushes refused for want of room.
+    pub full: AtomicU64,
+    /// Connections made (the first one included).
+    pub connects: AtomicU64,
+    /// Connections lost or failed.
+    pub disconnects: AtomicU64,
+    /// Writes that missed their deadline.
+    pub stalls: AtomicU64,
+    /// Gauge: element bytes queued now.
+    pub queued_bytes: AtomicUsize,
+    /// Gauge: links connected now.
+    pub links_up: AtomicUsize,
+}
+
+struct LinkShared {
+    sleeping: AtomicBool,
+    notify: Notify,
+    up: AtomicBool,
+}
+
+type Waiter = (usize, Box<dyn FnOnce(bool) + Send>);
+
+/// See the module docs.
+pub struct Peer {
+    config: PeerConfig,
+    shards: Box<[Shard]>,
+    links: Box<[LinkShared]>,
+    waiters: Mutex<VecDeque<Waiter>>,
+    waiting: AtomicUsize,
+    cancel: CancellationToken,
+    /// Counters.
+    pub stats: PeerStats,
+}
+
+impl std::fmt::Debug for Peer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Peer")
+            .field("node", &self.config.node)
+            .finish()
+    }
+}
+
+impl Peer {
+    /// Makes the shards and starts one link per identity on `rt`.
+    pub fn open(
+        rt: &tokio::runtime::Handle,
+        identities: &[Arc<Identity>],
+        config: PeerConfig,
+        events: Arc<dyn LinkEvents>,
+    ) -> Result<Arc<Peer>, Error> {
+        if identities.is_empty() || config.receivers.is_empty() || config.shards == 0 {
+            return Err(Error::Config(
+                "need at least one identity, receiver and shard".into(),
+            ));
+        }
+        let nlinks = identities.len();
+        let shards = (0..config.shards)
+            .map(|s| {
+                let id = &identities[s % nlinks];
+                let to = &config.receivers[s % config.receivers.len()];
+                Shard::new(
+                    &BatchHeader::new(id.node(), id.creation().get(), to),
+                    config.caps,
+                )
+            })
+            .collect();
+        let links = (0..nlinks)
+            .map(|_| LinkShared {
+                sleeping: AtomicBool::new(false),
+                notify: Notify::new(),
+                up: AtomicBool::new(false),
+            })
+            .collect();
+        let peer = Arc::new(Peer {
+            config,
+            shards,
+            links,
+            waiters: Mutex::new(VecDeque::new()),
+            waiting: AtomicUsize::new(0),
+            cancel: CancellationToken::new(),
+            stats: PeerStats::default(),
+        });
+        for (k, id) in identities.iter().enumerate() {
+            rt.spawn(link_task(peer.clone(), k, id.clone(), events.clone()));
+        }
+        Ok(peer)
+    }
+
+    /// Remote node name.
+    pub fn node(&self) -> &str {
+        &self.config.node
+    }
+
+    /// Number of shards.
+    pub fn shard_count(&self) -> usize {
+        self.shards.len()
+    }
+
+    /// Number of links.
+    pub fn link_count(&self) -> usize {
+        self.links.len()
+    }
+
+    /// Whether link `k` is connected now.
+    pub fn link_up(&self, k: usize) -> bool {
+        self.links
+            .get(k)
+            .is_some_and(|l| l.up.load(Ordering::Relaxed))
+    }
+
+    /// Whether [`Peer::close`] was called.
+    pub fn is_closed(&self) -> bool {
+        self.cancel.is_cancelled()
+    }
+
+    /// Queues one element (external format without the version byte) on
+    /// shard `shard % shard_count`.
+    ///
+    /// `admitted` is for a caller that was just woken by [`Peer::wait_room`]:
+    /// room was set aside for it, so it neither queues behind later waiters
+    /// nor is refused again.
+    pub fn push(&self, shard: usize, element: &[u8], admitted: bool) -> Push {
+        if self.cancel.is_cancelled() {
+            return Push::Closed;
+        }
+        let st = &self.stats;
+        // Callers already waiting for room go first: no barging.
+        if !admitted
+            && (self.waiting.load(Ordering::Relaxed) > 0
+                || st.queued_bytes.load(Ordering::Relaxed) + element.len()
+                    > self.config.max_queue_bytes)
+        {
+            st.full.fetch_add(1, Ordering::Relaxed);
+            return Push::Full;
+        }
+        st.queued_bytes.fetch_add(element.len(), Ordering::Relaxed);
+        let shard = shard % self.shards.len();
+        let link = &self.links[shard % self.links.len()];
+        let wake = self.shards[shard].push(element, || link.sleeping.load(Ordering::Relaxed));
+        if wake && link.sleeping.swap(false, Ordering::AcqRel) {
+            link.notify.notify_one();
+        }
+        st.pushed.fetch_add(1, Ordering::Relaxed);
+        Push::Queued
+    }
+
+    /// After [`Push::Full`]: registers `wake`, to be called with `true` once
+    /// `size` bytes may fit (callers are woken in the order they came) or
+    /// with `false` if the peer closes. Returns `false`, without
+    /// registering, if there is room already.
+    pub fn wait_room(&self, size: usize, wake: Box<dyn FnOnce(bool) + Send>) -> bool {
+        let mut w = self.waiters.lock().unwrap_or_else(|p| p.into_inner());
+        if self.cancel.is_cancelled() {
+            drop(w);
+            wake(false);
+            return true;
+        }
+        if w.is_empty()
+            && self.stats.queued_bytes.load(Ordering::Acquire) + size <= self.config.max_queue_bytes
+        {
+            return false;
+        }
+        w.push_back((size, wake));
+        self.waiting.store(w.len(), Ordering::Relaxed);
+        true
+    }
+
+    fn release(&self, bytes: usize) {
+        let queued = self.stats.queued_bytes.fetch_sub(bytes, Ordering::AcqRel) - bytes;
+        if self.waiting.load(Ordering::Relaxed) == 0 {
+            return;
+        }
+        let mut woken = Vec::new();
+        {
+            let mut w = self.waiters.lock().unwrap_or_else(|p| p.into_inner());
+            let mut room = self.config.max_queue_bytes.saturating_sub(queued);
+            // Wake in order while the next waiter fits; always wake one when
+            // nothing is queued, so that an oversized request still goes.
+            while let Some((size, _)) = w.front() {
+                if *size > room && !(queued == 0 && woken.is_empty()) {
+                    break;
+                }
+                room = room.saturating_sub(*size);
+                woken.push(w.pop_front().map(|(_, f)| f));
+            }
+            self.waiting.store(w.len(), Ordering::Relaxed);
+        }
+        for f in woken.into_iter().flatten() {
+            f(true);
+        }
+    }
+
+    /// Stops the links, drops what is queued and releases every waiter.
+    pub fn close(&self) {
+        if self.cancel.is_cancelled() {
+            return;
+        }
+        self.cancel.cancel();
+        for s in self.shards.iter() {
+            let (n, b) = s.clear();
+            self.stats.dropped.fetch_add(n, Ordering::Relaxed);
+            self.stats
+                .queued_bytes
+                .fetch_sub(b as usize, Ordering::AcqRel);
+        }
+        let waiters: Vec<_> = {
+            let mut w = self.waiters.lock().unwrap_or_else(|p| p.into_inner());
+            self.waiting.store(0, Ordering::Relaxed);
+            w.drain(..).collect()
+        };
+        for (_, f) in waiters {
+            f(false);
+        }
+    }
+}
+
+impl Drop for Peer {
+    fn drop(&mut self) {
+        self.close();
+    }
+}
+
+async fn link_task(peer: Arc<Peer>, k: usize, id: Arc<Identity>, events: Arc<dyn LinkEvents>) {
+    let mut backoff = peer.config.backoff_min;
+    let cancel = peer.cancel.clone();
+    // Only the weak side is kept across waits so that a peer nobody holds
+    // any more can be dropped (which closes it).
+    let weak = Arc::downgrade(&peer);
+    drop(peer);
+    loop {
+        let Some(peer) = weak.upgrade() else { return };
+        if peer.is_closed() {
+            return;
+        }
+        let attempt = tokio::time::timeout(
+            id.handshake_timeout(),
+            cnode::connect(&id, &peer.config.node, &peer.config.cookie),
+        );
+        let result = tokio::select! {
+            _ = cancel.cancelled() => return,
+            r = attempt => r,
+        };
+        let reason = match result {
+            Ok(Ok(stream)) => {
+                backoff = peer.config.backoff_min;
+                peer.stats.connects.fetch_add(1, Ordering::Relaxed);
+                peer.stats.links_up.fetch_add(1, Ordering::Relaxed);
+                peer.links[k].up.store(true, Ordering::Relaxed);
+                events.up(k);
+                let reason = run(&peer, k, &id, stream).await;
+                peer.links[k].up.store(false, Ordering::Relaxed);
+                peer.stats.links_up.fetch_sub(1, Ordering::Relaxed);
+                reason
+            }
+            Ok(Err(Error::Alive)) => {
+                events.alive(k, id.node());
+                "peer still holds our previous connection".to_string()
+            }
+            Ok(Err(e)) => e.to_string(),
+            Err(_) => "handshake timed out".to_string(),
+        };
+        if peer.is_closed() {
+            return;
+        }
+        peer.stats.disconnects.fetch_add(1, Ordering::Relaxed);
+        tracing::warn!(peer = peer.node(), link = k, reason, "link down");
+        events.down(k, &reason);
+        drop(peer);
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            _ = tokio::time::sleep(backoff) => {}
+        }
+        let Some(peer) = weak.upgrade() else { return };
+        backoff = (backoff * 2).min(peer.config.backoff_max);
+    }
+}
+
+/// Runs one connected link until it fails or the peer closes; returns why.
+async fn run(peer: &Arc<Peer>, k: usize, id: &Identity, stream: tokio::net::TcpStream) -> String {
+    let (mut rd, mut wr) = stream.into_split();
+    let (ctl_tx, mut ctl_rx) = tokio::sync::mpsc::channel::<Vec<u8>>(16);
+    let mut reader = tokio::spawn(async move {
+        let mut buf = Vec::new();
+        loop {
+            match wire::read_frame(&mut rd, &mut buf).await {
+                Ok(false) => {}
+                Ok(true) => {
+                    if let Some(reply) = wire::answer(&buf) {
+                        if ctl_tx.send(reply).await.is_err() {
+                            return "writer gone".to_string();
+                        }
+                    }
+                }
+                Err(e) => return format!("read: {e}"),
+            }
+        }
+    });
+    let reason = write_loop(peer, k, id.tick(), &mut wr, &mut reader, &mut ctl_rx).await;
+    reader.abort();
+    let _ = wr.shutdown().await;
+    reason
+}
+
+async fn write_loop(
+    peer: &Arc<Peer>,
+    k: usize,
+    tick: Duration,
+    wr: &mut OwnedWriteHalf,
+    reader: &mut tokio::task::JoinHandle<String>,
+    ctl_rx: &mut tokio::sync::mpsc::Receiver<Vec<u8>>,
+) -> String {
+    let link = &peer.links[k];
+    let mine: Vec<usize> = (k..peer.shards.len()).step_by(peer.links.len()).collect();
+    let mut frames: Vec<(usize, Frame)> = Vec::with_capacity(mine.len());
+    let deadline = peer.config.stall_timeout;
+    let mut last_write = Instant::now();
+    loop {
+        if peer.is_closed() {
+            return "closed".into();
+        }
+        if reader.is_finished() {
+            return reader.await.unwrap_or_else(|e| format!("reader: {e}"));
+        }
+        while let Ok(ctl) = ctl_rx.try_recv() {
+            if let Err(e) = write_with_deadline(peer, wr, &[&ctl], deadline).await {
+                return e;
+            }
+        }
+        frames.extend(
+            mine.iter()
+                .filter_map(|&s| peer.shards[s].take().map(|f| (s, f))),
+        );
+        if !frames.is_empty() {
+            let slices: Vec<&[u8]> = frames.iter().map(|(_, f)| f.bytes.as_slice()).collect();
+            let result = write_with_deadline(peer, wr, &slices, deadline).await;
+            drop(slices);
+            let nframes = frames.len() as u64;
+            let (mut n, mut b) = (0u64, 0usize);
+            for (s, f) in frames.drain(..) {
+                n += u64::from(f.count);
+                b += f.payload;
+                peer.shards[s].recycle(f.bytes);
+            }
+            let st = &peer.stats;
+            peer.release(b);
+            if let Err(e) = result {
+                st.dropped.fetch_add(n, Ordering::Relaxed);
+                return e;
+            }
+            st.batches.fetch_add(nframes, Ordering::Relaxed);
+            st.requests.fetch_add(n, Ordering::Relaxed);
+            last_write = Instant::now();
+            continue;
+        }
+        // Nothing to do: announce that we sleep, then look once more under
+        // the shard locks (a push reads the flag under the same lock).
+        link.sleeping.store(true, Ordering::SeqCst);
+        if mine.iter().any(|&s| !peer.shards[s].is_empty()) {
+            link.sleeping.store(false, Ordering::Relaxed);
+            continue;
+        }
+        let tick_at = last_write + tick;
+        tokio::select! {
+            _ = link.notify.notified() => {}
+            _ = peer.cancel.cancelled() => {}
+            ctl = ctl_rx.recv() => {
+                if let Some(ctl) = ctl {
+                    if let Err(e) = write_with_deadline(peer, wr, &[&ctl], deadline).await {
+                        return e;
+                    }
+                }
+            }
+            r = &mut *reader => return r.unwrap_or_else(|e| format!("reader: {e}")),
+            _ = tokio::time::sleep_until(tick_at) => {
+                if let Err(e) = write_with_deadline(peer, wr, &[&wire::TICK], deadline).await {
+                    return e;
+                }
+                last_write = Instant::now();
+            }
+        }
+        link.sleeping.store(false, Ordering::Relaxed);
+    }
+}
+
+async fn write_with_deadline(
+    peer: &Peer,
+    wr: &mut OwnedWriteHalf,
+    bufs: &[&[u8]],
+    deadline: Option<Duration>,
+) -> Result<(), String> {
+    let total: usize = bufs.iter().map(|b| b.len()).sum();
+    let r = match deadline {
+        Some(d) => match tokio::time::timeout(d, write_all_vectored(wr, bufs)).await {
+            Ok(r) => r,
+            Err(_) => {
+                peer.stats.stalls.fetch_add(1, Ordering::Relaxed);
+                return Err(format!("write of {total} bytes stalled past {d:?}"));
+            }
+        },
+        None => write_all_vectored(wr, bufs).await,
+    };
+    r.map_err(|e| format!("write: {e}"))?;
+    peer.stats.writes.fetch_add(1, Ordering::Relaxed);
+    peer.stats.bytes.fetch_add(total as u64, Ordering::Relaxed);
+    Ok(())
+}
+
+/// Writes every buffer, in order, with as few syscalls as the socket allows.
+async fn write_all_vectored(wr: &mut OwnedWriteHalf, bufs: &[&[u8]]) -> std::io::Result<()> {
+    let (mut i, mut off) = (0usize, 0usize);
+    while i < bufs.len() {
+        let mut slices = Vec::with_capacity((bufs.len() - i).min(64));
+        slices.push(IoSlice::new(&bufs[i][off..]));
+        slices.extend(bufs[i + 1..].iter().take(63).map(|b| IoSlice::new(b)));
+        let mut n = wr.write_vectored(&slices).await?;
+        if n == 0 {
+            return Err(std::io::ErrorKind::WriteZero.into());
+        }
+        while n > 0 && i < bufs.len() {
+            let rem = bufs[i].len() - off;
+            if n >= rem {
+                n -= rem;
+                i += 1;
+                off = 0;
+            } else {
+                off += n;
+                n = 0;
+            }
+        }
+        while i < bufs.len() && bufs[i].len() == off {
+            i += 1;
+            off = 0;
+        }
+    }
+    Ok(())
+}

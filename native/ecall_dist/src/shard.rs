@@ -1,0 +1,229 @@
+//! Lock-sharded request queues.
+//!
+//! Each shard is a short critical section around a batch that is being
+//! built in place: a push appends one encoded element to the open batch
+//! (whose frame header was laid down when the batch was opened); the link
+//! writer takes whole batches. When the open batch reaches the count or
+//! byte cap it is sealed and queued, so a writer never writes more than one
+//! capped batch per frame, and never waits for a batch to fill: it takes
+//! whatever the shard holds when it looks.
+//!
+//! A caller always pushes to the same shard (the NIF hashes the caller's
+//! pid), a shard always belongs to the same link and names the same remote
+//! receiver, and every stage is FIFO: that is the per-caller order
+//! guarantee.
+
+use crate::etf::BatchHeader;
+use std::collections::VecDeque;
+use std::sync::Mutex;
+
+/// Caps on one batch. They are safety valves, not operating points: under
+/// normal load the backlog decides the batch size.
+#[derive(Debug, Clone, Copy)]
+pub struct BatchCaps {
+    /// Most elements in one batch.
+    pub max_count: u32,
+    /// Most element bytes in one batch (a single larger element still goes,
+    /// alone).
+    pub max_bytes: usize,
+}
+
+impl Default for BatchCaps {
+    fn default() -> Self {
+        BatchCaps {
+            max_count: 1000,
+            max_bytes: 1 << 20,
+        }
+    }
+}
+
+/// A complete frame, ready for the socket.
+#[derive(Debug)]
+pub struct Frame {
+    /// Frame bytes, length prefix included.
+    pub bytes: Vec<u8>,
+    /// Requests in it.
+    pub count: u32,
+    /// Element bytes in it (what the byte budget accounts for).
+    pub payload: usize,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    sealed: VecDeque<Frame>,
+    open: Vec<u8>,
+    open_count: u32,
+    /// One spent buffer kept for reuse so that a steady stream of small
+    /// batches does not allocate a fresh one each time.
+    spare: Vec<u8>,
+}
+
+/// One shard: the queue of one group of callers towards one peer.
+#[derive(Debug)]
+pub struct Shard {
+    inner: Mutex<Inner>,
+    header: Vec<u8>,
+    caps: BatchCaps,
+}
+
+impl Shard {
+    /// A shard whose batches carry `header` (see [`BatchHeader`]).
+    pub fn new(header: &BatchHeader, caps: BatchCaps) -> Self {
+        Shard {
+            inner: Mutex::new(Inner::default()),
+            header: header.as_bytes().to_vec(),
+            caps,
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        // A poisoned lock only means another thread panicked while holding
+        // it; the queue itself is always left consistent between statements.
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Appends one element (external format without the version byte).
+    ///
+    /// `under_lock` runs while the shard lock is held, after the element is
+    /// in; the push path uses it to read the writer's "sleeping" flag so
+    /// that no wake-up can be lost (the writer re-checks the shards under
+    /// the same locks after raising that flag).
+    pub fn push<R>(&self, element: &[u8], under_lock: impl FnOnce() -> R) -> R {
+        let mut g = self.lock();
+        let header_len = self.header.len();
+        if g.open_count > 0
+            && (g.open_count >= self.caps.max_count
+                || g.open.len() - header_len + element.len() > self.caps.max_bytes)
+        {
+            self.seal_open(&mut g);
+        }
+        if g.open_count == 0 {
+            let mut buf = std::mem::take(&mut g.spare);
+            buf.clear();
+            buf.extend_from_slice(&self.header);
+            g.open = buf;
+        }
+        g.open.extend_from_slice(element);
+        g.open_count += 1;
+        under_lock()
+    }
+
+    fn seal_open(&self, g: &mut Inner) {
+        let header_len = self.header.len();
+        let mut bytes = std::mem::take(&mut g.open);
+        let payload = bytes.len() - header_len;
+        BatchHeader::seal(&mut bytes, header_len, g.open_count);
+        let count = std::mem::replace(&mut g.open_count, 0);
+        g.sealed.push_back(Frame {
+            bytes,
+            count,
+            payload,
+        });
+    }
+
+    /// Takes the oldest batch: a sealed one if any, else the open one.
+    pub fn take(&self) -> Option<Frame> {
+        let mut g = self.lock();
+        if let Some(f) = g.sealed.pop_front() {
+            return Some(f);
+        }
+        if g.open_count == 0 {
+            return None;
+        }
+        self.seal_open(&mut g);
+        g.sealed.pop_front()
+    }
+
+    /// Whether anything is queued.
+    pub fn is_empty(&self) -> bool {
+        let g = self.lock();
+        g.open_count == 0 && g.sealed.is_empty()
+    }
+
+    /// Gives a written frame's buffer back for reuse.
+    pub fn recycle(&self, mut bytes: Vec<u8>) {
+        // Keep only modest buffers: one huge batch must not pin its memory.
+        if bytes.capacity() <= 256 * 1024 {
+            bytes.clear();
+            let mut g = self.lock();
+            if g.spare.capacity() < bytes.capacity() {
+                g.spare = bytes;
+            }
+        }
+    }
+
+    /// Drops everything queued; returns (requests, element bytes) dropped.
+    pub fn clear(&self) -> (u64, u64) {
+        let mut g = self.lock();
+        let header_len = self.header.len();
+        let mut n = u64::from(g.open_count);
+        let mut b = if g.open_count > 0 {
+            (g.open.len() - header_len) as u64
+        } else {
+            0
+        };
+        for f in g.sealed.drain(..) {
+            n += u64::from(f.count);
+            b += f.payload as u64;
+        }
+        g.open = Vec::new();
+        g.open_count = 0;
+        (n, b)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shard(max_count: u32, max_bytes: usize) -> Shard {
+        Shard::new(
+            &BatchHeader::new("a_ecall_1@h", 1, "ecall_rx_1"),
+            BatchCaps {
+                max_count,
+                max_bytes,
+            },
+        )
+    }
+
+    #[test]
+    fn takes_everything_there_in_one_batch() {
+        let s = shard(1000, 1 << 20);
+        assert!(s.take().is_none());
+        for i in 0..5u8 {
+            s.push(&[97, i], || ());
+        }
+        let f = s.take().unwrap();
+        assert_eq!(f.count, 5);
+        assert_eq!(f.payload, 10);
+        assert!(s.is_empty());
+        assert!(s.take().is_none());
+    }
+
+    #[test]
+    fn caps_split_batches_in_order() {
+        let s = shard(3, 1 << 20);
+        for i in 0..7u8 {
+            s.push(&[97, i], || ());
+        }
+        let counts: Vec<u32> = std::iter::from_fn(|| s.take()).map(|f| f.count).collect();
+        assert_eq!(counts, [3, 3, 1]);
+
+        let s = shard(1000, 4);
+        for i in 0..5u8 {
+            s.push(&[97, i], || ());
+        }
+        let counts: Vec<u32> = std::iter::from_fn(|| s.take()).map(|f| f.count).collect();
+        assert_eq!(counts, [2, 2, 1]);
+    }
+
+    #[test]
+    fn clear_accounts_for_everything() {
+        let s = shard(2, 1 << 20);
+        for i in 0..5u8 {
+            s.push(&[97, i], || ());
+        }
+        assert_eq!(s.clear(), (5, 10));
+        assert!(s.is_empty());
+    }
+}

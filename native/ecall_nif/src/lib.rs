@@ -1,0 +1,312 @@
+//! NIF binding of ecall (Erlang module `ecall_nif`).
+//!
+//! Kept thin on purpose: argument decoding, the one encode of each request
+//! on the caller's scheduler, and messages from runtime threads to Erlang
+//! processes. Everything with a protocol in it lives in `ecall_dist`.
+//!
+//! Threads: one tokio runtime (`ecall-io` threads) carries every link. NIF
+//! calls never block on it: starting an identity is asynchronous and
+//! answers with a message; a push is one short critical section.
+//!
+//! Panics: rustler turns a panic inside a NIF call into an Erlang exception;
+//! runtime threads talk to Erlang only through `OwnedEnv` messages.
+#![deny(missing_docs)]
+#![warn(clippy::all)]
+
+use ecall_dist::{BatchCaps, Identity, IdentityConfig, LinkEvents, Peer, PeerConfig, Push};
+use rustler::env::OwnedEnv;
+use rustler::types::tuple::make_tuple;
+use rustler::{Atom, Encoder, Env, LocalPid, NifResult, Resource, ResourceArc, Term};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+mod atoms {
+    rustler::atoms! {
+        ok, error, send, full, closed, wait, retry, ecall_link, ecall_cnode, ecall_room,
+        up, down, alive, badarg,
+        pushed, batches, requests, bytes, writes, dropped, connects, disconnects,
+        stalls, queued_bytes, links_up, links, shards, accepted, refused,
+    }
+}
+
+fn runtime() -> &'static tokio::runtime::Runtime {
+    static RT: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
+    RT.get_or_init(|| {
+        let threads = std::env::var("ECALL_IO_THREADS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(2usize)
+            .max(1);
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(threads)
+            .thread_name("ecall-io")
+            .enable_all()
+            .build()
+            .expect("ecall: cannot start the I/O runtime")
+    })
+}
+
+/// The registered C-node identities of this node.
+pub struct CNode {
+    ids: Vec<Arc<Identity>>,
+}
+
+#[rustler::resource_impl]
+impl Resource for CNode {}
+
+/// One peer's shards and links. Closing happens when the owner asks or when
+/// the last reference is garbage-collected.
+pub struct PeerRes {
+    peer: Arc<Peer>,
+}
+
+#[rustler::resource_impl]
+impl Resource for PeerRes {
+    fn destructor(self, _env: Env<'_>) {
+        self.peer.close();
+    }
+}
+
+/// Starts identities `nodes` (full names); answers the caller with
+/// `{ecall_cnode, Ref, {ok, CNode} | {error, Reason}}`.
+#[rustler::nif]
+fn cnode_start(
+    env: Env<'_>,
+    nodes: Vec<String>,
+    cookie: String,
+    tick_ms: u64,
+    handshake_ms: u64,
+    reference: Term<'_>,
+) -> NifResult<Atom> {
+    if nodes.is_empty() || tick_ms == 0 || handshake_ms == 0 {
+        return Err(rustler::Error::BadArg);
+    }
+    let caller = env.pid();
+    let mut owned = OwnedEnv::new();
+    let saved = owned.save(reference);
+    runtime().spawn(async move {
+        let mut ids = Vec::with_capacity(nodes.len());
+        let mut failure = None;
+        for node in nodes {
+            let cfg = IdentityConfig {
+                node,
+                cookie: cookie.clone(),
+                tick: Duration::from_millis(tick_ms),
+                handshake_timeout: Duration::from_millis(handshake_ms),
+            };
+            match Identity::start(cfg).await {
+                Ok(id) => ids.push(id),
+                Err(e) => {
+                    failure = Some(e.to_string());
+                    break;
+                }
+            }
+        }
+        let _ = owned.send_and_clear(&caller, |env| {
+            let r = saved.load(env);
+            let result = match failure {
+                None => (atoms::ok(), ResourceArc::new(CNode { ids })).encode(env),
+                Some(e) => (atoms::error(), e).encode(env),
+            };
+            (atoms::ecall_cnode(), r, result).encode(env)
+        });
+    });
+    Ok(atoms::ok())
+}
+
+/// `[{Node, Creation, Port}]` of the identities.
+#[rustler::nif]
+fn cnode_info(cnode: ResourceArc<CNode>) -> Vec<(String, u32, u16)> {
+    cnode
+        .ids
+        .iter()
+        .map(|i| (i.node().to_string(), i.creation().get(), i.port()))
+        .collect()
+}
+
+struct Events {
+    owner: LocalPid,
+}
+
+impl Events {
+    fn tell(&self, link: usize, what: impl for<'a> FnOnce(Env<'a>) -> Term<'a>) {
+        let mut env = OwnedEnv::new();
+        let _ = env.send_and_clear(&self.owner, |env| {
+            (atoms::ecall_link(), link, what(env)).encode(env)
+        });
+    }
+}
+
+impl LinkEvents for Events {
+    fn up(&self, link: usize) {
+        self.tell(link, |env| atoms::up().encode(env));
+    }
+    fn down(&self, link: usize, reason: &str) {
+        let reason = reason.to_string();
+        self.tell(link, move |env| (atoms::down(), reason).encode(env));
+    }
+    fn alive(&self, link: usize, node: &str) {
+        let node = node.to_string();
+        self.tell(link, move |env| (atoms::alive(), node).encode(env));
+    }
+}
+
+/// Options of `peer_open/6`, all required (the Erlang side fills defaults).
+#[derive(rustler::NifMap)]
+struct PeerOpts {
+    shards: usize,
+    max_batch_count: u32,
+    max_batch_bytes: usize,
+    max_queue_bytes: usize,
+    stall_timeout: u64,
+    backoff_min: u64,
+    backoff_max: u64,
+}
+
+/// Opens the shards and links towards `node`; link events go to `owner` as
+/// `{ecall_link, Index, up | {down, Reason} | {alive, OurNode}}`.
+#[rustler::nif]
+fn peer_open(
+    cnode: ResourceArc<CNode>,
+    node: String,
+    cookie: String,
+    receivers: Vec<String>,
+    owner: LocalPid,
+    opts: PeerOpts,
+) -> NifResult<(Atom, ResourceArc<PeerRes>)> {
+    if opts.max_batch_count == 0 || opts.max_batch_bytes == 0 || opts.max_queue_bytes == 0 {
+        return Err(rustler::Error::BadArg);
+    }
+    let config = PeerConfig {
+        node,
+        cookie,
+        receivers,
+        shards: opts.shards,
+        caps: BatchCaps {
+            max_count: opts.max_batch_count,
+            max_bytes: opts.max_batch_bytes,
+        },
+        max_queue_bytes: opts.max_queue_bytes,
+        stall_timeout: (opts.stall_timeout > 0).then(|| Duration::from_millis(opts.stall_timeout)),
+        backoff_min: Duration::from_millis(opts.backoff_min.max(1)),
+        backoff_max: Duration::from_millis(opts.backoff_max.max(opts.backoff_min).max(1)),
+    };
+    let peer = Peer::open(
+        runtime().handle(),
+        &cnode.ids,
+        config,
+        Arc::new(Events { owner }),
+    )
+    .map_err(|e| rustler::Error::Term(Box::new(e.to_string())))?;
+    Ok((atoms::ok(), ResourceArc::new(PeerRes { peer })))
+}
+
+/// The shard of the calling process: a stable hash of its pid.
+fn caller_shard(env: Env<'_>) -> usize {
+    // enif_hash of an immediate (a local pid) is a few instructions; the
+    // result is stable for the life of the process, which is all per-caller
+    // order needs.
+    env.pid().encode(env).hash_internal(0x6563_616c) as usize
+}
+
+/// Encodes `{send, To, Msg}` once and queues it on the caller's shard.
+/// Returns `ok`, `{full, Size}` (nothing queued: see `wait_room/3`) or
+/// `closed`.
+#[rustler::nif]
+fn send<'a>(
+    env: Env<'a>,
+    peer: ResourceArc<PeerRes>,
+    to: Term<'a>,
+    msg: Term<'a>,
+) -> NifResult<Term<'a>> {
+    let req = make_tuple(env, &[atoms::send().encode(env), to, msg]);
+    push(env, &peer.peer, req, false)
+}
+
+/// `send/3` for a caller woken by `{ecall_room, Ref, true}`.
+#[rustler::nif]
+fn send_admitted<'a>(
+    env: Env<'a>,
+    peer: ResourceArc<PeerRes>,
+    to: Term<'a>,
+    msg: Term<'a>,
+) -> NifResult<Term<'a>> {
+    let req = make_tuple(env, &[atoms::send().encode(env), to, msg]);
+    push(env, &peer.peer, req, true)
+}
+
+fn push<'a>(env: Env<'a>, peer: &Peer, req: Term<'a>, admitted: bool) -> NifResult<Term<'a>> {
+    let bin = req.to_binary();
+    let element = ecall_dist::etf::element_body(bin.as_slice()).ok_or(rustler::Error::BadArg)?;
+    Ok(match peer.push(caller_shard(env), element, admitted) {
+        Push::Queued => atoms::ok().encode(env),
+        Push::Full => (atoms::full(), element.len()).encode(env),
+        Push::Closed => atoms::closed().encode(env),
+    })
+}
+
+/// After `{full, Size}`: returns `retry` if there is room now, else `wait`,
+/// and later sends `{ecall_room, Ref, true | false}` (false: peer closed).
+#[rustler::nif]
+fn wait_room<'a>(
+    env: Env<'a>,
+    peer: ResourceArc<PeerRes>,
+    size: usize,
+    reference: Term<'a>,
+) -> Atom {
+    let caller = env.pid();
+    let mut owned = OwnedEnv::new();
+    let saved = owned.save(reference);
+    let wake = Box::new(move |room: bool| {
+        let _ = owned.send_and_clear(&caller, |env| {
+            (atoms::ecall_room(), saved.load(env), room).encode(env)
+        });
+    });
+    if peer.peer.wait_room(size, wake) {
+        atoms::wait()
+    } else {
+        atoms::retry()
+    }
+}
+
+/// Closes the peer: links stop, queued requests are dropped and counted.
+#[rustler::nif]
+fn peer_close(peer: ResourceArc<PeerRes>) -> Atom {
+    peer.peer.close();
+    atoms::ok()
+}
+
+/// Counters of a peer, as a map.
+#[rustler::nif]
+fn peer_stats<'a>(env: Env<'a>, peer: ResourceArc<PeerRes>) -> NifResult<Term<'a>> {
+    use std::sync::atomic::Ordering::Relaxed;
+    let p = &peer.peer;
+    let s = &p.stats;
+    let pairs: [(Atom, u64); 14] = [
+        (atoms::pushed(), s.pushed.load(Relaxed)),
+        (atoms::batches(), s.batches.load(Relaxed)),
+        (atoms::requests(), s.requests.load(Relaxed)),
+        (atoms::bytes(), s.bytes.load(Relaxed)),
+        (atoms::writes(), s.writes.load(Relaxed)),
+        (atoms::dropped(), s.dropped.load(Relaxed)),
+        (atoms::full(), s.full.load(Relaxed)),
+        (atoms::connects(), s.connects.load(Relaxed)),
+        (atoms::disconnects(), s.disconnects.load(Relaxed)),
+        (atoms::stalls(), s.stalls.load(Relaxed)),
+        (atoms::queued_bytes(), s.queued_bytes.load(Relaxed) as u64),
+        (atoms::links_up(), s.links_up.load(Relaxed) as u64),
+        (atoms::links(), p.link_count() as u64),
+        (atoms::shards(), p.shard_count() as u64),
+    ];
+    let keys: Vec<Term> = pairs.iter().map(|(k, _)| k.encode(env)).collect();
+    let vals: Vec<Term> = pairs.iter().map(|(_, v)| v.encode(env)).collect();
+    Term::map_from_term_arrays(env, &keys, &vals)
+}
+
+/// Whether the calling node's binary is usable (loader check).
+#[rustler::nif]
+fn loaded() -> bool {
+    true
+}
+
+rustler::init!("ecall_nif");
