@@ -119,12 +119,23 @@ nodes() ->
     ecall_cnode:nodes().
 
 %% @doc Counters: per connected peer, and of this node's receiver pool.
--spec stats() -> #{peers := #{node() => map()}, receivers := map()}.
+%%
+%% `identities' lists this node's C-node names with the incoming connections
+%% they accepted and refused (a wrong cookie counts as refused).
+-spec stats() -> #{peers := #{node() => map()}, receivers := map(), identities := [map()]}.
 stats() ->
     Peers = maps:from_list([{N, S} || #{node := N} <- connections(),
                                       {ok, S} <- [stats(N)]]),
     C = ecall_receiver_sup:counters(),
+    Ids = case ecall_cnode:cnode() of
+              {ok, CNode} ->
+                  [#{node => binary_to_atom(N), accepted => A, refused => R}
+                   || {N, _, _, A, R} <- ecall_nif:cnode_info(CNode)];
+              {error, _} ->
+                  []
+          end,
     #{peers => Peers,
+      identities => Ids,
       receivers => #{batches => counters:get(C, 1), requests => counters:get(C, 2),
                      malformed => counters:get(C, 3), dead_letters => counters:get(C, 4)}}.
 

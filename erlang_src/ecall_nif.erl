@@ -52,7 +52,9 @@ loaded() -> false.
 -spec cnode_start([binary()], binary(), pos_integer(), pos_integer(), reference()) -> ok.
 cnode_start(_Nodes, _Cookie, _TickMs, _HandshakeMs, _Ref) -> erlang:nif_error(nif_not_loaded).
 
--spec cnode_info(cnode()) -> [{binary(), non_neg_integer(), non_neg_integer()}].
+%% [{Node, Creation, Port, IncomingAccepted, IncomingRefused}]
+-spec cnode_info(cnode()) -> [{binary(), non_neg_integer(), non_neg_integer(),
+                               non_neg_integer(), non_neg_integer()}].
 cnode_info(_CNode) -> erlang:nif_error(nif_not_loaded).
 
 -spec peer_open(cnode(), binary(), binary(), [binary()], pid(), map()) -> {ok, peer()}.

@@ -114,13 +114,22 @@ fn cnode_start(
     Ok(atoms::ok())
 }
 
-/// `[{Node, Creation, Port}]` of the identities.
+/// `[{Node, Creation, Port, Accepted, Refused}]` of the identities.
 #[rustler::nif]
-fn cnode_info(cnode: ResourceArc<CNode>) -> Vec<(String, u32, u16)> {
+fn cnode_info(cnode: ResourceArc<CNode>) -> Vec<(String, u32, u16, u64, u64)> {
+    use std::sync::atomic::Ordering::Relaxed;
     cnode
         .ids
         .iter()
-        .map(|i| (i.node().to_string(), i.creation().get(), i.port()))
+        .map(|i| {
+            (
+                i.node().to_string(),
+                i.creation().get(),
+                i.port(),
+                i.accepted.load(Relaxed),
+                i.refused.load(Relaxed),
+            )
+        })
         .collect()
 }
 
@@ -258,9 +267,20 @@ fn wait_room<'a>(
     let mut owned = OwnedEnv::new();
     let saved = owned.save(reference);
     let wake = Box::new(move |room: bool| {
-        let _ = owned.send_and_clear(&caller, |env| {
-            (atoms::ecall_room(), saved.load(env), room).encode(env)
-        });
+        let mut send = move || {
+            let _ = owned.send_and_clear(&caller, |env| {
+                (atoms::ecall_room(), saved.load(env), room).encode(env)
+            });
+        };
+        // Room is found by link writers (runtime threads: send now, which
+        // keeps the wake-ups in order). A close can run on a scheduler
+        // (peer_close/1, or the destructor during GC), where an OwnedEnv
+        // cannot send: hand it to the runtime; order does not matter then.
+        if rustler::thread::is_scheduler_thread() {
+            runtime().spawn(async move { send() });
+        } else {
+            send();
+        }
     });
     if peer.peer.wait_room(size, wake) {
         atoms::wait()

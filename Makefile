@@ -1,0 +1,37 @@
+# The two commands of the README:
+#   make demo   the main job: two real nodes, ecall:send/2 against `!`
+#   make test   every test: Rust unit and integration tests, Common Test on real nodes
+# Both install what they need first (Erlang from Debian packages, as root).
+SHELL := /bin/bash
+export ECALL_OTP27_CACHE ?= /var/cache/ecall-otp27
+
+.PHONY: all deps build demo test test-rust test-ct check clean
+
+all: build
+
+deps:
+	@bash .ci/deps.sh
+
+build: deps
+	rebar3 compile
+
+demo: build
+	test/with_epmd.sh bench/run.sh demo
+
+test: build test-rust test-ct
+
+test-rust:
+	test/with_epmd.sh cargo test --release --workspace
+
+test-ct:
+	ECALL_OTP27_ERL=$$(test/otp27.sh) test/with_epmd.sh rebar3 ct --sname ecall_ct --readable true
+
+# Static checks (CI runs them before the tests).
+check: deps
+	cargo fmt --all -- --check
+	cargo clippy --release --workspace --all-targets -- -D warnings
+	rebar3 xref
+	rebar3 dialyzer
+
+clean:
+	rm -rf _build priv/*.so

@@ -1,0 +1,458 @@
+%% Two (and more) real nodes on loopback: this node, started by rebar3 ct
+%% with -sname, and peers started with OTP's `peer'. Every node talks to a
+%% private epmd (ERL_EPMD_PORT, set by test/with_epmd.sh).
+%%
+%% The group `otp27' runs the data-path cases again with the peer on OTP 27
+%% (the `erl' named by ECALL_OTP27_ERL, which test/otp27.sh prepares).
+-module(ecall_SUITE).
+
+-include_lib("common_test/include/ct.hrl").
+-include_lib("stdlib/include/assert.hrl").
+
+-export([all/0, groups/0, suite/0,
+         init_per_suite/1, end_per_suite/1,
+         init_per_group/2, end_per_group/2]).
+-export([exactly_once_in_order/1, links_are_hidden_cnodes/1, ping_cnode/1,
+         fallback_without_link/1, wrong_cookie_refused_incoming/1,
+         wrong_cookie_refused_outgoing/1, malformed_element_skipped/1,
+         link_loss_is_reported_and_healed/1, nodedown_closes_connection/1,
+         not_distributed/1, bad_arguments/1, names_and_aliases/1,
+         budget_bounds_queue_and_close_releases/1, full_budget_blocks_without_loss/1]).
+%% Run on peers.
+-export([collector/2, not_distributed_check/0]).
+
+-define(CALLERS, 1000).
+-define(PER_CALLER, 100).
+
+suite() ->
+    [{timetrap, {minutes, 5}}].
+
+all() ->
+    [{group, otp25}, {group, otp27}, {group, edges}].
+
+groups() ->
+    DataPath = [exactly_once_in_order, links_are_hidden_cnodes, ping_cnode,
+                fallback_without_link, names_and_aliases, malformed_element_skipped,
+                link_loss_is_reported_and_healed],
+    [{otp25, [], DataPath},
+     {otp27, [], DataPath},
+     {edges, [], [wrong_cookie_refused_incoming, wrong_cookie_refused_outgoing,
+                          nodedown_closes_connection, not_distributed, bad_arguments,
+                          budget_bounds_queue_and_close_releases,
+                          full_budget_blocks_without_loss]}].
+
+init_per_suite(Config) ->
+    ?assert(is_alive()),
+    {ok, _} = application:ensure_all_started(ecall),
+    ?assertMatch({ok, _}, ecall_cnode:cnode()),
+    Config.
+
+end_per_suite(_Config) ->
+    ok = application:stop(ecall).
+
+init_per_group(otp27, Config) ->
+    Erl = os:getenv("ECALL_OTP27_ERL", ""),
+    %% A missing OTP 27 is a failure, not a skip: the README's test command
+    %% prepares it.
+    ?assert(filelib:is_regular(Erl)),
+    start_b(Config, Erl);
+init_per_group(_Group, Config) ->
+    start_b(Config, os:find_executable("erl")).
+
+end_per_group(_Group, Config) ->
+    _ = ecall:disconnect(?config(b, Config)),
+    stop_node(?config(b_node, Config)).
+
+start_b(Config, Erl) ->
+    {Node, _} = NodeRef = start_node(Erl),
+    ok = ecall:connect(Node),
+    [{b, Node}, {b_node, NodeRef} | Config].
+
+%% A node running ecall, started from the `erl' given, that outlives the
+%% process that starts it (the group's cases run in other processes). OTP's
+%% `peer' is not used here because an OTP 27 peer cannot be driven by OTP
+%% 25's `peer' module. The node halts by itself if this node goes away.
+start_node(Erl) ->
+    Owner = self(),
+    Ready = make_ref(),
+    Keeper = spawn(fun() -> keep_node(Owner, Ready, Erl) end),
+    receive
+        {Ready, Node} -> {Node, Keeper};
+        {Ready, failed, Why} -> ct:fail({node_start_failed, Why})
+    after 60000 -> ct:fail(node_start_timeout)
+    end.
+
+keep_node(Owner, Ready, Erl) ->
+    Name = peer:random_name(?MODULE),
+    register(list_to_atom(Name), self()),
+    Eval = lists:flatten(io_lib:format(
+        "{ok, _} = application:ensure_all_started(ecall), "
+        "erlang:monitor_node(~p, true), "
+        "erlang:send({~p, ~p}, {up, node()}), "
+        "receive {nodedown, _} -> erlang:halt() end.", [node(), list_to_atom(Name), node()])),
+    Port = open_port({spawn_executable, Erl},
+                     [{args, ["-sname", Name, "-setcookie", atom_to_list(erlang:get_cookie()),
+                              "-noinput", "-eval", Eval | code_args()]},
+                      exit_status, stderr_to_stdout, {line, 4096}]),
+    keep_node(Owner, Ready, Port, undefined).
+
+keep_node(Owner, Ready, Port, Node) ->
+    receive
+        {up, N} ->
+            Owner ! {Ready, N},
+            keep_node(Owner, Ready, Port, N);
+        {Port, {data, {_, Line}}} ->
+            ct:log("~p: ~ts", [Node, Line]),
+            keep_node(Owner, Ready, Port, Node);
+        {Port, {exit_status, S}} when Node =:= undefined ->
+            Owner ! {Ready, failed, {exit_status, S}};
+        {Port, {exit_status, _}} ->
+            ok;
+        {stop, From} ->
+            erpc:cast(Node, erlang, halt, []),
+            receive {Port, {exit_status, _}} -> From ! {stopped, self()} end
+    end.
+
+stop_node({_Node, Keeper}) ->
+    Ref = monitor(process, Keeper),
+    Keeper ! {stop, self()},
+    receive {'DOWN', Ref, process, Keeper, _} -> ok end.
+
+%% An OTP 25 peer running ecall, with this suite's code on its path, linked
+%% to the calling process.
+start_peer() ->
+    start_peer([]).
+
+start_peer(Extra) ->
+    Args = ["-setcookie", atom_to_list(erlang:get_cookie()) | code_args() ++ Extra],
+    {ok, Peer, Node} = peer:start_link(#{name => peer:random_name(?MODULE),
+                                         args => Args,
+                                         wait_boot => 60000}),
+    {ok, _} = erpc:call(Node, application, ensure_all_started, [ecall]),
+    {Peer, Node}.
+
+code_args() ->
+    ["-pa", filename:dirname(code:which(ecall)),
+     "-pa", filename:dirname(code:which(?MODULE))].
+
+%%--------------------------------------------------------------------
+%% Cases
+
+%% 100,000 messages from 1,000 callers arrive exactly once, in per-caller
+%% order, through the C-node links, in batches larger than one on average.
+exactly_once_in_order(Config) ->
+    B = ?config(b, Config),
+    {ok, S0} = ecall:stats(B),
+    #{receivers := R0} = erpc:call(B, ecall, stats, []),
+    Total = ?CALLERS * ?PER_CALLER,
+    Collector = erpc:call(B, erlang, spawn, [?MODULE, collector, [self(), Total]]),
+    Go = make_ref(),
+    Callers = [spawn_link(fun() -> receive Go -> ok end, send_seq(Collector, ?PER_CALLER) end)
+               || _ <- lists:seq(1, ?CALLERS)],
+    [C ! Go || C <- Callers],
+    receive
+        {collected, Collector, Result} ->
+            ?assertEqual(#{total => Total, callers => ?CALLERS,
+                           out_of_order => 0, last_seq_ok => ?CALLERS}, Result)
+    after 120000 ->
+        ct:fail({collector_timeout, erpc:call(B, erlang, process_info, [Collector, message_queue_len])})
+    end,
+    {ok, S1} = ecall:stats(B),
+    #{receivers := R1} = erpc:call(B, ecall, stats, []),
+    Requests = maps:get(requests, S1) - maps:get(requests, S0),
+    Batches = maps:get(batches, S1) - maps:get(batches, S0),
+    ct:pal("~b requests in ~b batches (~.1f per batch), ~b socket writes",
+           [Requests, Batches, Requests / max(1, Batches),
+            maps:get(writes, S1) - maps:get(writes, S0)]),
+    %% Everything went through the NIF and the links ...
+    ?assertEqual(Total, maps:get(pushed, S1) - maps:get(pushed, S0)),
+    ?assertEqual(Total, Requests),
+    ?assertEqual(0, maps:get(dropped, S1)),
+    %% ... and through B's receiver pool ...
+    ?assertEqual(Total, maps:get(requests, R1) - maps:get(requests, R0)),
+    %% ... in batches, not one message per write.
+    ?assert(Requests / Batches > 1.0).
+
+send_seq(To, N) ->
+    Self = self(),
+    %% send/2 returns the message, like `!'.
+    [{seq, Self, I} = ecall:send(To, {seq, Self, I}) || I <- lists:seq(1, N)],
+    ok.
+
+%% On the peer: counts messages per caller and checks that each caller's
+%% sequence numbers arrive as 1, 2, 3, ...
+collector(Owner, Total) ->
+    collect(Owner, Total, #{}, 0, 0).
+
+collect(Owner, Total, Last, Total, Bad) ->
+    Ok = length([S || S <- maps:values(Last), S =:= ?PER_CALLER]),
+    Owner ! {collected, self(), #{total => Total, callers => map_size(Last),
+                                  out_of_order => Bad, last_seq_ok => Ok}};
+collect(Owner, Total, Last, N, Bad) ->
+    receive
+        {seq, From, Seq} ->
+            Bad1 = seq_check(Last, From, Seq, Bad),
+            collect(Owner, Total, Last#{From => Seq}, N + 1, Bad1);
+        {seq, From, Seq, _Payload} ->
+            Bad1 = seq_check(Last, From, Seq, Bad),
+            collect(Owner, Total, Last#{From => Seq}, N + 1, Bad1)
+    end.
+
+seq_check(Last, From, Seq, Bad) ->
+    case maps:get(From, Last, 0) of
+        Prev when Seq =:= Prev + 1 -> Bad;
+        _ -> Bad + 1
+    end.
+
+%% The links are hidden C-nodes named after this node, one per link.
+links_are_hidden_cnodes(Config) ->
+    B = ?config(b, Config),
+    Ids = ecall:nodes(),
+    ?assertEqual(ecall_config:links(), length(Ids)),
+    [?assertMatch({match, _}, re:run(atom_to_list(Id), "_ecall_[0-9]+@")) || Id <- Ids],
+    Hidden = erpc:call(B, erlang, nodes, [hidden]),
+    ?assertEqual([], Ids -- Hidden),
+    ?assertEqual([], Ids -- erpc:call(B, erlang, nodes, [connected])),
+    ?assertEqual([], [Id || Id <- Ids, lists:member(Id, erpc:call(B, erlang, nodes, []))]),
+    {ok, #{links_up := Up}} = ecall:stats(B),
+    ?assertEqual(length(Ids), Up).
+
+%% net_adm:ping/1 from the peer to a C-node answers pong.
+ping_cnode(Config) ->
+    B = ?config(b, Config),
+    [?assertEqual(pong, erpc:call(B, net_adm, ping, [Id])) || Id <- ecall:nodes()].
+
+%% Without an ecall connection, send is plain `!': same result, and nothing
+%% goes through the NIF or the peer's receiver pool.
+fallback_without_link(Config) ->
+    B = ?config(b, Config),
+    ok = ecall:disconnect(B),
+    ?assertEqual({error, not_connected}, ecall:stats(B)),
+    #{receivers := R0} = erpc:call(B, ecall, stats, []),
+    Collector = erpc:call(B, erlang, spawn, [?MODULE, collector, [self(), ?PER_CALLER]]),
+    send_seq(Collector, ?PER_CALLER),
+    receive
+        {collected, Collector, #{out_of_order := 0, total := ?PER_CALLER}} -> ok
+    after 10000 -> ct:fail(fallback_lost_messages)
+    end,
+    #{receivers := R1} = erpc:call(B, ecall, stats, []),
+    ?assertEqual(maps:get(requests, R0), maps:get(requests, R1)),
+    ok = ecall:connect(B),
+    ?assertMatch({ok, #{links_up := 2}}, ecall:stats(B)).
+
+%% {Name, Node} and registered names on the peer; a name that is not
+%% registered there is counted, as `!' to it would be lost.
+names_and_aliases(Config) ->
+    B = ?config(b, Config),
+    Self = self(),
+    Name = list_to_atom("ecall_test_" ++ integer_to_list(erlang:unique_integer([positive]))),
+    Pid = erpc:call(B, erlang, spawn, [fun() -> register(Name, self()), Self ! registered,
+                                               receive M -> Self ! {got, M} end end]),
+    receive registered -> ok end,
+    ?assertEqual({hi, 1}, ecall:send({Name, B}, {hi, 1})),
+    receive {got, {hi, 1}} -> ok after 5000 -> ct:fail(name_not_delivered) end,
+    #{receivers := #{dead_letters := D0}} = erpc:call(B, ecall, stats, []),
+    Ref = monitor(process, Pid),
+    receive {'DOWN', Ref, process, Pid, _} -> ok end,
+    ecall:send({Name, B}, lost),
+    %% A marker sent after it on the same shard proves the dead letter was
+    %% processed (per-caller order).
+    Marker = erpc:call(B, erlang, spawn, [fun() -> receive M -> Self ! {marker, M} end end]),
+    ecall:send(Marker, done),
+    receive {marker, done} -> ok after 5000 -> ct:fail(marker_lost) end,
+    #{receivers := #{dead_letters := D1}} = erpc:call(B, ecall, stats, []),
+    ?assertEqual(D0 + 1, D1).
+
+%% A malformed element is counted and skipped; the worker survives and the
+%% rest of its batch is delivered.
+malformed_element_skipped(Config) ->
+    B = ?config(b, Config),
+    Worker = erpc:call(B, erlang, whereis, [ecall_rx_1]),
+    #{receivers := #{malformed := M0}} = erpc:call(B, ecall, stats, []),
+    {ecall_rx_1, B} ! {batch, [bogus, {send, self(), after_bogus}, {send, 42, x}]},
+    receive after_bogus -> ok after 5000 -> ct:fail(rest_of_batch_lost) end,
+    {ecall_rx_1, B} ! not_a_batch,
+    {ecall_rx_1, B} ! {batch, [{send, self(), sync}]},
+    receive sync -> ok after 5000 -> ct:fail(worker_gone) end,
+    ?assertEqual(Worker, erpc:call(B, erlang, whereis, [ecall_rx_1])),
+    #{receivers := #{malformed := M1}} = erpc:call(B, ecall, stats, []),
+    ?assertEqual(M0 + 3, M1).
+
+%% When the peer drops a link, the connection process hears it from Rust at
+%% once (no polling), the link comes back, and what was sent meanwhile is
+%% delivered in order.
+link_loss_is_reported_and_healed(Config) ->
+    B = ?config(b, Config),
+    Conn = whereis(ecall_conn:name(B)),
+    erlang:trace(Conn, true, ['receive']),
+    [Id1 | _] = ecall:nodes(),
+    T0 = erlang:monotonic_time(millisecond),
+    true = erpc:call(B, erlang, disconnect_node, [Id1]),
+    Down = receive {trace, Conn, 'receive', {ecall_link, 0, {down, R}}} -> R
+           after 5000 -> ct:fail(no_down_event)
+           end,
+    T1 = erlang:monotonic_time(millisecond),
+    ct:pal("link 1 down after ~b ms: ~ts", [T1 - T0, Down]),
+    %% Sends while the link is down are queued in Rust, not lost.
+    Collector = erpc:call(B, erlang, spawn, [?MODULE, collector, [self(), ?PER_CALLER]]),
+    send_seq(Collector, ?PER_CALLER),
+    receive {trace, Conn, 'receive', {ecall_link, 0, up}} -> ok
+    after 10000 -> ct:fail(no_up_event)
+    end,
+    erlang:trace(Conn, false, ['receive']),
+    ct:pal("link 1 back after ~b ms", [erlang:monotonic_time(millisecond) - T1]),
+    receive
+        {collected, Collector, Result} ->
+            ?assertMatch(#{out_of_order := 0, total := ?PER_CALLER}, Result)
+    after 10000 -> ct:fail(queued_messages_lost)
+    end,
+    {ok, #{disconnects := D}} = ecall:stats(B),
+    ?assert(D >= 1).
+
+%% A node with another cookie cannot connect to our C-node.
+wrong_cookie_refused_incoming(_Config) ->
+    {ok, Peer, _} = peer:start_link(#{connection => standard_io,
+                                   name => peer:random_name(wrong_cookie),
+                                   args => ["-setcookie", "not_the_cookie"],
+                                   wait_boot => 60000}),
+    [Id | _] = ecall:nodes(),
+    Refused0 = refused(Id),
+    ?assertEqual(pang, peer:call(Peer, net_adm, ping, [Id], 30000)),
+    ?assertEqual(Refused0 + 1, refused(Id)),
+    peer:stop(Peer).
+
+refused(Id) ->
+    #{identities := Ids} = ecall:stats(),
+    [R] = [R || #{node := N, refused := R} <- Ids, N =:= Id],
+    R.
+
+%% Our link, offered the wrong cookie, is refused by the peer, and the
+%% owner is told. (A node without ecall running, so that nothing else
+%% connects our identities to it first.)
+wrong_cookie_refused_outgoing(_Config) ->
+    {ok, Peer, C} = peer:start_link(#{name => peer:random_name(?MODULE),
+                                      args => ["-setcookie", atom_to_list(erlang:get_cookie())],
+                                      wait_boot => 60000}),
+    {ok, CNode} = ecall_cnode:cnode(),
+    {ok, P} = ecall_nif:peer_open(CNode, atom_to_binary(C), <<"wrong">>, [<<"ecall_rx_1">>],
+                                  self(), (ecall_config:peer_opts())#{backoff_min => 60000}),
+    receive
+        {ecall_link, _, {down, Reason}} ->
+            ct:pal("refused: ~ts", [Reason]),
+            ?assertMatch({match, _}, re:run(Reason, "handshake"))
+    after 15000 -> ct:fail(no_refusal)
+    end,
+    ok = ecall_nif:peer_close(P),
+    ?assertEqual([], [N || N <- ecall:nodes(), lists:member(N, erpc:call(C, erlang, nodes, [hidden]))]),
+    peer:stop(Peer).
+
+%% When the peer node goes down, its connection closes promptly, and sends
+%% to it behave like `!' to a dead node.
+nodedown_closes_connection(_Config) ->
+    {Peer, C} = start_peer(),
+    ok = ecall:connect(C),
+    Conn = whereis(ecall_conn:name(C)),
+    Ref = monitor(process, Conn),
+    Remote = erpc:call(C, erlang, whereis, [init]),
+    peer:stop(Peer),
+    receive {'DOWN', Ref, process, Conn, _} -> ok after 10000 -> ct:fail(conn_still_up) end,
+    ?assertEqual({error, not_connected}, ecall:stats(C)),
+    ?assertEqual(ping, ecall:send(Remote, ping)).
+
+%% Without -sname/-name, ecall starts, says so, and send is plain `!'.
+not_distributed(_Config) ->
+    {ok, Peer, nonode@nohost} = peer:start_link(#{connection => standard_io, args => code_args(),
+                                   wait_boot => 60000}),
+    ?assertMatch({ok, _}, peer:call(Peer, application, ensure_all_started, [ecall])),
+    ?assertEqual({error, not_distributed}, peer:call(Peer, ecall_cnode, cnode, [])),
+    ?assertEqual(ok, peer:call(Peer, ?MODULE, not_distributed_check, [])),
+    peer:stop(Peer).
+
+not_distributed_check() ->
+    [] = ecall:nodes(),
+    {error, local_node} = ecall:connect(node()),
+    hi = ecall:send(self(), hi),
+    receive hi -> ok after 1000 -> lost end.
+
+%% Bad arguments raise badarg, as `!' and erpc do.
+bad_arguments(_Config) ->
+    ?assertError(badarg, ecall:send("not a pid", x)),
+    ?assertError(badarg, ecall:send({1, 2}, x)),
+    ?assertError(badarg, ecall:connect("node")),
+    ?assertError(badarg, ecall:stats(42)),
+    ?assertEqual({error, local_node}, ecall:connect(node())),
+    ?assertEqual({error, not_connected}, ecall:disconnect('nobody@nowhere')).
+
+%% The byte budget bounds what is queued for a peer. Against a peer whose
+%% links cannot come up, pushes fill the budget and are then refused; a
+%% refused caller waits for room and is released when the peer closes, and
+%% everything that was queued is counted as dropped.
+budget_bounds_queue_and_close_releases(Config) ->
+    B = ?config(b, Config),
+    {ok, CNode} = ecall_cnode:cnode(),
+    Budget = 4096,
+    Ghost = list_to_atom("ghost_" ++ integer_to_list(erlang:unique_integer([positive]))
+                         ++ "@" ++ lists:last(string:split(atom_to_list(B), "@"))),
+    {ok, Peer} = ecall_nif:peer_open(CNode, atom_to_binary(Ghost), <<"c">>, [<<"ecall_rx_1">>],
+                                     self(), (ecall_config:peer_opts())#{max_queue_bytes => Budget}),
+    Payload = binary:copy(<<"x">>, 500),
+    Queued = push_until_full(Peer, Payload, 0),
+    Stats = ecall_nif:peer_stats(Peer),
+    ?assert(Queued > 0),
+    ?assert(maps:get(queued_bytes, Stats) =< Budget),
+    ?assert(maps:get(queued_bytes, Stats) > Budget - 600),
+    Ref = make_ref(),
+    ?assertEqual(wait, ecall_nif:wait_room(Peer, 520, Ref)),
+    %% Later callers queue behind the waiting one even if they would fit.
+    ?assertMatch({full, _}, ecall_nif:send(Peer, self(), tiny)),
+    ok = ecall_nif:peer_close(Peer),
+    receive {ecall_room, Ref, false} -> ok after 5000 -> ct:fail(waiter_not_released) end,
+    Closed = ecall_nif:peer_stats(Peer),
+    ?assertEqual(Queued, maps:get(dropped, Closed)),
+    ?assertEqual(0, maps:get(queued_bytes, Closed)),
+    ?assertEqual(closed, ecall_nif:send(Peer, self(), x)).
+
+push_until_full(Peer, Payload, N) ->
+    case ecall_nif:send(Peer, self(), Payload) of
+        ok -> push_until_full(Peer, Payload, N + 1);
+        {full, _} -> N
+    end.
+
+%% With a budget of two messages and twenty concurrent senders, ecall:send/2
+%% waits for room (callers woken in order as the link writes) and nothing is
+%% lost or reordered.
+full_budget_blocks_without_loss(_Config) ->
+    Budget = 1100,
+    ok = application:set_env(ecall, max_queue_bytes, Budget),
+    %% A fresh node that does not connect back on its own, so that the
+    %% connection made here is the one with the small budget.
+    {Peer, C} = start_peer(["-ecall", "discovery", "false"]),
+    try ok = ecall:connect(C)
+    after application:unset_env(ecall, max_queue_bytes)
+    end,
+    Total = 2000,
+    Collector = erpc:call(C, erlang, spawn, [?MODULE, collector, [self(), Total]]),
+    Payload = binary:copy(<<"x">>, 500),
+    Go = make_ref(),
+    Senders = [spawn_link(fun() -> receive Go -> send_payload_seq(Collector, Payload, 100) end end)
+               || _ <- lists:seq(1, 20)],
+    [S ! Go || S <- Senders],
+    receive
+        {collected, Collector, Result} ->
+            ?assertEqual(#{total => Total, callers => 20, out_of_order => 0, last_seq_ok => 20},
+                         Result)
+    after 60000 -> ct:fail(lost_under_budget)
+    end,
+    {ok, Stats} = ecall:stats(C),
+    ct:pal("budget test: ~p", [Stats]),
+    ?assert(maps:get(full, Stats) > 0),
+    ?assertEqual(Total, maps:get(requests, Stats)),
+    ?assertEqual(0, maps:get(queued_bytes, Stats)),
+    ok = ecall:disconnect(C),
+    peer:stop(Peer).
+
+send_payload_seq(To, Payload, N) ->
+    Self = self(),
+    [{seq, Self, I, Payload} = ecall:send(To, {seq, Self, I, Payload}) || I <- lists:seq(1, N)],
+    ok.
+

@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Prints the path of an OTP 27 `erl`, preparing it first if needed.
+#
+# Debian 13 ships OTP 27, built against a newer libc than this Debian 12
+# machine has, so the packages are unpacked (not installed) into a cache
+# outside the clone, and the emulator's binaries are pointed at the unpacked
+# loader and libraries (see ../shared/DESIGN.md). The cache makes every run
+# after the first free of downloads. Progress goes to stderr.
+set -euo pipefail
+
+cache=${ECALL_OTP27_CACHE:-/var/cache/ecall-otp27}
+root=$cache/root
+erl=$root/usr/lib/erlang/bin/erl
+if [ -f "$cache/ready" ] && [ -x "$erl" ]; then
+    echo "$erl"
+    exit 0
+fi
+
+command -v patchelf >/dev/null || { apt-get update -qq >&2; DEBIAN_FRONTEND=noninteractive apt-get install -y -qq patchelf >&2; }
+
+# The machine's own Debian mirror, with the next suite.
+uri=$(awk '/^URIs:/ {print $2; exit}' /etc/apt/sources.list.d/debian.sources 2>/dev/null || true)
+if [ -z "$uri" ]; then
+    uri=$(awk '$1 == "deb" && $3 ~ /^bookworm$/ {print $2; exit}' /etc/apt/sources.list 2>/dev/null || true)
+fi
+[ -n "$uri" ] || { echo "otp27.sh: no Debian mirror found in the apt sources" >&2; exit 1; }
+
+rm -rf "$cache"
+mkdir -p "$cache/apt/lists/partial" "$cache/apt/archives/partial" "$cache/debs" "$root"
+echo "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] $uri trixie main" > "$cache/apt/sources.list"
+apt_opts=(-o "Dir::Etc::SourceList=$cache/apt/sources.list" -o "Dir::Etc::SourceParts=$cache/apt/none"
+          -o "Dir::State::Lists=$cache/apt/lists" -o "Dir::Cache=$cache/apt"
+          -o "Dir::Cache::archives=$cache/apt/archives" -o Debug::NoLocking=1 -qq)
+echo "otp27.sh: fetching OTP 27 packages from the trixie suite" >&2
+apt-get "${apt_opts[@]}" update >&2
+pkgs=(erlang-base libc6 libstdc++6 libgcc-s1 libtinfo6 zlib1g libsystemd0
+      libcap2 libgcrypt20 libgpg-error0 liblz4-1 liblzma5 libzstd1)
+(cd "$cache/debs" && chmod 777 . && apt-get "${apt_opts[@]}" download "${pkgs[@]}" >&2)
+for deb in "$cache"/debs/*.deb; do
+    dpkg -x "$deb" "$root"
+done
+
+loader=$root/usr/lib64/ld-linux-x86-64.so.2
+[ -e "$loader" ] || loader=$root/lib64/ld-linux-x86-64.so.2
+rpath=$root/lib/x86_64-linux-gnu:$root/usr/lib/x86_64-linux-gnu
+for bin in "$root"/usr/lib/erlang/erts-*/bin/{beam.smp,erlexec,erl_child_setup,epmd,inet_gethost}; do
+    [ -f "$bin" ] || continue
+    patchelf --set-interpreter "$loader" --set-rpath "$rpath" "$bin"
+done
+sed -i "s|ROOTDIR=/usr/lib/erlang\$|ROOTDIR=$root/usr/lib/erlang|" "$erl"
+out=$("$erl" -noshell -eval 'io:put_chars(erlang:system_info(otp_release)), halt().')
+[ "$out" = 27 ] || { echo "otp27.sh: unpacked erl reports OTP '$out'" >&2; exit 1; }
+touch "$cache/ready"
+echo "$erl"
