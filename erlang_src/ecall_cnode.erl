@@ -69,7 +69,7 @@ start_identities() ->
                      || K <- lists:seq(1, ecall_config:links())],
             Cookie = atom_to_binary(erlang:get_cookie()),
             Ref = make_ref(),
-            ok = ecall_nif:cnode_start(Nodes, Cookie, tick_ms(), ?START_TIMEOUT, Ref),
+            ok = ecall_nif:cnode_start(Nodes, Cookie, tick_ms(), ?START_TIMEOUT, epmd_port(), Ref),
             receive
                 {ecall_cnode, Ref, Result} -> Result
             after ?START_TIMEOUT ->
@@ -77,6 +77,18 @@ start_identities() ->
             end;
         {true, Why} ->
             {error, {nif_not_loaded, Why}}
+    end.
+
+%% The epmd this node uses, found the way erl_epmd finds it.
+-spec epmd_port() -> 1..65535.
+epmd_port() ->
+    case application:get_env(kernel, erl_epmd_port) of
+        {ok, Port} when is_integer(Port) -> Port;
+        _ ->
+            case os:getenv("ERL_EPMD_PORT") of
+                false -> 4369;
+                Port -> list_to_integer(Port)
+            end
     end.
 
 %% The peer drops a connection after net_ticktime without traffic from it

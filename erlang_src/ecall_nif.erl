@@ -7,7 +7,7 @@
 -module(ecall_nif).
 
 -export([loaded/0, load_error/0]).
--export([cnode_start/5, cnode_info/1,
+-export([cnode_start/6, cnode_info/1,
          peer_open/6, peer_close/1, peer_stats/1,
          send/3, send_admitted/3, wait_room/3]).
 
@@ -49,8 +49,8 @@ load_error() ->
 -spec loaded() -> boolean().
 loaded() -> false.
 
--spec cnode_start([binary()], binary(), pos_integer(), pos_integer(), reference()) -> ok.
-cnode_start(_Nodes, _Cookie, _TickMs, _HandshakeMs, _Ref) -> erlang:nif_error(nif_not_loaded).
+-spec cnode_start([binary()], binary(), pos_integer(), pos_integer(), 1..65535, reference()) -> ok.
+cnode_start(_Nodes, _Cookie, _TickMs, _HandshakeMs, _EpmdPort, _Ref) -> erlang:nif_error(nif_not_loaded).
 
 %% [{Node, Creation, Port, IncomingAccepted, IncomingRefused}]
 -spec cnode_info(cnode()) -> [{binary(), non_neg_integer(), non_neg_integer(),

@@ -7,7 +7,7 @@
 //! unregisters the name.
 
 use crate::wire;
-use crate::{epmd_addr, Error};
+use crate::Error;
 use erl_dist::epmd::{EpmdClient, NodeEntry};
 use erl_dist::handshake::{HandshakeStatus, ServerSideHandshake};
 use erl_dist::node::{Creation, LocalNode, NodeName};
@@ -47,6 +47,8 @@ pub struct IdentityConfig {
     pub tick: Duration,
     /// Longest time a handshake may take.
     pub handshake_timeout: Duration,
+    /// Port of epmd, here and on peers' hosts (one cluster, one port).
+    pub epmd_port: u16,
 }
 
 /// A registered C-node name. See the module docs.
@@ -75,7 +77,7 @@ impl Identity {
             .await
             .map_err(Error::io("listen"))?;
         let port = listener.local_addr().map_err(Error::io("listen"))?.port();
-        let epmd = TcpStream::connect(epmd_addr("127.0.0.1"))
+        let epmd = TcpStream::connect(("127.0.0.1", config.epmd_port))
             .await
             .map_err(Error::io("connect to epmd"))?;
         let (keep, creation) = EpmdClient::new(epmd.compat())
@@ -240,11 +242,13 @@ pub async fn serve_passive(stream: TcpStream, tick: Duration, cancel: Cancellati
 }
 
 /// Client side of the handshake with `peer` (`name@host`), under `me`.
-pub async fn connect(me: &Identity, peer: &str, cookie: &str) -> Result<TcpStream, Error> {
+/// Returns the connected stream and the peer's creation (its incarnation;
+/// 0 if it did not say).
+pub async fn connect(me: &Identity, peer: &str, cookie: &str) -> Result<(TcpStream, u32), Error> {
     let name: NodeName = peer
         .parse()
         .map_err(|e| Error::BadName(format!("{peer}: {e}")))?;
-    let epmd = TcpStream::connect(epmd_addr(name.host()))
+    let epmd = TcpStream::connect((name.host(), me.config.epmd_port))
         .await
         .map_err(Error::io("connect to the peer's epmd"))?;
     let entry = EpmdClient::new(epmd.compat())
@@ -269,7 +273,7 @@ pub async fn connect(me: &Identity, peer: &str, cookie: &str) -> Result<TcpStrea
         let _ = hs.execute_rest(false).await;
         return Err(Error::Alive);
     }
-    let (stream, _peer) = hs.execute_rest(true).await.map_err(|e| match e {
+    let (stream, peer) = hs.execute_rest(true).await.map_err(|e| match e {
         // A wrong cookie shows up on the client side only as an early EOF.
         erl_dist::handshake::HandshakeError::Io(ref io)
             if io.kind() == std::io::ErrorKind::UnexpectedEof =>
@@ -278,5 +282,5 @@ pub async fn connect(me: &Identity, peer: &str, cookie: &str) -> Result<TcpStrea
         }
         e => Error::Handshake(e.to_string()),
     })?;
-    Ok(stream.into_inner())
+    Ok((stream.into_inner(), peer.creation.map_or(0, |c| c.get())))
 }

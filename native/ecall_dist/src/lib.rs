@@ -44,6 +44,9 @@ pub enum Error {
     Handshake(String),
     /// The peer still holds a connection under our name.
     Alive,
+    /// The peer node was restarted: the name answers, but it is a new
+    /// incarnation, which knows nothing of this peer's receivers.
+    Restarted,
     /// Inconsistent settings.
     Config(String),
 }
@@ -63,21 +66,10 @@ impl std::fmt::Display for Error {
             Error::NotRegistered(s) => write!(f, "{s} is not registered with epmd"),
             Error::Handshake(s) => write!(f, "handshake: {s}"),
             Error::Alive => write!(f, "the peer still holds a connection under our name"),
+            Error::Restarted => write!(f, "the peer node restarted (new creation); link stopped"),
             Error::Config(s) => write!(f, "configuration: {s}"),
         }
     }
 }
 
 impl std::error::Error for Error {}
-
-/// The epmd port: `ERL_EPMD_PORT` when set, as `erl` does, else 4369.
-pub fn epmd_port() -> u16 {
-    std::env::var("ERL_EPMD_PORT")
-        .ok()
-        .and_then(|p| p.parse().ok())
-        .unwrap_or(4369)
-}
-
-fn epmd_addr(host: &str) -> (String, u16) {
-    (host.to_string(), epmd_port())
-}

@@ -11,7 +11,10 @@
 //! - Every socket write has a deadline (`stall_timeout`); a write that does
 //!   not finish in time ends the connection like any other error.
 //! - When a connection ends, its owner is told ([`LinkEvents::down`]) and the
-//!   link reconnects with exponential backoff. What the shards hold stays
+//!   link reconnects with exponential backoff, to the same incarnation of
+//!   the peer only: a peer node that restarted under the same name has a
+//!   new creation and no receivers of ours yet, so the link stops there
+//!   (reason "restarted") and leaves the decision to its owner. What the shards hold stays
 //!   queued (bounded by the byte budget) and goes out once the link is back;
 //!   a batch that was being written when the socket died is lost, as it
 //!   would be with native distribution.
@@ -127,6 +130,8 @@ pub struct Peer {
     waiters: Mutex<VecDeque<Waiter>>,
     waiting: AtomicUsize,
     cancel: CancellationToken,
+    /// Creation of the peer at the first connection (0 until then).
+    creation: std::sync::atomic::AtomicU32,
     /// Counters.
     pub stats: PeerStats,
 }
@@ -177,6 +182,7 @@ impl Peer {
             waiters: Mutex::new(VecDeque::new()),
             waiting: AtomicUsize::new(0),
             cancel: CancellationToken::new(),
+            creation: std::sync::atomic::AtomicU32::new(0),
             stats: PeerStats::default(),
         });
         for (k, id) in identities.iter().enumerate() {
@@ -289,6 +295,19 @@ impl Peer {
         }
     }
 
+    /// Records the peer's creation at the first connection; refuses a
+    /// different one later.
+    fn same_incarnation(&self, creation: u32) -> Result<(), Error> {
+        match self
+            .creation
+            .compare_exchange(0, creation, Ordering::AcqRel, Ordering::Acquire)
+        {
+            Ok(_) => Ok(()),
+            Err(known) if known == creation || creation == 0 => Ok(()),
+            Err(_) => Err(Error::Restarted),
+        }
+    }
+
     /// Stops the links, drops what is queued and releases every waiter.
     pub fn close(&self) {
         if self.cancel.is_cancelled() {
@@ -339,7 +358,17 @@ async fn link_task(peer: Arc<Peer>, k: usize, id: Arc<Identity>, events: Arc<dyn
             _ = cancel.cancelled() => return,
             r = attempt => r,
         };
+        let result = result.map(|r| {
+            r.and_then(|(stream, creation)| peer.same_incarnation(creation).map(|_| stream))
+        });
         let reason = match result {
+            Ok(Err(Error::Restarted)) => {
+                peer.stats.disconnects.fetch_add(1, Ordering::Relaxed);
+                let reason = Error::Restarted.to_string();
+                tracing::warn!(peer = peer.node(), link = k, reason, "link stopped");
+                events.down(k, &reason);
+                return;
+            }
             Ok(Ok(stream)) => {
                 backoff = peer.config.backoff_min;
                 peer.stats.connects.fetch_add(1, Ordering::Relaxed);

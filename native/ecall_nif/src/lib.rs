@@ -67,7 +67,8 @@ impl Resource for PeerRes {
     }
 }
 
-/// Starts identities `nodes` (full names); answers the caller with
+/// Starts identities `nodes` (full names) registered with the epmd on
+/// `epmd_port`; answers the caller with
 /// `{ecall_cnode, Ref, {ok, CNode} | {error, Reason}}`.
 #[rustler::nif]
 fn cnode_start(
@@ -76,6 +77,7 @@ fn cnode_start(
     cookie: String,
     tick_ms: u64,
     handshake_ms: u64,
+    epmd_port: u16,
     reference: Term<'_>,
 ) -> NifResult<Atom> {
     if nodes.is_empty() || tick_ms == 0 || handshake_ms == 0 {
@@ -93,6 +95,7 @@ fn cnode_start(
                 cookie: cookie.clone(),
                 tick: Duration::from_millis(tick_ms),
                 handshake_timeout: Duration::from_millis(handshake_ms),
+                epmd_port,
             };
             match Identity::start(cfg).await {
                 Ok(id) => ids.push(id),

@@ -1,0 +1,468 @@
+//! The C-node against real `erl` nodes and a real epmd.
+//!
+//! Each test starts its own epmd on a free loopback port and its own `erl`
+//! nodes, and stops them (by pid, on drop) whatever the outcome. Nodes report
+//! back on stdout, one line per fact, so the tests wait on lines, not on
+//! time.
+
+use ecall_dist::etf::element_body;
+use ecall_dist::{BatchCaps, Identity, IdentityConfig, LinkEvents, Peer, PeerConfig, Push};
+use eetf::{Atom, FixInteger, Term, Tuple};
+use std::net::TcpListener;
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::{AsyncBufReadExt, BufReader, Lines};
+use tokio::process::{Child, ChildStdout, Command};
+use tokio::sync::mpsc;
+
+const COOKIE: &str = "ecall_test_cookie";
+const WAIT: Duration = Duration::from_secs(30);
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn host() -> String {
+    let h = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap();
+    h.trim().split('.').next().unwrap().to_string()
+}
+
+fn unique(prefix: &str) -> String {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static N: AtomicU32 = AtomicU32::new(0);
+    format!(
+        "{prefix}_{}_{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// A private epmd, killed on drop.
+struct Epmd {
+    port: u16,
+    _child: Child,
+}
+
+impl Epmd {
+    async fn start() -> Epmd {
+        let port = free_port();
+        let child = Command::new("epmd")
+            .args(["-port", &port.to_string(), "-address", "127.0.0.1"])
+            .kill_on_drop(true)
+            .spawn()
+            .expect("epmd on PATH (make deps installs Erlang)");
+        // Ready when it answers a names request.
+        let t0 = std::time::Instant::now();
+        while epmd_names(port).await.is_none() {
+            assert!(t0.elapsed() < WAIT, "epmd did not start");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        Epmd {
+            port,
+            _child: child,
+        }
+    }
+}
+
+async fn epmd_names(port: u16) -> Option<Vec<(String, u16)>> {
+    let stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .ok()?;
+    erl_dist::epmd::EpmdClient::new(tokio_util::compat::TokioAsyncReadCompatExt::compat(stream))
+        .get_names()
+        .await
+        .ok()
+}
+
+/// An `erl` node running `eval`, killed on drop.
+struct Erl {
+    node: String,
+    lines: Lines<BufReader<ChildStdout>>,
+    _child: Child,
+}
+
+impl Erl {
+    fn start(epmd: &Epmd, cookie: &str, extra: &[&str], eval: &str) -> Erl {
+        let name = unique("erl");
+        let mut child = Command::new("erl")
+            .args([
+                "-sname",
+                &name,
+                "-setcookie",
+                cookie,
+                "-noinput",
+                "-noshell",
+            ])
+            .args(extra)
+            .args(["-eval", eval])
+            .env("ERL_EPMD_PORT", epmd.port.to_string())
+            .stdout(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("erl on PATH");
+        let lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        Erl {
+            node: format!("{name}@{}", host()),
+            lines,
+            _child: child,
+        }
+    }
+
+    /// The next line the node prints.
+    async fn line(&mut self) -> String {
+        tokio::time::timeout(WAIT, self.lines.next_line())
+            .await
+            .expect("erl said nothing in time")
+            .unwrap()
+            .expect("erl exited")
+    }
+}
+
+async fn identity(epmd: &Epmd, cookie: &str, tick: Duration) -> Arc<Identity> {
+    Identity::start(IdentityConfig {
+        node: format!("{}@{}", unique("rust_ecall"), host()),
+        cookie: cookie.into(),
+        tick,
+        handshake_timeout: Duration::from_secs(10),
+        epmd_port: epmd.port,
+    })
+    .await
+    .expect("identity starts")
+}
+
+#[derive(Debug)]
+enum Event {
+    Up,
+    Down(String),
+}
+
+struct Events(mpsc::UnboundedSender<Event>);
+
+impl LinkEvents for Events {
+    fn up(&self, _link: usize) {
+        let _ = self.0.send(Event::Up);
+    }
+    fn down(&self, _link: usize, reason: &str) {
+        let _ = self.0.send(Event::Down(reason.to_string()));
+    }
+    fn alive(&self, _link: usize, _node: &str) {}
+}
+
+fn open_peer(
+    id: &Arc<Identity>,
+    node: &str,
+    cookie: &str,
+    receiver: &str,
+) -> (Arc<Peer>, mpsc::UnboundedReceiver<Event>) {
+    let (tx, rx) = mpsc::unbounded_channel();
+    let peer = Peer::open(
+        &tokio::runtime::Handle::current(),
+        std::slice::from_ref(id),
+        PeerConfig {
+            node: node.into(),
+            cookie: cookie.into(),
+            receivers: vec![receiver.into()],
+            shards: 1,
+            caps: BatchCaps::default(),
+            max_queue_bytes: 1 << 20,
+            stall_timeout: Some(Duration::from_secs(10)),
+            backoff_min: Duration::from_millis(50),
+            backoff_max: Duration::from_millis(500),
+        },
+        Arc::new(Events(tx)),
+    )
+    .unwrap();
+    (peer, rx)
+}
+
+async fn next_event(rx: &mut mpsc::UnboundedReceiver<Event>) -> Event {
+    tokio::time::timeout(WAIT, rx.recv())
+        .await
+        .expect("no link event in time")
+        .unwrap()
+}
+
+fn encode(t: &Term) -> Vec<u8> {
+    let mut v = Vec::new();
+    t.encode(&mut v).unwrap();
+    v
+}
+
+fn atom(s: &str) -> Term {
+    Term::from(Atom::from(s))
+}
+
+/// A node that prints `ready`, then every `{batch, L}` its process `sink`
+/// receives (`~w`), and halts after `n` batches.
+fn sink_eval(n: usize) -> String {
+    format!(
+        "register(sink, self()), io:format(\"ready~n\"), \
+         [receive {{batch, L}} -> io:format(\"~w~n\", [L]) end || _ <- lists:seq(1, {n})], \
+         erlang:halt()."
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn registers_with_epmd_and_delivers_spliced_batches() {
+    let epmd = Epmd::start().await;
+    let id = identity(&epmd, COOKIE, Duration::from_secs(15)).await;
+
+    // Registered, as a hidden node, under the name given.
+    let names = epmd_names(epmd.port).await.unwrap();
+    let short = id.node().split('@').next().unwrap();
+    assert!(
+        names.iter().any(|(n, p)| n == short && *p == id.port()),
+        "{names:?}"
+    );
+
+    let mut erl = Erl::start(&epmd, COOKIE, &[], &sink_eval(2));
+    assert_eq!(erl.line().await, "ready");
+    let (peer, mut events) = open_peer(&id, &erl.node, COOKIE, "sink");
+    assert!(matches!(next_event(&mut events).await, Event::Up));
+
+    // Elements encoded independently (as the NIF does), spliced into one
+    // message without being decoded.
+    let terms = [
+        Term::from(Tuple::from(vec![
+            atom("send"),
+            Term::from(FixInteger::from(1)),
+            atom("hello"),
+        ])),
+        Term::from(eetf::Binary::from(vec![1u8, 2, 3])),
+        Term::from(eetf::List::from(vec![
+            atom("a"),
+            Term::from(FixInteger::from(-5)),
+        ])),
+    ];
+    for t in &terms {
+        assert_eq!(
+            peer.push(0, element_body(&encode(t)).unwrap(), false),
+            Push::Queued
+        );
+    }
+    assert_eq!(erl.line().await, "[{send,1,hello},<<1,2,3>>,[a,-5]]");
+
+    // A second batch, after the first: the link stays usable.
+    let big = "x".repeat(70_000);
+    peer.push(
+        0,
+        element_body(&encode(&Term::from(eetf::Binary::from(
+            big.as_bytes().to_vec(),
+        ))))
+        .unwrap(),
+        false,
+    );
+    let line = erl.line().await;
+    assert!(
+        line.starts_with("[<<120,120,") && line.len() > 70_000,
+        "{}",
+        &line[..40]
+    );
+    peer.close();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spliced_payload_is_what_binary_to_term_reads() {
+    use ecall_dist::etf::BatchHeader;
+    use ecall_dist::shard::Shard;
+    let header = BatchHeader::new("a_ecall_1@h", 3, "ecall_rx_1");
+    let shard = Shard::new(&header, BatchCaps::default());
+    let terms = [
+        atom("one"),
+        Term::from(Tuple::from(vec![
+            atom("two"),
+            Term::from(FixInteger::from(2)),
+        ])),
+    ];
+    for t in &terms {
+        shard.push(element_body(&encode(t)).unwrap(), || ());
+    }
+    let frame = shard.take().unwrap();
+    // Frame: length, pass-through, control, payload.
+    let len = u32::from_be_bytes(frame.bytes[..4].try_into().unwrap()) as usize;
+    assert_eq!(len, frame.bytes.len() - 4);
+    let mut cur = std::io::Cursor::new(&frame.bytes[5..]);
+    let control = Term::decode(&mut cur).unwrap();
+    assert_eq!(
+        control,
+        Term::from(Tuple::from(vec![
+            Term::from(FixInteger::from(6)),
+            Term::from(eetf::Pid::new("a_ecall_1@h", 1, 0, 3)),
+            atom(""),
+            atom("ecall_rx_1"),
+        ]))
+    );
+    let at = 5 + cur.position() as usize;
+    let payload = &frame.bytes[at..];
+    let expect = Term::from(Tuple::from(vec![
+        atom("batch"),
+        Term::from(eetf::List::from(terms.to_vec())),
+    ]));
+    assert_eq!(Term::decode(std::io::Cursor::new(payload)).unwrap(), expect);
+
+    // And OTP's own decoder agrees.
+    let epmd = Epmd::start().await;
+    let hex: String = payload.iter().map(|b| format!("{b:02x}")).collect();
+    let eval = format!(
+        "Bin = binary:decode_hex(<<\"{hex}\">>), io:format(\"~w~n\", [binary_to_term(Bin)]), erlang:halt()."
+    );
+    let mut erl = Erl::start(&epmd, COOKIE, &[], &eval);
+    assert_eq!(erl.line().await, "{batch,[one,{two,2}]}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ping_from_erl_and_cookie_checks() {
+    let epmd = Epmd::start().await;
+    let id = identity(&epmd, COOKIE, Duration::from_secs(15)).await;
+    let node = id.node().to_string();
+    let eval = format!("io:format(\"~p~n\", [net_adm:ping('{node}')]), io:format(\"~p~n\", [nodes(hidden)]), erlang:halt().");
+
+    let mut good = Erl::start(&epmd, COOKIE, &[], &eval);
+    assert_eq!(good.line().await, "pong");
+    assert_eq!(good.line().await, format!("[{node}]"));
+
+    let mut bad = Erl::start(&epmd, "another_cookie", &[], &eval);
+    assert_eq!(bad.line().await, "pang");
+    assert_eq!(id.refused.load(std::sync::atomic::Ordering::Relaxed), 1);
+    assert_eq!(id.accepted.load(std::sync::atomic::Ordering::Relaxed), 1);
+
+    // Outgoing, with the wrong cookie: the peer refuses the handshake.
+    let mut sink = Erl::start(&epmd, COOKIE, &[], &sink_eval(1));
+    assert_eq!(sink.line().await, "ready");
+    let err = ecall_dist::cnode::connect(&id, &sink.node, "wrong")
+        .await
+        .unwrap_err();
+    assert!(matches!(err, ecall_dist::Error::Handshake(_)), "{err}");
+}
+
+/// With net_ticktime 2 s on the peer, a link idle for 5 s survives only
+/// because the writer ticks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_link_survives_past_net_ticktime() {
+    let epmd = Epmd::start().await;
+    let id = identity(&epmd, COOKIE, Duration::from_millis(500)).await;
+    let mut erl = Erl::start(
+        &epmd,
+        COOKIE,
+        &["-kernel", "net_ticktime", "2"],
+        &sink_eval(1),
+    );
+    assert_eq!(erl.line().await, "ready");
+    let (peer, mut events) = open_peer(&id, &erl.node, COOKIE, "sink");
+    assert!(matches!(next_event(&mut events).await, Event::Up));
+    // This sleep is the subject of the test (an idle period), not a wait
+    // for something to happen.
+    let idle = tokio::time::sleep(Duration::from_secs(5));
+    tokio::select! {
+        _ = idle => {}
+        e = events.recv() => panic!("link event while idle: {e:?}"),
+    }
+    peer.push(
+        0,
+        element_body(&encode(&atom("still_here"))).unwrap(),
+        false,
+    );
+    assert_eq!(erl.line().await, "[still_here]");
+    peer.close();
+}
+
+/// A link that the peer drops reports it and reconnects; what was queued
+/// meanwhile is delivered after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn link_loss_is_reported_and_reconnects() {
+    let epmd = Epmd::start().await;
+    let id = identity(&epmd, COOKIE, Duration::from_secs(15)).await;
+    // Prints the first batch, drops our connection, prints the next one.
+    let eval = "register(sink, self()), io:format(\"ready~n\"), \
+                receive {batch, L1} -> io:format(\"~w~n\", [L1]) end, \
+                [N] = nodes(hidden), true = erlang:disconnect_node(N), io:format(\"dropped~n\"), \
+                receive {batch, L2} -> io:format(\"~w~n\", [L2]) end, erlang:halt().";
+    let mut erl = Erl::start(&epmd, COOKIE, &[], eval);
+    assert_eq!(erl.line().await, "ready");
+    let (peer, mut events) = open_peer(&id, &erl.node, COOKIE, "sink");
+    assert!(matches!(next_event(&mut events).await, Event::Up));
+    peer.push(0, element_body(&encode(&atom("first"))).unwrap(), false);
+    assert_eq!(erl.line().await, "[first]");
+    assert_eq!(erl.line().await, "dropped");
+    match next_event(&mut events).await {
+        Event::Down(reason) => assert!(!reason.is_empty()),
+        e => panic!("expected down, got {e:?}"),
+    }
+    peer.push(0, element_body(&encode(&atom("second"))).unwrap(), false);
+    assert!(matches!(next_event(&mut events).await, Event::Up));
+    assert_eq!(erl.line().await, "[second]");
+    peer.close();
+}
+
+/// A peer node that restarts under the same name is a new incarnation:
+/// the link stops instead of delivering to a node that has none of our
+/// receivers yet.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restarted_peer_stops_the_link() {
+    let epmd = Epmd::start().await;
+    let id = identity(&epmd, COOKIE, Duration::from_secs(15)).await;
+    let mut erl = Erl::start(&epmd, COOKIE, &[], &sink_eval(1));
+    assert_eq!(erl.line().await, "ready");
+    let (peer, mut events) = open_peer(&id, &erl.node, COOKIE, "sink");
+    assert!(matches!(next_event(&mut events).await, Event::Up));
+    peer.push(0, element_body(&encode(&atom("first"))).unwrap(), false);
+    assert_eq!(erl.line().await, "[first]");
+    let name = erl.node.split('@').next().unwrap().to_string();
+    // The node halts after its batch; wait for the OS process to be gone.
+    erl.exited().await;
+    let eval = "register(sink, self()), io:format(\"ready~n\"), \
+                receive M -> io:format(\"~w~n\", [M]) after 3000 -> io:format(\"nothing~n\") end, \
+                erlang:halt().";
+    let mut again = Erl::start_named(&epmd, &name, eval);
+    assert_eq!(again.line().await, "ready");
+    peer.push(0, element_body(&encode(&atom("second"))).unwrap(), false);
+    loop {
+        match next_event(&mut events).await {
+            Event::Down(reason) if reason.contains("restarted") => break,
+            Event::Down(_) => continue,
+            Event::Up => panic!("link came up to a restarted peer"),
+        }
+    }
+    assert_eq!(again.line().await, "nothing");
+    peer.close();
+}
+
+impl Erl {
+    fn start_named(epmd: &Epmd, name: &str, eval: &str) -> Erl {
+        let mut child = Command::new("erl")
+            .args([
+                "-sname",
+                name,
+                "-setcookie",
+                COOKIE,
+                "-noinput",
+                "-noshell",
+                "-eval",
+                eval,
+            ])
+            .env("ERL_EPMD_PORT", epmd.port.to_string())
+            .stdout(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("erl on PATH");
+        let lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        Erl {
+            node: format!("{name}@{}", host()),
+            lines,
+            _child: child,
+        }
+    }
+
+    /// Waits until the node's OS process has exited.
+    async fn exited(&mut self) {
+        tokio::time::timeout(WAIT, self._child.wait())
+            .await
+            .expect("erl did not exit")
+            .unwrap();
+    }
+}
