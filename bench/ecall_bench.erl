@@ -1,0 +1,229 @@
+%% Two-node benchmark of ecall:send/2 against `!', in one run.
+%%
+%% The article's workload: N writer processes on this node (A), one
+%% receiver per writer on node B; each writer sends K messages of the
+%% nested-map payload (three sub-maps of ten atom fields), sleeping P ms
+%% between them, so the intended rate is N * 1000 / P messages per second.
+%% A point ends when every receiver has counted all K of its messages:
+%% nothing may be lost, a slow point is only a long one.
+%%
+%% Variants, measured side by side in the same run:
+%%   native  `Pid ! Msg' to B
+%%   ecall   `ecall:send(Pid, Msg)' to B (NIF, Rust shards, C-node links)
+%%   local   `Pid ! Msg' to receivers on A itself: the harness's own floor
+%%
+%% Per point: achieved rate, elapsed (mean of the receivers' first-to-last
+%% spans, as the article defines it), wall time, CPU seconds of both OS
+%% processes and CPU microseconds per message, peak erlang:memory(total) on
+%% A, maximum run queue on A, ecall's batches and average batch size, and
+%% messages lost.
+%%
+%% Started by bench/run.sh, which starts A; A starts B with `peer'.
+-module(ecall_bench).
+
+-export([main/1, receiver/3, aggregator/3]).
+
+-define(NODE_ARGS, ["+sbwt", "none", "+sbwtdcpu", "none", "+sbwtdio", "none",
+                    "+P", "4000000"]).
+
+-spec main([string()]) -> no_return().
+main(Args) ->
+    Result = try run(Args) of
+                 ok -> 0
+             catch
+                 Class:Reason:Stack ->
+                     io:format("bench failed: ~p:~p~n~p~n", [Class, Reason, Stack]),
+                     1
+             end,
+    erlang:halt(Result).
+
+run(["demo"]) ->
+    %% The README's main job: a small paced run, ecall against `!'.
+    matrix([2000], 20, 50, [native, ecall, local], "demo");
+run(["paced" | Rest]) ->
+    [N, K, P] = case Rest of
+                    [] -> [20000, 100, 50];
+                    _ -> [list_to_integer(X) || X <- Rest]
+                end,
+    matrix([N], K, P, [native, ecall, local], "paced");
+run(["sweep", Ns, K, P]) ->
+    matrix([list_to_integer(X) || X <- string:split(Ns, ",", all)],
+           list_to_integer(K), list_to_integer(P), [native, ecall, local], "sweep");
+run(Other) ->
+    erlang:error({usage, "demo | paced [N K P] | sweep N1,N2,.. K P", Other}).
+
+matrix(Ns, K, P, Variants, Label) ->
+    {ok, _} = application:ensure_all_started(ecall),
+    {ok, Peer, B} = peer:start_link(#{name => peer:random_name(bench_b),
+                                      args => ?NODE_ARGS ++ code_args(),
+                                      wait_boot => 60000}),
+    {ok, _} = erpc:call(B, application, ensure_all_started, [ecall]),
+    ok = ecall:connect(B),
+    io:format("~s: A=~p B=~p, OTP ~s, ~b schedulers, payload ~b bytes of ETF, "
+              "~b ecall links, ~b shards~n",
+              [Label, node(), B, erlang:system_info(otp_release),
+               erlang:system_info(schedulers), erlang:external_size(payload()),
+               length(ecall:nodes()), ecall_config:shards()]),
+    Rows = [point(B, V, N, K, P) || N <- Ns, V <- Variants],
+    print(Rows),
+    write_csv(Label, Rows),
+    peer:stop(Peer),
+    ok.
+
+code_args() ->
+    ["-pa", filename:dirname(code:which(ecall)),
+     "-pa", filename:dirname(code:which(?MODULE))].
+
+%% Three sub-maps of ten atom fields (the article's payload; its size in
+%% ETF is printed at the start of a run).
+payload() ->
+    maps:from_list(
+      [{G, maps:from_list([{list_to_atom([$f, $0 + J]), v} || J <- lists:seq(0, 9)])}
+       || G <- [a, b, c]]).
+
+%%--------------------------------------------------------------------
+%% One point
+
+point(B, Variant, N, K, P) ->
+    Where = case Variant of local -> node(); _ -> B end,
+    Ref = make_ref(),
+    Agg = erpc:call(Where, erlang, spawn, [?MODULE, aggregator, [self(), Ref, N]]),
+    Receivers = erpc:call(Where, lists, map,
+                          [fun(_) -> spawn(?MODULE, receiver, [Agg, K, undefined]) end,
+                           lists:seq(1, N)], 120000),
+    Send = case Variant of
+               ecall -> fun ecall:send/2;
+               _ -> fun erlang:send/2
+           end,
+    Payload = payload(),
+    Go = make_ref(),
+    Self = self(),
+    Writers = [spawn(fun() -> receive Go -> write(Send, R, Payload, K, P) end, Self ! {written, Go} end)
+               || R <- Receivers],
+    garbage_collect(),
+    S0 = stats(B),
+    Sampler = spawn_link(fun() -> sample(#{mem => 0, rq => 0}) end),
+    CpuA0 = cpu_seconds(os:getpid()),
+    CpuB0 = cpu_seconds(erpc:call(B, os, getpid, [])),
+    T0 = erlang:monotonic_time(),
+    [W ! Go || W <- Writers],
+    {Counted, SpanSum} = receive {Ref, done, C, Sum} -> {C, Sum} end,
+    T1 = erlang:monotonic_time(),
+    CpuA = cpu_seconds(os:getpid()) - CpuA0,
+    CpuB = cpu_seconds(erpc:call(B, os, getpid, [])) - CpuB0,
+    [receive {written, Go} -> ok end || _ <- Writers],
+    Sampler ! {stop, self()},
+    Peak = receive {sampled, S} -> S end,
+    S1 = stats(B),
+    Wall = erlang:convert_time_unit(T1 - T0, native, microsecond) / 1.0e6,
+    Elapsed = SpanSum / N / 1.0e6,
+    Total = N * K,
+    Batches = maps:get(batches, S1, 0) - maps:get(batches, S0, 0),
+    Requests = maps:get(requests, S1, 0) - maps:get(requests, S0, 0),
+    #{variant => Variant, writers => N, per_writer => K, pause_ms => P,
+      intended => N * 1000 / P,
+      rate => Total / max(Elapsed, 1.0e-9),
+      wall_rate => Total / Wall,
+      elapsed => Elapsed, wall => Wall,
+      cpu_a => CpuA, cpu_b => CpuB,
+      cpu_us_per_msg => (CpuA + CpuB) * 1.0e6 / Total,
+      peak_mem_mb => maps:get(mem, Peak) / 1048576,
+      max_run_queue => maps:get(rq, Peak),
+      batches => Batches,
+      avg_batch => case Batches of 0 -> 0.0; _ -> Requests / Batches end,
+      lost => Total - Counted}.
+
+write(_Send, _To, _Payload, 0, _P) ->
+    ok;
+write(Send, To, Payload, K, P) ->
+    Send(To, Payload),
+    K > 1 andalso P > 0 andalso timer:sleep(P),
+    write(Send, To, Payload, K - 1, P).
+
+%% Counts K messages; reports its first-to-last span.
+receiver(Agg, K, _) ->
+    receive _ -> ok end,
+    First = erlang:monotonic_time(),
+    count(Agg, K - 1, First, K).
+
+count(Agg, 0, First, Counted) ->
+    Span = erlang:convert_time_unit(erlang:monotonic_time() - First, native, microsecond),
+    Agg ! {span, Span, Counted};
+count(Agg, K, First, Counted) ->
+    receive _ -> count(Agg, K - 1, First, Counted) end.
+
+aggregator(Owner, Ref, N) ->
+    aggregate(Owner, Ref, N, 0, 0).
+
+aggregate(Owner, Ref, 0, Done, Sum) ->
+    %% Every receiver got all of its messages.
+    Owner ! {Ref, done, Done, Sum};
+aggregate(Owner, Ref, N, Done, Sum) ->
+    receive {span, S, C} -> aggregate(Owner, Ref, N - 1, Done + C, Sum + S) end.
+
+stats(B) ->
+    case ecall:stats(B) of
+        {ok, S} -> S;
+        {error, _} -> #{}
+    end.
+
+sample(#{mem := M, rq := R} = Acc) ->
+    receive
+        {stop, From} -> From ! {sampled, Acc}
+    after 100 ->
+        sample(Acc#{mem := max(M, erlang:memory(total)),
+                    rq := max(R, erlang:statistics(total_run_queue_lengths_all))})
+    end.
+
+%% utime + stime of an OS process, from /proc.
+cpu_seconds(OsPid) ->
+    {ok, Bin} = file:read_file("/proc/" ++ OsPid ++ "/stat"),
+    %% The command name may hold spaces: fields count from after its ')'.
+    [_, After] = string:split(Bin, ")", trailing),
+    Fields = string:lexemes(After, " "),
+    UTime = binary_to_integer(lists:nth(12, Fields)),
+    STime = binary_to_integer(lists:nth(13, Fields)),
+    (UTime + STime) / clock_ticks().
+
+clock_ticks() ->
+    case os:cmd("getconf CLK_TCK") of
+        "" -> 100;
+        S -> list_to_integer(string:trim(S))
+    end.
+
+%%--------------------------------------------------------------------
+%% Output
+
+-define(COLS, [variant, writers, intended, rate, elapsed, wall, cpu_a, cpu_b,
+               cpu_us_per_msg, peak_mem_mb, max_run_queue, avg_batch, lost]).
+
+print(Rows) ->
+    io:format("~n~-8s ~8s ~10s ~10s ~7s ~7s ~7s ~7s ~8s ~9s ~8s ~8s ~5s~n",
+              ["variant", "writers", "intended", "msg/s", "elapsed", "wall", "cpuA s", "cpuB s",
+               "us/msg", "peak MB", "max rq", "batch", "lost"]),
+    [io:format("~-8s ~8b ~10b ~10b ~7.1f ~7.1f ~7.1f ~7.1f ~8.2f ~9.1f ~8b ~8.1f ~5b~n",
+               [maps:get(variant, R), maps:get(writers, R), round(maps:get(intended, R)),
+                round(maps:get(rate, R)), maps:get(elapsed, R), maps:get(wall, R),
+                maps:get(cpu_a, R), maps:get(cpu_b, R), maps:get(cpu_us_per_msg, R),
+                maps:get(peak_mem_mb, R), maps:get(max_run_queue, R),
+                float(maps:get(avg_batch, R)), maps:get(lost, R)])
+     || R <- Rows],
+    ok.
+
+write_csv(Label, Rows) ->
+    {{Y, Mo, D}, {H, Mi, _}} = calendar:local_time(),
+    [_, Host] = string:split(atom_to_list(node()), "@"),
+    Dir = case os:getenv("ECALL_BENCH_OUT") of
+              false -> "bench/results";
+              O -> O
+          end,
+    Name = io_lib:format("~s/~4..0b~2..0b~2..0b-~2..0b~2..0b-~s-~s.csv", [Dir, Y, Mo, D, H, Mi, Host, Label]),
+    ok = filelib:ensure_dir(Name),
+    Header = lists:join(",", [atom_to_list(C) || C <- ?COLS]),
+    Lines = [lists:join(",", [fmt(maps:get(C, R)) || C <- ?COLS]) || R <- Rows],
+    ok = file:write_file(Name, [Header, $\n, lists:join($\n, Lines), $\n]),
+    io:format("~ncsv: ~s~n", [Name]).
+
+fmt(X) when is_atom(X) -> atom_to_list(X);
+fmt(X) when is_integer(X) -> integer_to_list(X);
+fmt(X) when is_float(X) -> io_lib:format("~.3f", [X]).

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Runs the two-node benchmark: bench/run.sh demo | paced [N K P] | sweep N1,N2,.. K P
+#
+# Node A runs the driver; it starts node B with `peer'. Both run with
+# +sbwt none (and the dirty-scheduler equivalents) so that CPU time is work,
+# not busy-waiting. Use under test/with_epmd.sh (as `make demo` does) to
+# keep to a private epmd.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+out=_build/bench
+mkdir -p "$out"
+erlc -o "$out" bench/ecall_bench.erl
+exec erl -sname "bench_a_$$" +sbwt none +sbwtdcpu none +sbwtdio none +P 4000000 \
+    -noinput -pa _build/default/lib/ecall/ebin -pa "$out" \
+    -run ecall_bench main "$@"
