@@ -24,7 +24,7 @@ test-rust:
 	test/with_epmd.sh cargo test --release --workspace
 
 test-ct:
-	ECALL_OTP27_ERL=$$(test/otp27.sh) test/with_epmd.sh rebar3 ct --sname ecall_ct --readable true
+	test/ct.sh
 
 # Static checks (CI runs them before the tests).
 check: deps
