@@ -75,8 +75,15 @@ code_args() ->
      "-pa", filename:dirname(code:which(?MODULE))].
 
 %% Three sub-maps of ten atom fields (the article's payload; its size in
-%% ETF is printed at the start of a run).
+%% ETF is printed at the start of a run), or with ECALL_BENCH_PAYLOAD=binary
+%% a binary of about the same size.
 payload() ->
+    payload(os:getenv("ECALL_BENCH_PAYLOAD", "map")).
+
+payload("binary") ->
+    %% The same size without atoms: isolates the cost of atom decoding.
+    binary:copy(<<"x">>, 290);
+payload("map") ->
     maps:from_list(
       [{G, maps:from_list([{list_to_atom([$f, $0 + J]), v} || J <- lists:seq(0, 9)])}
        || G <- [a, b, c]]).

@@ -20,12 +20,22 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio_util::compat::{Compat, TokioAsyncReadCompatExt};
 use tokio_util::sync::CancellationToken;
 
-/// Distribution flags offered by the C-node.
+/// `DFLAG_DIST_HDR_ATOM_CACHE`.
+pub const DIST_HDR_ATOM_CACHE: u64 = 0x2000;
+
+/// Distribution flags offered on links we open: the base set and the atom
+/// cache (see [`crate::atom_cache`]).
+pub fn link_flags() -> DistributionFlags {
+    DistributionFlags::from_bits_truncate(flags().bits() | DIST_HDR_ATOM_CACHE)
+}
+
+/// Distribution flags offered on connections we accept (pings and the
+/// like: nothing to gain from the atom cache there).
 ///
 /// erl_dist 0.8's `MANDATORY_25_DIGEST` is bit 36, which OTP 26+ uses for
 /// `LOCAL_EXT`; OTP's real value is `0x04000000`, so the set is spelled out.
-/// No atom cache, no fragments (we do not implement them), no monitors (we
-/// do not answer them). `V4_NC` and `UNLINK_ID` are mandatory from OTP 26.
+/// No fragments (we do not implement them), no monitors (we do not answer
+/// them). `V4_NC` and `UNLINK_ID` are mandatory from OTP 26.
 pub fn flags() -> DistributionFlags {
     const OTP_MANDATORY_25_DIGEST: u64 = 0x0400_0000;
     DistributionFlags::from_bits_truncate(
@@ -204,11 +214,12 @@ pub async fn serve_passive(stream: TcpStream, tick: Duration, cancel: Cancellati
     let (tx, mut rx) = tokio::sync::mpsc::channel::<Vec<u8>>(16);
     let reader = async move {
         let mut buf = Vec::new();
+        let mut inbound = wire::Inbound::default();
         loop {
             match wire::read_frame(&mut rd, &mut buf).await {
                 Ok(false) => {}
                 Ok(true) => {
-                    if let Some(reply) = wire::answer(&buf) {
+                    if let Some(reply) = inbound.answer(&buf) {
                         if tx.send(reply).await.is_err() {
                             return "writer gone".to_string();
                         }
@@ -241,10 +252,19 @@ pub async fn serve_passive(stream: TcpStream, tick: Duration, cancel: Cancellati
     }
 }
 
+/// A connection made by [`connect`].
+#[derive(Debug)]
+pub struct Connected {
+    /// The socket, handshake done.
+    pub stream: TcpStream,
+    /// The peer's creation (its incarnation; 0 if it did not say).
+    pub creation: u32,
+    /// Whether both sides use the atom cache on this connection.
+    pub atom_cache: bool,
+}
+
 /// Client side of the handshake with `peer` (`name@host`), under `me`.
-/// Returns the connected stream and the peer's creation (its incarnation;
-/// 0 if it did not say).
-pub async fn connect(me: &Identity, peer: &str, cookie: &str) -> Result<(TcpStream, u32), Error> {
+pub async fn connect(me: &Identity, peer: &str, cookie: &str) -> Result<Connected, Error> {
     let name: NodeName = peer
         .parse()
         .map_err(|e| Error::BadName(format!("{peer}: {e}")))?;
@@ -260,8 +280,10 @@ pub async fn connect(me: &Identity, peer: &str, cookie: &str) -> Result<(TcpStre
         .await
         .map_err(Error::io("connect to the peer"))?;
     let _ = stream.set_nodelay(true);
-    let mut hs =
-        erl_dist::handshake::ClientSideHandshake::new(stream.compat(), me.local_node(), cookie);
+    let mut local = me.local_node();
+    local.flags = link_flags();
+    let offered = local.flags.bits();
+    let mut hs = erl_dist::handshake::ClientSideHandshake::new(stream.compat(), local, cookie);
     let status = hs
         .execute_send_name(erl_dist::LOWEST_DISTRIBUTION_PROTOCOL_VERSION)
         .await
@@ -282,5 +304,10 @@ pub async fn connect(me: &Identity, peer: &str, cookie: &str) -> Result<(TcpStre
         }
         e => Error::Handshake(e.to_string()),
     })?;
-    Ok((stream.into_inner(), peer.creation.map_or(0, |c| c.get())))
+    Ok(Connected {
+        stream: stream.into_inner(),
+        creation: peer.creation.map_or(0, |c| c.get()),
+        // Both sides' flags decide, as in OTP's handshake.
+        atom_cache: offered & peer.flags.bits() & DIST_HDR_ATOM_CACHE != 0,
+    })
 }

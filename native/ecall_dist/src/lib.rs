@@ -14,11 +14,15 @@
 //!    thread wake-up when the writer is already busy.
 //!
 //! Frames are spliced ([`etf::BatchHeader`]): request bytes encoded once by
-//! the caller are never decoded or re-encoded here.
+//! the caller are never decoded into terms here. On links where the peer
+//! accepts it, the writer replaces atoms by distribution atom cache
+//! references in one pass over the bytes ([`atom_cache`]), which is what
+//! keeps the receiving node from looking up every atom of every message.
 #![deny(missing_docs)]
 #![deny(unsafe_code)]
 #![warn(clippy::all)]
 
+pub mod atom_cache;
 pub mod cnode;
 pub mod etf;
 pub mod link;

@@ -25,6 +25,7 @@
 //!   then wait for room ([`Peer::wait_room`]), and is woken in arrival order
 //!   as writes free room.
 
+use crate::atom_cache::OutCache;
 use crate::cnode::{self, Identity};
 use crate::etf::BatchHeader;
 use crate::shard::{BatchCaps, Frame, Shard};
@@ -108,6 +109,8 @@ pub struct PeerStats {
     pub disconnects: AtomicU64,
     /// Writes that missed their deadline.
     pub stalls: AtomicU64,
+    /// Atoms sent as atom cache references instead of text.
+    pub cached_atoms: AtomicU64,
     /// Gauge: element bytes queued now.
     pub queued_bytes: AtomicUsize,
     /// Gauge: links connected now.
@@ -358,9 +361,7 @@ async fn link_task(peer: Arc<Peer>, k: usize, id: Arc<Identity>, events: Arc<dyn
             _ = cancel.cancelled() => return,
             r = attempt => r,
         };
-        let result = result.map(|r| {
-            r.and_then(|(stream, creation)| peer.same_incarnation(creation).map(|_| stream))
-        });
+        let result = result.map(|r| r.and_then(|c| peer.same_incarnation(c.creation).map(|_| c)));
         let reason = match result {
             Ok(Err(Error::Restarted)) => {
                 peer.stats.disconnects.fetch_add(1, Ordering::Relaxed);
@@ -369,13 +370,13 @@ async fn link_task(peer: Arc<Peer>, k: usize, id: Arc<Identity>, events: Arc<dyn
                 events.down(k, &reason);
                 return;
             }
-            Ok(Ok(stream)) => {
+            Ok(Ok(conn)) => {
                 backoff = peer.config.backoff_min;
                 peer.stats.connects.fetch_add(1, Ordering::Relaxed);
                 peer.stats.links_up.fetch_add(1, Ordering::Relaxed);
                 peer.links[k].up.store(true, Ordering::Relaxed);
                 events.up(k);
-                let reason = run(&peer, k, &id, stream).await;
+                let reason = run(&peer, k, &id, conn).await;
                 peer.links[k].up.store(false, Ordering::Relaxed);
                 peer.stats.links_up.fetch_sub(1, Ordering::Relaxed);
                 reason
@@ -404,16 +405,17 @@ async fn link_task(peer: Arc<Peer>, k: usize, id: Arc<Identity>, events: Arc<dyn
 }
 
 /// Runs one connected link until it fails or the peer closes; returns why.
-async fn run(peer: &Arc<Peer>, k: usize, id: &Identity, stream: tokio::net::TcpStream) -> String {
-    let (mut rd, mut wr) = stream.into_split();
+async fn run(peer: &Arc<Peer>, k: usize, id: &Identity, conn: cnode::Connected) -> String {
+    let (mut rd, mut wr) = conn.stream.into_split();
     let (ctl_tx, mut ctl_rx) = tokio::sync::mpsc::channel::<Vec<u8>>(16);
     let mut reader = tokio::spawn(async move {
         let mut buf = Vec::new();
+        let mut inbound = wire::Inbound::default();
         loop {
             match wire::read_frame(&mut rd, &mut buf).await {
                 Ok(false) => {}
                 Ok(true) => {
-                    if let Some(reply) = wire::answer(&buf) {
+                    if let Some(reply) = inbound.answer(&buf) {
                         if ctl_tx.send(reply).await.is_err() {
                             return "writer gone".to_string();
                         }
@@ -423,17 +425,69 @@ async fn run(peer: &Arc<Peer>, k: usize, id: &Identity, stream: tokio::net::TcpS
             }
         }
     });
-    let reason = write_loop(peer, k, id.tick(), &mut wr, &mut reader, &mut ctl_rx).await;
+    let mut out = Out {
+        cache: conn.atom_cache.then(OutCache::default),
+        scratch: Vec::new(),
+    };
+    let reason = write_loop(
+        peer,
+        k,
+        id.tick(),
+        &mut wr,
+        &mut out,
+        &mut reader,
+        &mut ctl_rx,
+    )
+    .await;
     reader.abort();
     let _ = wr.shutdown().await;
     reason
 }
 
+/// How frames leave: as built, or rewritten for the connection's atom
+/// cache.
+struct Out {
+    cache: Option<OutCache>,
+    scratch: Vec<u8>,
+}
+
+impl Out {
+    /// Writes plain frames (`<len> 112 ...`), through the cache if the
+    /// connection has one.
+    async fn write(
+        &mut self,
+        peer: &Peer,
+        wr: &mut OwnedWriteHalf,
+        frames: &[&[u8]],
+        deadline: Option<Duration>,
+    ) -> Result<(), String> {
+        let Some(cache) = self.cache.as_mut() else {
+            return write_with_deadline(peer, wr, frames, deadline).await;
+        };
+        self.scratch.clear();
+        let hits = cache.hits;
+        for f in frames {
+            cache.encode(&f[5..], &mut self.scratch);
+        }
+        peer.stats
+            .cached_atoms
+            .fetch_add(cache.hits - hits, Ordering::Relaxed);
+        let r = write_with_deadline(peer, wr, &[&self.scratch], deadline).await;
+        // Do not let one huge batch pin its memory in the scratch buffer.
+        if self.scratch.capacity() > 1 << 20 {
+            self.scratch = Vec::new();
+        }
+        r
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
 async fn write_loop(
     peer: &Arc<Peer>,
     k: usize,
     tick: Duration,
     wr: &mut OwnedWriteHalf,
+    out: &mut Out,
     reader: &mut tokio::task::JoinHandle<String>,
     ctl_rx: &mut tokio::sync::mpsc::Receiver<Vec<u8>>,
 ) -> String {
@@ -450,7 +504,7 @@ async fn write_loop(
             return reader.await.unwrap_or_else(|e| format!("reader: {e}"));
         }
         while let Ok(ctl) = ctl_rx.try_recv() {
-            if let Err(e) = write_with_deadline(peer, wr, &[&ctl], deadline).await {
+            if let Err(e) = out.write(peer, wr, &[&ctl], deadline).await {
                 return e;
             }
         }
@@ -460,7 +514,7 @@ async fn write_loop(
         );
         if !frames.is_empty() {
             let slices: Vec<&[u8]> = frames.iter().map(|(_, f)| f.bytes.as_slice()).collect();
-            let result = write_with_deadline(peer, wr, &slices, deadline).await;
+            let result = out.write(peer, wr, &slices, deadline).await;
             drop(slices);
             let nframes = frames.len() as u64;
             let (mut n, mut b) = (0u64, 0usize);
@@ -493,7 +547,7 @@ async fn write_loop(
             _ = peer.cancel.cancelled() => {}
             ctl = ctl_rx.recv() => {
                 if let Some(ctl) = ctl {
-                    if let Err(e) = write_with_deadline(peer, wr, &[&ctl], deadline).await {
+                    if let Err(e) = out.write(peer, wr, &[&ctl], deadline).await {
                         return e;
                     }
                 }

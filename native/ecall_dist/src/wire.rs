@@ -6,6 +6,7 @@
 //! what `net_adm:ping/1` sends. Everything else is read and ignored, so that
 //! the peer's writes never block on a full socket buffer.
 
+use crate::atom_cache::InCache;
 use crate::etf;
 use eetf::{Atom, FixInteger, Term, Tuple};
 use std::io::{self, Cursor};
@@ -37,11 +38,34 @@ pub async fn read_frame<R: AsyncRead + Unpin>(r: &mut R, buf: &mut Vec<u8>) -> i
     Ok(true)
 }
 
-/// Given one incoming frame (without its length), returns the frame to send
-/// back, if the message calls for an answer.
-pub fn answer(frame: &[u8]) -> Option<Vec<u8>> {
-    let rest = frame.strip_prefix(&[etf::PASS_THROUGH])?;
-    let mut cur = Cursor::new(rest);
+/// The receiving half of a connection: expands atom cache references
+/// (keeping the connection's cache current) and answers what calls for it.
+#[derive(Debug, Default)]
+pub struct Inbound {
+    cache: Option<InCache>,
+}
+
+impl Inbound {
+    /// Given one incoming frame (without its length), returns the frame to
+    /// send back (a plain pass-through frame), if the message calls for an
+    /// answer. Frames with a distribution header are decoded first, always,
+    /// since later frames may refer to cache entries they create.
+    pub fn answer(&mut self, frame: &[u8]) -> Option<Vec<u8>> {
+        if let Some(body) = frame.strip_prefix(&[etf::PASS_THROUGH]) {
+            return answer(body);
+        }
+        let body = self
+            .cache
+            .get_or_insert_with(InCache::default)
+            .decode(frame)?;
+        answer(&body)
+    }
+}
+
+/// Given the body of a pass-through frame (control and payload, each with
+/// its version byte), returns the frame to send back, if any.
+pub fn answer(body: &[u8]) -> Option<Vec<u8>> {
+    let mut cur = Cursor::new(body);
     let control = Term::decode(&mut cur).ok()?;
     let Term::Tuple(Tuple { elements: ctl }) = control else {
         return None;
@@ -123,7 +147,7 @@ mod tests {
             ])),
         ]));
         let frame = frame_of(&ctl, &call);
-        let reply = answer(&frame[4..]).expect("an answer");
+        let reply = Inbound::default().answer(&frame[4..]).expect("an answer");
         let mut cur = Cursor::new(&reply[5..]);
         let rctl = Term::decode(&mut cur).unwrap();
         let rmsg = Term::decode(&mut cur).unwrap();
@@ -141,8 +165,16 @@ mod tests {
         );
 
         let other = Term::from(Atom::from("hello"));
-        assert!(answer(&frame_of(&ctl, &other)[4..]).is_none());
-        assert!(answer(&[112, 131]).is_none());
-        assert!(answer(&[]).is_none());
+        let mut inbound = Inbound::default();
+        assert!(inbound.answer(&frame_of(&ctl, &other)[4..]).is_none());
+        assert!(inbound.answer(&[112, 131]).is_none());
+        assert!(inbound.answer(&[]).is_none());
+
+        // The same call behind a distribution header with cached atoms.
+        let mut cache = crate::atom_cache::OutCache::default();
+        let mut cached = Vec::new();
+        cache.encode(&frame[5..], &mut cached);
+        assert_eq!(&cached[4..6], &[131, 68]);
+        assert_eq!(inbound.answer(&cached[4..]), Some(reply));
     }
 }

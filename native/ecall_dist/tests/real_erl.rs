@@ -113,8 +113,23 @@ impl Erl {
         }
     }
 
-    /// The next line the node prints.
+    /// The next line the node prints. An error report from the node fails
+    /// the test with the report.
     async fn line(&mut self) -> String {
+        let line = self.raw_line().await;
+        if line.starts_with("=ERROR REPORT") || line.starts_with("=CRASH REPORT") {
+            let mut report = vec![line];
+            while let Ok(Ok(Some(l))) =
+                tokio::time::timeout(Duration::from_secs(1), self.lines.next_line()).await
+            {
+                report.push(l);
+            }
+            panic!("{} reported:\n{}", self.node, report.join("\n"));
+        }
+        line
+    }
+
+    async fn raw_line(&mut self) -> String {
         tokio::time::timeout(WAIT, self.lines.next_line())
             .await
             .expect("erl said nothing in time")
@@ -246,6 +261,13 @@ async fn registers_with_epmd_and_delivers_spliced_batches() {
         );
     }
     assert_eq!(erl.line().await, "[{send,1,hello},<<1,2,3>>,[a,-5]]");
+    // OTP took the atom cache: atoms went as references.
+    assert!(
+        peer.stats
+            .cached_atoms
+            .load(std::sync::atomic::Ordering::Relaxed)
+            > 0
+    );
 
     // A second batch, after the first: the link stays usable.
     let big = "x".repeat(70_000);

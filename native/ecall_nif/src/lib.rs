@@ -25,7 +25,7 @@ mod atoms {
         ok, error, send, full, closed, wait, retry, ecall_link, ecall_cnode, ecall_room,
         up, down, alive, badarg,
         pushed, batches, requests, bytes, writes, dropped, connects, disconnects,
-        stalls, queued_bytes, links_up, links, shards, accepted, refused,
+        stalls, cached_atoms, queued_bytes, links_up, links, shards, accepted, refused,
     }
 }
 
@@ -305,7 +305,7 @@ fn peer_stats<'a>(env: Env<'a>, peer: ResourceArc<PeerRes>) -> NifResult<Term<'a
     use std::sync::atomic::Ordering::Relaxed;
     let p = &peer.peer;
     let s = &p.stats;
-    let pairs: [(Atom, u64); 14] = [
+    let pairs: [(Atom, u64); 15] = [
         (atoms::pushed(), s.pushed.load(Relaxed)),
         (atoms::batches(), s.batches.load(Relaxed)),
         (atoms::requests(), s.requests.load(Relaxed)),
@@ -316,6 +316,7 @@ fn peer_stats<'a>(env: Env<'a>, peer: ResourceArc<PeerRes>) -> NifResult<Term<'a
         (atoms::connects(), s.connects.load(Relaxed)),
         (atoms::disconnects(), s.disconnects.load(Relaxed)),
         (atoms::stalls(), s.stalls.load(Relaxed)),
+        (atoms::cached_atoms(), s.cached_atoms.load(Relaxed)),
         (atoms::queued_bytes(), s.queued_bytes.load(Relaxed) as u64),
         (atoms::links_up(), s.links_up.load(Relaxed) as u64),
         (atoms::links(), p.link_count() as u64),

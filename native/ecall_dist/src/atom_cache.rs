@@ -1,0 +1,564 @@
+//! The distribution atom cache (`DFLAG_DIST_HDR_ATOM_CACHE`).
+//!
+//! Why: without it, the receiving node looks up every atom of every message
+//! in its atom table. For the article's payload (33 atoms) that lookup was
+//! most of the receive cost, and made ecall's receiving side dearer than
+//! native distribution, which caches atoms per connection. With it, an atom
+//! goes over a connection as text once; afterwards it is a two-byte
+//! reference into a cache the receiver keeps for that connection.
+//!
+//! How: frames are still built by splicing the callers' bytes (plain
+//! external format, atoms as text). Just before a frame is written, the
+//! link writer — a runtime thread, never a scheduler — passes over its
+//! terms once and replaces atoms by cache references, prefixing the
+//! distribution header that declares them. Nothing is decoded into terms;
+//! the pass copies bytes and rewrites atoms only. The same walker, turned
+//! around, expands references in frames a peer sends us.
+//!
+//! Cache state is per connection and starts empty on each connection; the
+//! sender's view and the receiver's stay equal because frames are written in
+//! order on one socket.
+//!
+//! Format (erl_ext_dist, "Distribution Header"): `131 68 N Flags Refs`, then
+//! the terms without their version byte. Flags holds one nibble per
+//! reference (bit 3: new entry, bits 0-2: segment) and one more nibble (bit
+//! 0: long atoms); each reference is the index within its segment, followed
+//! by the atom's length and text if new. A term refers to the `i`th
+//! reference of its header as `ATOM_CACHE_REF i`.
+
+/// Cache entries on a connection (8 segments of 256).
+pub const SLOTS: usize = 2048;
+/// Most references one header can declare.
+pub const MAX_REFS: usize = 255;
+
+const DIST_HEADER: u8 = 68;
+const ATOM_CACHE_REF: u8 = 82;
+const VERSION: u8 = 131;
+
+/// What a walk does with each atom it meets.
+trait Atoms {
+    /// Handles the atom at `inp[pos..]` (its tag included), appends its
+    /// rewritten or copied form to `out` and returns the position after it.
+    fn atom(&mut self, inp: &[u8], pos: usize, out: &mut Vec<u8>) -> Option<usize>;
+}
+
+fn u16_at(inp: &[u8], pos: usize) -> Option<usize> {
+    Some(u16::from_be_bytes(inp.get(pos..pos + 2)?.try_into().ok()?) as usize)
+}
+
+fn u32_at(inp: &[u8], pos: usize) -> Option<usize> {
+    Some(u32::from_be_bytes(inp.get(pos..pos + 4)?.try_into().ok()?) as usize)
+}
+
+fn copy(inp: &[u8], pos: usize, len: usize, out: &mut Vec<u8>) -> Option<usize> {
+    out.extend_from_slice(inp.get(pos..pos.checked_add(len)?)?);
+    Some(pos + len)
+}
+
+/// Walks one term at `inp[pos..]` (no version byte), copying it to `out`
+/// and handing every atom to `atoms`. Iterative: the count of terms still
+/// to walk replaces recursion, so depth costs no stack. `None` for anything
+/// malformed or of a kind we do not walk (old fun, local, compressed).
+fn walk<A: Atoms>(atoms: &mut A, inp: &[u8], mut pos: usize, out: &mut Vec<u8>) -> Option<usize> {
+    let mut remaining = 1usize;
+    while remaining > 0 {
+        remaining -= 1;
+        let tag = *inp.get(pos)?;
+        pos = match tag {
+            97 => copy(inp, pos, 2, out)?,  // SMALL_INTEGER
+            98 => copy(inp, pos, 5, out)?,  // INTEGER
+            70 => copy(inp, pos, 9, out)?,  // NEW_FLOAT
+            99 => copy(inp, pos, 32, out)?, // FLOAT (old)
+            106 => copy(inp, pos, 1, out)?, // NIL
+            107 => copy(inp, pos, 3 + u16_at(inp, pos + 1)?, out)?, // STRING
+            109 => copy(inp, pos, 5 + u32_at(inp, pos + 1)?, out)?, // BINARY
+            77 => copy(inp, pos, 6 + u32_at(inp, pos + 1)?, out)?, // BIT_BINARY
+            110 => copy(inp, pos, 3 + *inp.get(pos + 1)? as usize, out)?, // SMALL_BIG
+            111 => copy(inp, pos, 6 + u32_at(inp, pos + 1)?, out)?, // LARGE_BIG
+            // NEW_FUN: its size covers it all; its atoms stay as text.
+            112 => copy(inp, pos, 1 + u32_at(inp, pos + 1)?, out)?,
+            104 => {
+                remaining += *inp.get(pos + 1)? as usize;
+                copy(inp, pos, 2, out)?
+            }
+            105 => {
+                remaining += u32_at(inp, pos + 1)?;
+                copy(inp, pos, 5, out)?
+            }
+            108 => {
+                remaining += u32_at(inp, pos + 1)? + 1;
+                copy(inp, pos, 5, out)?
+            }
+            116 => {
+                remaining += 2 * u32_at(inp, pos + 1)?;
+                copy(inp, pos, 5, out)?
+            }
+            113 => {
+                // EXPORT: module, function, arity follow as terms.
+                remaining += 3;
+                copy(inp, pos, 1, out)?
+            }
+            100 | 115 | 118 | 119 | ATOM_CACHE_REF => atoms.atom(inp, pos, out)?,
+            // Pids, ports and references: a node atom between fixed fields.
+            88 => atom_then(atoms, inp, pos, 1, 12, out)?, // NEW_PID
+            103 => atom_then(atoms, inp, pos, 1, 9, out)?, // PID
+            89 => atom_then(atoms, inp, pos, 1, 8, out)?,  // NEW_PORT
+            120 => atom_then(atoms, inp, pos, 1, 12, out)?, // V4_PORT
+            102 | 101 => atom_then(atoms, inp, pos, 1, 5, out)?, // PORT, REFERENCE
+            90 => atom_then(atoms, inp, pos, 3, 4 + 4 * u16_at(inp, pos + 1)?, out)?, // NEWER_REFERENCE
+            114 => atom_then(atoms, inp, pos, 3, 1 + 4 * u16_at(inp, pos + 1)?, out)?, // NEW_REFERENCE
+            _ => return None,
+        };
+    }
+    Some(pos)
+}
+
+/// `head` bytes copied, one atom, then `tail` bytes copied.
+fn atom_then<A: Atoms>(
+    atoms: &mut A,
+    inp: &[u8],
+    pos: usize,
+    head: usize,
+    tail: usize,
+    out: &mut Vec<u8>,
+) -> Option<usize> {
+    let pos = copy(inp, pos, head, out)?;
+    let pos = atoms.atom(inp, pos, out)?;
+    copy(inp, pos, tail, out)
+}
+
+/// The text of a plain atom at `inp[pos..]`: (utf8, start, len, next).
+fn atom_text(inp: &[u8], pos: usize) -> Option<(bool, usize, usize, usize)> {
+    let (utf8, start, len) = match *inp.get(pos)? {
+        119 => (true, pos + 2, *inp.get(pos + 1)? as usize),
+        118 => (true, pos + 3, u16_at(inp, pos + 1)?),
+        115 => (false, pos + 2, *inp.get(pos + 1)? as usize),
+        100 => (false, pos + 3, u16_at(inp, pos + 1)?),
+        _ => return None,
+    };
+    inp.get(start..start + len)?;
+    Some((utf8, start, len, start + len))
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Ref {
+    slot: u16,
+    new: bool,
+    start: usize,
+    len: usize,
+}
+
+/// Sender side of one connection's cache.
+#[derive(Debug)]
+pub struct OutCache {
+    slots: Vec<Option<Box<[u8]>>>,
+    /// Per slot: 1 + index of its reference in the message being built.
+    in_msg: Vec<u8>,
+    refs: Vec<Ref>,
+    terms: Vec<u8>,
+    /// Atoms written as references (monotonic).
+    pub hits: u64,
+}
+
+impl Default for OutCache {
+    fn default() -> Self {
+        OutCache {
+            slots: vec![None; SLOTS],
+            in_msg: vec![0; SLOTS],
+            refs: Vec::with_capacity(MAX_REFS),
+            terms: Vec::new(),
+            hits: 0,
+        }
+    }
+}
+
+fn slot_of(text: &[u8]) -> u16 {
+    // FNV-1a: short keys, good spread, no state.
+    let mut h: u32 = 0x811c_9dc5;
+    for &b in text {
+        h = (h ^ u32::from(b)).wrapping_mul(0x0100_0193);
+    }
+    (h % SLOTS as u32) as u16
+}
+
+struct Encoding<'a> {
+    cache: &'a mut OutCache,
+}
+
+impl Atoms for Encoding<'_> {
+    fn atom(&mut self, inp: &[u8], pos: usize, out: &mut Vec<u8>) -> Option<usize> {
+        let (utf8, start, len, next) = atom_text(inp, pos)?;
+        let text = &inp[start..start + len];
+        // Latin-1 text is UTF-8 too when it is ASCII; otherwise leave it.
+        if !utf8 && !text.is_ascii() {
+            return copy(inp, pos, next - pos, out);
+        }
+        let c = &mut *self.cache;
+        let slot = slot_of(text);
+        let idx = match c.in_msg[slot as usize] {
+            0 if c.refs.len() < MAX_REFS => {
+                let new = c.slots[slot as usize].as_deref() != Some(text);
+                c.refs.push(Ref {
+                    slot,
+                    new,
+                    start,
+                    len,
+                });
+                c.in_msg[slot as usize] = c.refs.len() as u8;
+                c.refs.len() - 1
+            }
+            0 => return copy(inp, pos, next - pos, out),
+            i => {
+                let r = c.refs[i as usize - 1];
+                if &inp[r.start..r.start + r.len] != text {
+                    // Two atoms of one message share a slot: the second
+                    // goes as text.
+                    return copy(inp, pos, next - pos, out);
+                }
+                i as usize - 1
+            }
+        };
+        c.hits += 1;
+        out.push(ATOM_CACHE_REF);
+        out.push(idx as u8);
+        Some(next)
+    }
+}
+
+impl OutCache {
+    /// Encodes one message. `body` is what follows the pass-through byte of
+    /// a plain frame: the control term and the optional payload term, each
+    /// with its version byte. Appends the complete frame (length, header,
+    /// terms) to `out`.
+    pub fn encode(&mut self, body: &[u8], out: &mut Vec<u8>) {
+        let mut terms = std::mem::take(&mut self.terms);
+        terms.clear();
+        let ok = {
+            let mut enc = Encoding { cache: self };
+            walk_body(&mut enc, body, &mut terms)
+        };
+        if !ok {
+            // Something we do not walk: send it with an empty header and
+            // every atom as text. Forget the references planned for it.
+            for r in self.refs.drain(..) {
+                self.in_msg[r.slot as usize] = 0;
+            }
+            terms.clear();
+            strip_versions(body, &mut terms);
+        }
+        let start = out.len();
+        out.extend_from_slice(&[0, 0, 0, 0, VERSION, DIST_HEADER, self.refs.len() as u8]);
+        if !self.refs.is_empty() {
+            let long = self.refs.iter().any(|r| r.new && r.len > 255);
+            // One nibble per reference, then the long-atoms nibble.
+            let mut nibbles = self
+                .refs
+                .iter()
+                .map(|r| (u8::from(r.new) << 3) | (r.slot >> 8) as u8);
+            let total = self.refs.len() + 1;
+            for i in (0..total).step_by(2) {
+                let lo = if i < self.refs.len() {
+                    nibbles.next().unwrap_or(0)
+                } else {
+                    u8::from(long)
+                };
+                let hi = if i + 1 < self.refs.len() {
+                    nibbles.next().unwrap_or(0)
+                } else if i + 1 == self.refs.len() {
+                    u8::from(long)
+                } else {
+                    0
+                };
+                out.push(lo | (hi << 4));
+            }
+            for r in self.refs.drain(..) {
+                out.push((r.slot & 0xff) as u8);
+                self.in_msg[r.slot as usize] = 0;
+                if r.new {
+                    let text = &body[r.start..r.start + r.len];
+                    if long {
+                        out.extend_from_slice(&(r.len as u16).to_be_bytes());
+                    } else {
+                        out.push(r.len as u8);
+                    }
+                    out.extend_from_slice(text);
+                    self.slots[r.slot as usize] = Some(text.into());
+                }
+            }
+        }
+        out.extend_from_slice(&terms);
+        let len = (out.len() - start - 4) as u32;
+        out[start..start + 4].copy_from_slice(&len.to_be_bytes());
+        self.terms = terms;
+    }
+}
+
+/// Walks the terms of a body whose terms carry version bytes.
+fn walk_body<A: Atoms>(atoms: &mut A, body: &[u8], out: &mut Vec<u8>) -> bool {
+    let mut pos = 0;
+    while pos < body.len() {
+        if body[pos] != VERSION {
+            return false;
+        }
+        match walk(atoms, body, pos + 1, out) {
+            Some(p) => pos = p,
+            None => return false,
+        }
+    }
+    true
+}
+
+/// Copies a body without the version bytes of its terms, without walking
+/// (used when a walk failed: only the term boundaries are unknown, so the
+/// whole rest is copied; a body is at most control + payload).
+fn strip_versions(body: &[u8], out: &mut Vec<u8>) {
+    // The control term is always walkable (we build it); find where it
+    // ends with a plain copy walk, then copy the payload as it is.
+    let mut plain = Plain;
+    let mut scratch = Vec::new();
+    match body.first() {
+        Some(&VERSION) => match walk(&mut plain, body, 1, &mut scratch) {
+            Some(end) => {
+                out.extend_from_slice(&body[1..end]);
+                if end < body.len() {
+                    out.extend_from_slice(&body[end + 1..]);
+                }
+            }
+            None => out.extend_from_slice(&body[1..]),
+        },
+        _ => out.extend_from_slice(body),
+    }
+}
+
+/// Copies atoms as they are.
+struct Plain;
+
+impl Atoms for Plain {
+    fn atom(&mut self, inp: &[u8], pos: usize, out: &mut Vec<u8>) -> Option<usize> {
+        let (_, _, _, next) = atom_text(inp, pos)?;
+        copy(inp, pos, next - pos, out)
+    }
+}
+
+/// Receiver side of one connection's cache.
+#[derive(Debug)]
+pub struct InCache {
+    slots: Vec<Option<Box<[u8]>>>,
+    refs: Vec<u16>,
+}
+
+impl Default for InCache {
+    fn default() -> Self {
+        InCache {
+            slots: vec![None; SLOTS],
+            refs: Vec::with_capacity(MAX_REFS),
+        }
+    }
+}
+
+struct Decoding<'a> {
+    cache: &'a InCache,
+}
+
+impl Atoms for Decoding<'_> {
+    fn atom(&mut self, inp: &[u8], pos: usize, out: &mut Vec<u8>) -> Option<usize> {
+        if inp[pos] != ATOM_CACHE_REF {
+            return Plain.atom(inp, pos, out);
+        }
+        let i = *inp.get(pos + 1)? as usize;
+        let slot = *self.cache.refs.get(i)? as usize;
+        let text = self.cache.slots[slot].as_deref()?;
+        crate::etf::put_atom(out, std::str::from_utf8(text).ok()?);
+        Some(pos + 2)
+    }
+}
+
+impl InCache {
+    /// Decodes a frame body that starts with a distribution header
+    /// (`131 68 ...`): records new cache entries and returns the terms with
+    /// every reference expanded and their version bytes restored, as a
+    /// pass-through body. `None` if the frame is malformed.
+    pub fn decode(&mut self, frame: &[u8]) -> Option<Vec<u8>> {
+        if frame.get(..2)? != [VERSION, DIST_HEADER] {
+            return None;
+        }
+        let n = *frame.get(2)? as usize;
+        let mut pos = 3;
+        self.refs.clear();
+        if n > 0 {
+            let flags = frame.get(pos..pos + n / 2 + 1)?;
+            pos += n / 2 + 1;
+            let nibble = |i: usize| (flags[i / 2] >> (4 * (i % 2))) & 0x0f;
+            let long = nibble(n) & 1 == 1;
+            for i in 0..n {
+                let f = nibble(i);
+                let slot = ((f & 7) as usize) << 8 | *frame.get(pos)? as usize;
+                pos += 1;
+                if f & 8 != 0 {
+                    let (len, at) = if long {
+                        (u16_at(frame, pos)?, pos + 2)
+                    } else {
+                        (*frame.get(pos)? as usize, pos + 1)
+                    };
+                    self.slots[slot] = Some(frame.get(at..at + len)?.into());
+                    pos = at + len;
+                }
+                self.refs.push(slot as u16);
+            }
+        }
+        let mut out = Vec::with_capacity(frame.len() + 64);
+        let mut dec = Decoding { cache: self };
+        while pos < frame.len() {
+            out.push(VERSION);
+            pos = walk(&mut dec, frame, pos, &mut out)?;
+        }
+        Some(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use eetf::{
+        Atom, BigInteger, Binary, FixInteger, Float, List, Map, Pid, Reference, Term, Tuple,
+    };
+
+    fn enc(t: &Term) -> Vec<u8> {
+        let mut v = Vec::new();
+        t.encode(&mut v).unwrap();
+        v
+    }
+
+    fn atom(s: &str) -> Term {
+        Term::from(Atom::from(s))
+    }
+
+    fn round_trip(out: &mut OutCache, inn: &mut InCache, terms: &[Term]) -> usize {
+        let body: Vec<u8> = terms.iter().flat_map(enc).collect();
+        let mut frame = Vec::new();
+        out.encode(&body, &mut frame);
+        let len = u32::from_be_bytes(frame[..4].try_into().unwrap()) as usize;
+        assert_eq!(len, frame.len() - 4);
+        let plain = inn.decode(&frame[4..]).expect("decodes");
+        let mut cur = std::io::Cursor::new(&plain[..]);
+        for t in terms {
+            assert_eq!(&Term::decode(&mut cur).unwrap(), t);
+        }
+        assert_eq!(cur.position() as usize, plain.len());
+        frame.len()
+    }
+
+    fn sample() -> Vec<Term> {
+        let map = Map::from([
+            (atom("f0"), atom("v")),
+            (atom("f1"), Term::from(FixInteger::from(-7))),
+            (
+                Term::from(Binary::from(vec![1u8, 2])),
+                Term::from(Float::try_from(1.5).unwrap()),
+            ),
+        ]);
+        vec![
+            Term::from(Tuple::from(vec![
+                Term::from(FixInteger::from(6)),
+                Term::from(Pid::new("a_ecall_1@host", 1, 0, 9)),
+                atom(""),
+                atom("ecall_rx_1"),
+            ])),
+            Term::from(Tuple::from(vec![
+                atom("batch"),
+                Term::from(List::from(vec![
+                    Term::from(Tuple::from(vec![
+                        atom("send"),
+                        Term::from(Pid::new("a@host", 77, 0, 3)),
+                        Term::from(map),
+                    ])),
+                    Term::from(Reference {
+                        node: Atom::from("a@host"),
+                        id: vec![1, 2, 3],
+                        creation: 3,
+                    }),
+                    Term::from(BigInteger::from(1u64 << 63)),
+                    Term::from(List::from(vec![
+                        Term::from(FixInteger::from(1)),
+                        Term::from(FixInteger::from(300)),
+                    ])),
+                    atom("é_utf8_atom"),
+                    atom(&"long".repeat(60)),
+                ])),
+            ])),
+        ]
+    }
+
+    #[test]
+    fn round_trips_and_second_message_is_smaller() {
+        let (mut out, mut inn) = (OutCache::default(), InCache::default());
+        let first = round_trip(&mut out, &mut inn, &sample());
+        let second = round_trip(&mut out, &mut inn, &sample());
+        assert!(second < first, "{second} >= {first}");
+        assert!(out.hits > 0);
+    }
+
+    #[test]
+    fn more_atoms_than_references_go_as_text() {
+        let (mut out, mut inn) = (OutCache::default(), InCache::default());
+        let many: Vec<Term> = (0..600).map(|i| atom(&format!("atom_{i}"))).collect();
+        let t = [Term::from(List::from(many))];
+        round_trip(&mut out, &mut inn, &t);
+        round_trip(&mut out, &mut inn, &t);
+    }
+
+    #[test]
+    fn slot_collisions_within_and_across_messages() {
+        // Find two atoms that share a slot.
+        let base = slot_of(b"x0");
+        let other = (1..100_000)
+            .map(|i| format!("x{i}"))
+            .find(|s| slot_of(s.as_bytes()) == base)
+            .unwrap();
+        let (mut out, mut inn) = (OutCache::default(), InCache::default());
+        let both = [Term::from(List::from(vec![
+            atom("x0"),
+            atom(&other),
+            atom("x0"),
+        ]))];
+        round_trip(&mut out, &mut inn, &both);
+        round_trip(&mut out, &mut inn, &[atom(&other)]);
+        round_trip(&mut out, &mut inn, &both);
+    }
+
+    #[test]
+    fn unknown_kinds_go_uncached() {
+        let (mut out, mut inn) = (OutCache::default(), InCache::default());
+        // A control term, then a payload holding a LOCAL_EXT (121) we do
+        // not walk: the frame still goes, atoms as text.
+        let mut body = enc(&Tuple::from(vec![atom("ctl"), atom("x")]).into());
+        body.extend_from_slice(&[131, 121, 0, 1, 2]);
+        let mut frame = Vec::new();
+        out.encode(&body, &mut frame);
+        assert_eq!(&frame[4..7], &[131, 68, 0]);
+        assert_eq!(
+            &frame[7..],
+            &[&body[1..body.len() - 5], &[121, 0, 1, 2][..]].concat()[..]
+        );
+        // The cache is untouched by the failed walk.
+        round_trip(&mut out, &mut inn, &[atom("ctl")]);
+    }
+
+    #[test]
+    fn malformed_input_is_refused_not_panicking() {
+        let mut inn = InCache::default();
+        for f in [
+            &[131u8, 68][..],
+            &[131, 68, 3, 0],
+            &[131, 68, 1, 8, 0, 5, b'a'],
+            &[131, 68, 0, 82, 0],
+            &[1, 2],
+        ] {
+            assert!(inn.decode(f).is_none(), "{f:?}");
+        }
+        let mut out = OutCache::default();
+        let mut frame = Vec::new();
+        out.encode(&[131, 104, 5, 97], &mut frame);
+        assert_eq!(&frame[4..7], &[131, 68, 0]);
+    }
+}
