@@ -127,7 +127,8 @@ point(B, Variant, N, K, P) ->
     Total = N * K,
     Batches = maps:get(batches, S1, 0) - maps:get(batches, S0, 0),
     Requests = maps:get(requests, S1, 0) - maps:get(requests, S0, 0),
-    #{variant => Variant, writers => N, per_writer => K, pause_ms => P,
+    #{variant => Variant, payload => list_to_atom(os:getenv("ECALL_BENCH_PAYLOAD", "map")),
+      writers => N, per_writer => K, pause_ms => P,
       intended => N * 1000 / P,
       rate => Total / max(Elapsed, 1.0e-9),
       wall_rate => Total / Wall,
@@ -201,7 +202,7 @@ clock_ticks() ->
 %%--------------------------------------------------------------------
 %% Output
 
--define(COLS, [variant, writers, intended, rate, elapsed, wall, cpu_a, cpu_b,
+-define(COLS, [variant, payload, writers, pause_ms, per_writer, intended, rate, elapsed, wall, cpu_a, cpu_b,
                cpu_us_per_msg, peak_mem_mb, max_run_queue, avg_batch, lost]).
 
 print(Rows) ->
@@ -224,7 +225,8 @@ write_csv(Label, Rows) ->
               false -> "bench/results";
               O -> O
           end,
-    Name = io_lib:format("~s/~4..0b~2..0b~2..0b-~2..0b~2..0b-~s-~s.csv", [Dir, Y, Mo, D, H, Mi, Host, Label]),
+    Name = io_lib:format("~s/~4..0b~2..0b~2..0b-~2..0b~2..0b-~s-~s-~s.csv",
+                         [Dir, Y, Mo, D, H, Mi, Host, Label, os:getenv("ECALL_BENCH_PAYLOAD", "map")]),
     ok = filelib:ensure_dir(Name),
     Header = lists:join(",", [atom_to_list(C) || C <- ?COLS]),
     Lines = [lists:join(",", [fmt(maps:get(C, R)) || C <- ?COLS]) || R <- Rows],

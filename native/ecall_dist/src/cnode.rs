@@ -212,23 +212,7 @@ async fn server_handshake(me: &Identity, stream: TcpStream) -> Result<(TcpStream
 pub async fn serve_passive(stream: TcpStream, tick: Duration, cancel: CancellationToken) -> String {
     let (mut rd, mut wr) = stream.into_split();
     let (tx, mut rx) = tokio::sync::mpsc::channel::<Vec<u8>>(16);
-    let reader = async move {
-        let mut buf = Vec::new();
-        let mut inbound = wire::Inbound::default();
-        loop {
-            match wire::read_frame(&mut rd, &mut buf).await {
-                Ok(false) => {}
-                Ok(true) => {
-                    if let Some(reply) = inbound.answer(&buf) {
-                        if tx.send(reply).await.is_err() {
-                            return "writer gone".to_string();
-                        }
-                    }
-                }
-                Err(e) => return format!("read: {e}"),
-            }
-        }
-    };
+    let reader = wire::read_loop(&mut rd, tx);
     let writer = async move {
         let mut ticker = tokio::time::interval(tick);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

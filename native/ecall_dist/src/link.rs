@@ -408,23 +408,7 @@ async fn link_task(peer: Arc<Peer>, k: usize, id: Arc<Identity>, events: Arc<dyn
 async fn run(peer: &Arc<Peer>, k: usize, id: &Identity, conn: cnode::Connected) -> String {
     let (mut rd, mut wr) = conn.stream.into_split();
     let (ctl_tx, mut ctl_rx) = tokio::sync::mpsc::channel::<Vec<u8>>(16);
-    let mut reader = tokio::spawn(async move {
-        let mut buf = Vec::new();
-        let mut inbound = wire::Inbound::default();
-        loop {
-            match wire::read_frame(&mut rd, &mut buf).await {
-                Ok(false) => {}
-                Ok(true) => {
-                    if let Some(reply) = inbound.answer(&buf) {
-                        if ctl_tx.send(reply).await.is_err() {
-                            return "writer gone".to_string();
-                        }
-                    }
-                }
-                Err(e) => return format!("read: {e}"),
-            }
-        }
-    });
+    let mut reader = tokio::spawn(async move { wire::read_loop(&mut rd, ctl_tx).await });
     let mut out = Out {
         cache: conn.atom_cache.then(OutCache::default),
         scratch: Vec::new(),

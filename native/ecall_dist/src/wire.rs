@@ -62,6 +62,29 @@ impl Inbound {
     }
 }
 
+/// Reads frames until the connection fails, handing every answer to the
+/// writer through `replies`; returns why it stopped.
+pub async fn read_loop<R: AsyncRead + Unpin>(
+    rd: &mut R,
+    replies: tokio::sync::mpsc::Sender<Vec<u8>>,
+) -> String {
+    let mut buf = Vec::new();
+    let mut inbound = Inbound::default();
+    loop {
+        match read_frame(rd, &mut buf).await {
+            Ok(false) => {}
+            Ok(true) => {
+                if let Some(reply) = inbound.answer(&buf) {
+                    if replies.send(reply).await.is_err() {
+                        return "writer gone".to_string();
+                    }
+                }
+            }
+            Err(e) => return format!("read: {e}"),
+        }
+    }
+}
+
 /// Given the body of a pass-through frame (control and payload, each with
 /// its version byte), returns the frame to send back, if any.
 pub fn answer(body: &[u8]) -> Option<Vec<u8>> {

@@ -88,16 +88,16 @@ struct Erl {
 
 impl Erl {
     fn start(epmd: &Epmd, cookie: &str, extra: &[&str], eval: &str) -> Erl {
-        let name = unique("erl");
+        Erl::spawn(epmd, &unique("erl"), cookie, extra, eval)
+    }
+
+    fn start_named(epmd: &Epmd, name: &str, eval: &str) -> Erl {
+        Erl::spawn(epmd, name, COOKIE, &[], eval)
+    }
+
+    fn spawn(epmd: &Epmd, name: &str, cookie: &str, extra: &[&str], eval: &str) -> Erl {
         let mut child = Command::new("erl")
-            .args([
-                "-sname",
-                &name,
-                "-setcookie",
-                cookie,
-                "-noinput",
-                "-noshell",
-            ])
+            .args(["-sname", name, "-setcookie", cookie, "-noinput", "-noshell"])
             .args(extra)
             .args(["-eval", eval])
             .env("ERL_EPMD_PORT", epmd.port.to_string())
@@ -455,31 +455,6 @@ async fn restarted_peer_stops_the_link() {
 }
 
 impl Erl {
-    fn start_named(epmd: &Epmd, name: &str, eval: &str) -> Erl {
-        let mut child = Command::new("erl")
-            .args([
-                "-sname",
-                name,
-                "-setcookie",
-                COOKIE,
-                "-noinput",
-                "-noshell",
-                "-eval",
-                eval,
-            ])
-            .env("ERL_EPMD_PORT", epmd.port.to_string())
-            .stdout(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("erl on PATH");
-        let lines = BufReader::new(child.stdout.take().unwrap()).lines();
-        Erl {
-            node: format!("{name}@{}", host()),
-            lines,
-            _child: child,
-        }
-    }
-
     /// Waits until the node's OS process has exited.
     async fn exited(&mut self) {
         tokio::time::timeout(WAIT, self._child.wait())

@@ -231,8 +231,7 @@ fn send<'a>(
     to: Term<'a>,
     msg: Term<'a>,
 ) -> NifResult<Term<'a>> {
-    let req = make_tuple(env, &[atoms::send().encode(env), to, msg]);
-    push(env, &peer.peer, req, false)
+    push_send(env, &peer.peer, to, msg, false)
 }
 
 /// `send/3` for a caller woken by `{ecall_room, Ref, true}`.
@@ -243,8 +242,18 @@ fn send_admitted<'a>(
     to: Term<'a>,
     msg: Term<'a>,
 ) -> NifResult<Term<'a>> {
+    push_send(env, &peer.peer, to, msg, true)
+}
+
+fn push_send<'a>(
+    env: Env<'a>,
+    peer: &Peer,
+    to: Term<'a>,
+    msg: Term<'a>,
+    admitted: bool,
+) -> NifResult<Term<'a>> {
     let req = make_tuple(env, &[atoms::send().encode(env), to, msg]);
-    push(env, &peer.peer, req, true)
+    push(env, peer, req, admitted)
 }
 
 fn push<'a>(env: Env<'a>, peer: &Peer, req: Term<'a>, admitted: bool) -> NifResult<Term<'a>> {
