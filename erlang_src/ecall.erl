@@ -12,10 +12,15 @@
 %% `!'. Nothing is promised between different callers.
 -module(ecall).
 
--export([send/2, connect/1, disconnect/1, connections/0, nodes/0, stats/0, stats/1]).
+-export([send/2, cast/4, call/4, call/5]).
+-export([cast_one/4, cast_all/4,
+         call_one/4, call_one/5, call_any/4, call_any/5,
+         call_all/4, call_all/5, call_all_wait/4, call_all_wait/5]).
+-export([connect/1, disconnect/1, connections/0, nodes/0, stats/0, stats/1]).
 
 -type dest() :: pid() | reference() | atom() | {atom(), node()}.
--export_type([dest/0]).
+-type call_result() :: {ok, term()} | {error, term()}.
+-export_type([dest/0, call_result/0]).
 
 %% @doc Sends `Msg' to `To' and returns `Msg', like `To ! Msg'.
 %%
@@ -46,31 +51,226 @@ send_remote(Node, Dest, To, Msg) ->
             To ! Msg;
         Peer ->
             case ecall_nif:send(Peer, Dest, Msg) of
-                ok -> Msg;
-                closed -> To ! Msg;
-                {full, Size} -> send_full(Peer, Size, Dest, To, Msg)
+                ok ->
+                    Msg;
+                closed ->
+                    To ! Msg;
+                {full, _} ->
+                    %% Over the byte budget: wait for room like any request.
+                    case ecall_request:push(Peer, {send, Dest, Msg}) of
+                        ok -> Msg;
+                        closed -> To ! Msg
+                    end
             end
     end.
 
-%% Over the byte budget: queue up for room, then push as an admitted caller.
--spec send_full(ecall_nif:peer(), non_neg_integer(), pid() | reference() | atom(), dest(), Msg) -> Msg.
-send_full(Peer, Size, Dest, To, Msg) ->
-    Ref = make_ref(),
-    case ecall_nif:wait_room(Peer, Size, Ref) of
-        retry ->
-            send_admitted(Peer, Dest, To, Msg);
-        wait ->
-            receive
-                {ecall_room, Ref, true} -> send_admitted(Peer, Dest, To, Msg);
-                {ecall_room, Ref, false} -> To ! Msg
-            end
+%% @doc Applies `M:F(A...)' on `Node' in a new process and returns `ok' at
+%% once, like `erpc:cast/4'. With an ecall connection the request travels
+%% in a batch; without one this is `erpc:cast/4'. Raises `badarg' for
+%% arguments of the wrong types.
+-spec cast(node(), module(), atom(), [term()]) -> ok.
+cast(Node, M, F, A) when is_atom(Node), is_atom(M), is_atom(F), is_list(A) ->
+    ecall_request:cast(Node, M, F, A);
+cast(Node, M, F, A) ->
+    erlang:error(badarg, [Node, M, F, A]).
+
+%% @equiv call(Node, M, F, A, infinity)
+-spec call(node(), module(), atom(), [term()]) -> call_result().
+call(Node, M, F, A) ->
+    call(Node, M, F, A, infinity).
+
+%% @doc Applies `M:F(A...)' on `Node' and returns its result:
+%% `{ok, Value}' when it returns `Value' (a thrown value counts as
+%% returned), `{error, E}' when it returns `{error, E}', `{error, {exit,
+%% Reason}}' when it raises an error or exit, `{error, {badrpc, Reason}}'
+%% when the node or the link is gone (`noconnection', `nodedown',
+%% `{link_down, _}') or no answer came within `Timeout' (`timeout'). After
+%% a timeout no late reply ever reaches the caller's mailbox.
+%%
+%% With an ecall connection the request and its reply travel in batches
+%% (the reply through the called node's own ecall links); without one this
+%% is `erpc:call/5' with the same return values.
+-spec call(node(), module(), atom(), [term()], timeout()) -> call_result().
+call(Node, M, F, A, Timeout)
+  when is_atom(Node), is_atom(M), is_atom(F), is_list(A),
+       (Timeout =:= infinity orelse (is_integer(Timeout) andalso Timeout >= 0)) ->
+    ecall_request:call(Node, M, F, A, Timeout);
+call(Node, M, F, A, Timeout) ->
+    erlang:error(badarg, [Node, M, F, A, Timeout]).
+
+%%--------------------------------------------------------------------
+%% Several nodes
+%%
+%% A node that is gone answers `{error, {badrpc, _}}'. The `call_*'
+%% functions ignore such nodes unless `RpcErr' (the optional fifth
+%% argument) is true, in which case they count as errors. The local node,
+%% when listed, is served locally, without the transport.
+
+%% @doc Casts to one node of `Nodes': the local node if listed, else one at
+%% random. `{error, none_is_available}' for an empty list.
+-spec cast_one([node()], module(), atom(), [term()]) -> ok | {error, none_is_available}.
+cast_one([], _M, _F, _A) ->
+    {error, none_is_available};
+cast_one(Nodes, M, F, A) when is_list(Nodes) ->
+    cast(pick_local(Nodes), M, F, A).
+
+%% @doc Casts to every node of `Nodes'.
+-spec cast_all([node()], module(), atom(), [term()]) -> ok.
+cast_all(Nodes, M, F, A) when is_list(Nodes) ->
+    lists:foreach(fun(N) -> cast(N, M, F, A) end, Nodes).
+
+%% @equiv call_one(Nodes, M, F, A, false)
+-spec call_one([node()], module(), atom(), [term()]) ->
+          {ok, {node(), term()}} | {error, term()}.
+call_one(Nodes, M, F, A) ->
+    call_one(Nodes, M, F, A, false).
+
+%% @doc Calls the nodes one at a time, the local node first if listed, the
+%% others in random order, until one answers `{ok, _}': returns `{ok, {Node,
+%% Result}}'. When none does: `{error, [{Node, Error}]}', or `{error,
+%% none_is_available}' when there was no error to report.
+-spec call_one([node()], module(), atom(), [term()], boolean()) ->
+          {ok, {node(), term()}} | {error, term()}.
+call_one(Nodes, M, F, A, RpcErr) when is_list(Nodes), is_boolean(RpcErr) ->
+    Local = [node() || lists:member(node(), Nodes)],
+    Others = [N || {_, N} <- lists:sort([{rand:uniform(), N} || N <- Nodes -- Local])],
+    call_one_loop(Local ++ Others, M, F, A, RpcErr, []).
+
+-spec call_one_loop([node()], module(), atom(), [term()], boolean(), [{node(), term()}]) ->
+          {ok, {node(), term()}} | {error, term()}.
+call_one_loop([], _M, _F, _A, _RpcErr, []) ->
+    {error, none_is_available};
+call_one_loop([], _M, _F, _A, _RpcErr, Errors) ->
+    {error, lists:reverse(Errors)};
+call_one_loop([N | Rest], M, F, A, RpcErr, Errors) ->
+    case call(N, M, F, A) of
+        {ok, Result} -> {ok, {N, Result}};
+        {error, E} -> call_one_loop(Rest, M, F, A, RpcErr, add_error(N, E, RpcErr, Errors))
     end.
 
--spec send_admitted(ecall_nif:peer(), pid() | reference() | atom(), dest(), Msg) -> Msg.
-send_admitted(Peer, Dest, To, Msg) ->
-    case ecall_nif:send_admitted(Peer, Dest, Msg) of
-        ok -> Msg;
-        _Closed -> To ! Msg
+%% @equiv call_any(Nodes, M, F, A, false)
+-spec call_any([node()], module(), atom(), [term()]) ->
+          {ok, {node(), term()}} | {error, term()}.
+call_any(Nodes, M, F, A) ->
+    call_any(Nodes, M, F, A, false).
+
+%% @doc Calls all nodes in parallel and returns the first `{ok, {Node,
+%% Result}}'; the other answers are dropped. When none answers `{ok, _}':
+%% `{error, [{Node, Error}]}' or `{error, none_is_available}'.
+-spec call_any([node()], module(), atom(), [term()], boolean()) ->
+          {ok, {node(), term()}} | {error, term()}.
+call_any(Nodes, M, F, A, RpcErr) when is_list(Nodes), is_boolean(RpcErr) ->
+    {Tag, Called} = parallel(Nodes, M, F, A),
+    Result = any_loop(Tag, length(Called), RpcErr, []),
+    unalias(Tag),
+    Result.
+
+-spec any_loop(reference(), non_neg_integer(), boolean(), [{node(), term()}]) ->
+          {ok, {node(), term()}} | {error, term()}.
+any_loop(_Tag, 0, _RpcErr, []) ->
+    {error, none_is_available};
+any_loop(_Tag, 0, _RpcErr, Errors) ->
+    {error, lists:reverse(Errors)};
+any_loop(Tag, Left, RpcErr, Errors) ->
+    receive
+        {Tag, N, {ok, Result}} -> {ok, {N, Result}};
+        {Tag, N, {error, E}} -> any_loop(Tag, Left - 1, RpcErr, add_error(N, E, RpcErr, Errors))
+    end.
+
+%% @equiv call_all(Nodes, M, F, A, false)
+-spec call_all([node()], module(), atom(), [term()]) ->
+          {ok, [{node(), term()}]} | {error, term()}.
+call_all(Nodes, M, F, A) ->
+    call_all(Nodes, M, F, A, false).
+
+%% @doc Calls all nodes in parallel and requires every answer to be `{ok,
+%% _}': returns `{ok, [{Node, Result}]}' in the order of `Nodes', or the
+%% first `{error, {Node, Error}}' as soon as it comes.
+%% `{error, none_is_available}' when no node answered.
+-spec call_all([node()], module(), atom(), [term()], boolean()) ->
+          {ok, [{node(), term()}]} | {error, term()}.
+call_all(Nodes, M, F, A, RpcErr) when is_list(Nodes), is_boolean(RpcErr) ->
+    {Tag, Called} = parallel(Nodes, M, F, A),
+    Result = all_loop(Tag, length(Called), RpcErr, #{}),
+    unalias(Tag),
+    case Result of
+        {ok, Oks} when map_size(Oks) =:= 0 -> {error, none_is_available};
+        {ok, Oks} -> {ok, [{N, maps:get(N, Oks)} || N <- Called, maps:is_key(N, Oks)]};
+        Error -> Error
+    end.
+
+-spec all_loop(reference(), non_neg_integer(), boolean(), #{node() => term()}) ->
+          {ok, #{node() => term()}} | {error, {node(), term()}}.
+all_loop(_Tag, 0, _RpcErr, Oks) ->
+    {ok, Oks};
+all_loop(Tag, Left, RpcErr, Oks) ->
+    receive
+        {Tag, N, {ok, Result}} ->
+            all_loop(Tag, Left - 1, RpcErr, Oks#{N => Result});
+        {Tag, _N, {error, {badrpc, _}}} when not RpcErr ->
+            all_loop(Tag, Left - 1, RpcErr, Oks);
+        {Tag, N, {error, E}} ->
+            {error, {N, E}}
+    end.
+
+%% @equiv call_all_wait(Nodes, M, F, A, false)
+-spec call_all_wait([node()], module(), atom(), [term()]) ->
+          {[{node(), term()}], [{node(), term()}]}.
+call_all_wait(Nodes, M, F, A) ->
+    call_all_wait(Nodes, M, F, A, false).
+
+%% @doc Calls all nodes in parallel, waits for every answer and returns
+%% `{Replies, Rejects}': `[{Node, Result}]' of the `{ok, _}' answers and
+%% `[{Node, Error}]' of the others (without `{badrpc, _}' ones unless
+%% `RpcErr'), both in the order of `Nodes'.
+-spec call_all_wait([node()], module(), atom(), [term()], boolean()) ->
+          {[{node(), term()}], [{node(), term()}]}.
+call_all_wait(Nodes, M, F, A, RpcErr) when is_list(Nodes), is_boolean(RpcErr) ->
+    {Tag, Called} = parallel(Nodes, M, F, A),
+    Answers = maps:from_list([receive {Tag, N, R} -> {N, R} end || _ <- Called]),
+    unalias(Tag),
+    Replies = [{N, R} || N <- Called, {ok, R} <- [maps:get(N, Answers)]],
+    Rejects = [{N, E} || N <- Called, {error, E} <- [maps:get(N, Answers)],
+                         RpcErr orelse not is_badrpc(E)],
+    {Replies, Rejects}.
+
+%% Starts one call per distinct node; answers come as {Tag, Node, Result}
+%% to an alias, so that answers that come after the caller stopped
+%% listening (call_any, call_all) are dropped by the runtime.
+-spec parallel([node()], module(), atom(), [term()]) -> {reference(), [node()]}.
+parallel(Nodes, M, F, A) ->
+    Tag = alias(),
+    Called = unique(Nodes),
+    _ = [spawn(fun() -> Tag ! {Tag, N, call(N, M, F, A)} end) || N <- Called],
+    {Tag, Called}.
+
+%% Nodes without repeats, in their first order.
+-spec unique([node()]) -> [node()].
+unique(Nodes) ->
+    {Unique, _} = lists:foldl(fun(N, {Acc, Seen}) ->
+                                      case maps:is_key(N, Seen) of
+                                          true -> {Acc, Seen};
+                                          false -> {[N | Acc], Seen#{N => true}}
+                                      end
+                              end, {[], #{}}, Nodes),
+    lists:reverse(Unique).
+
+-spec is_badrpc(term()) -> boolean().
+is_badrpc({badrpc, _}) -> true;
+is_badrpc(_) -> false.
+
+-spec pick_local([node(), ...]) -> node().
+pick_local(Nodes) ->
+    case lists:member(node(), Nodes) of
+        true -> node();
+        false -> lists:nth(rand:uniform(length(Nodes)), Nodes)
+    end.
+
+-spec add_error(node(), term(), boolean(), [{node(), term()}]) -> [{node(), term()}].
+add_error(N, E, RpcErr, Errors) ->
+    case RpcErr orelse not is_badrpc(E) of
+        true -> [{N, E} | Errors];
+        false -> Errors
     end.
 
 %% @doc Connects to `Node' now (discovery does it on its own for nodes that

@@ -17,7 +17,7 @@
 -module(ecall_conn).
 -behaviour(gen_server).
 
--export([start_link/1, name/1, await/2, peer/1, info/1, stop/1]).
+-export([start_link/1, name/1, await/2, peer/1, watcher/2, info/1, stop/1]).
 -export([init/1, handle_continue/2, handle_call/3, handle_cast/2, handle_info/2, terminate/2]).
 
 -include_lib("kernel/include/logger.hrl").
@@ -26,7 +26,8 @@
     node :: node(),
     peer :: ecall_nif:peer() | undefined,
     links = 0 :: non_neg_integer(),
-    up = #{} :: #{non_neg_integer() => true},
+    %% Link index -> its watcher, while the link is up.
+    up = #{} :: #{non_neg_integer() => pid()},
     published = false :: boolean(),
     waiting = [] :: [gen_server:from()],
     down_logged = #{} :: #{non_neg_integer() => true}
@@ -35,6 +36,16 @@
 -spec name(node()) -> atom().
 name(Node) ->
     list_to_atom("ecall_conn " ++ atom_to_list(Node)).
+
+%% @doc The process that stands for link `K' to `Node' while it is up:
+%% callers monitor it, and it exits with `{link_down, Reason}' when the link
+%% goes down (or with the connection's reason when the connection ends).
+-spec watcher(node(), non_neg_integer()) -> pid() | undefined.
+watcher(Node, K) ->
+    case ets:lookup(ecall_links, {Node, K}) of
+        [{_, Pid}] -> Pid;
+        [] -> undefined
+    end.
 
 %% @doc The published peer of `Node', for the send path.
 -spec peer(node()) -> ecall_nif:peer() | undefined.
@@ -119,7 +130,9 @@ handle_info({ecall_link, K, up}, #st{up = Up, down_logged = DL} = St0) ->
         true -> ?LOG_NOTICE("ecall: link ~b to ~p is back", [K + 1, St0#st.node]);
         false -> ok
     end,
-    St = St0#st{up = Up#{K => true}, down_logged = maps:remove(K, DL)},
+    Watcher = spawn_link(fun watch/0),
+    true = ets:insert(ecall_links, {{St0#st.node, K}, Watcher}),
+    St = St0#st{up = Up#{K => Watcher}, down_logged = maps:remove(K, DL)},
     {noreply, maybe_publish(St)};
 handle_info({ecall_link, K, {down, Reason}}, #st{up = Up, down_logged = DL} = St) ->
     %% Log the first failure of a streak, not every retry.
@@ -127,6 +140,7 @@ handle_info({ecall_link, K, {down, Reason}}, #st{up = Up, down_logged = DL} = St
         false -> ?LOG_WARNING("ecall: link ~b to ~p down: ~ts", [K + 1, St#st.node, Reason]);
         true -> ok
     end,
+    release(St#st.node, K, maps:get(K, Up, undefined), {link_down, Reason}),
     {noreply, St#st{up = maps:remove(K, Up), down_logged = DL#{K => true}}};
 handle_info({ecall_link, _K, {alive, OurNode}}, #st{node = Node} = St) ->
     %% The peer still holds our previous connection under that name (it has
@@ -155,9 +169,23 @@ maybe_publish(#st{published = false, links = L, up = Up, node = Node, peer = Pee
 maybe_publish(St) ->
     St.
 
+%% Callers waiting on link K's calls see its watcher exit with `Why'.
+-spec release(node(), non_neg_integer(), pid() | undefined, term()) -> ok.
+release(_Node, _K, undefined, _Why) ->
+    ok;
+release(Node, K, Watcher, Why) ->
+    true = ets:delete_object(ecall_links, {{Node, K}, Watcher}),
+    Watcher ! {down, Why},
+    ok.
+
+-spec watch() -> no_return().
+watch() ->
+    receive {down, Why} -> exit(Why) end.
+
 -spec terminate(term(), #st{}) -> ok.
-terminate(Reason, #st{node = Node, peer = Peer, published = P, waiting = W}) ->
+terminate(Reason, #st{node = Node, peer = Peer, published = P, waiting = W, up = Up}) ->
     [gen_server:reply(From, {error, reason(Reason)}) || From <- W],
+    _ = [release(Node, K, Watcher, reason(Reason)) || {K, Watcher} <- maps:to_list(Up)],
     P andalso persistent_term:erase({ecall_peer, Node}),
     Peer =/= undefined andalso ecall_nif:peer_close(Peer),
     ok.

@@ -11,6 +11,9 @@ start_link() ->
 
 -spec init([]) -> {ok, {supervisor:sup_flags(), [supervisor:child_spec()]}}.
 init([]) ->
+    %% {Node, Link} -> watcher pid, read by callers (ecall_conn:watcher/2).
+    %% Owned by this supervisor so that it outlives every connection.
+    _ = ets:new(ecall_links, [named_table, public, {read_concurrency, true}]),
     Conn = #{id => ecall_conn, start => {ecall_conn, start_link, []},
              restart => temporary, shutdown => 5000},
     {ok, {#{strategy => simple_one_for_one, intensity => 100, period => 10}, [Conn]}}.

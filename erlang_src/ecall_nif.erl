@@ -9,7 +9,7 @@
 -export([loaded/0, load_error/0]).
 -export([cnode_start/6, cnode_info/1,
          peer_open/6, peer_close/1, peer_stats/1,
-         send/3, send_admitted/3, wait_room/3]).
+         send/3, push/3, caller_link/1, wait_room/3]).
 
 -on_load(init/0).
 
@@ -70,9 +70,14 @@ peer_stats(_Peer) -> erlang:nif_error(nif_not_loaded).
           ok | closed | {full, non_neg_integer()}.
 send(_Peer, _To, _Msg) -> erlang:nif_error(nif_not_loaded).
 
--spec send_admitted(peer(), pid() | atom() | reference(), term()) ->
-          ok | closed | {full, non_neg_integer()}.
-send_admitted(_Peer, _To, _Msg) -> erlang:nif_error(nif_not_loaded).
+%% Queues any request tuple. `Admitted': the caller was just woken by
+%% `{ecall_room, Ref, true}' and has room set aside.
+-spec push(peer(), tuple(), boolean()) -> ok | closed | {full, non_neg_integer()}.
+push(_Peer, _Request, _Admitted) -> erlang:nif_error(nif_not_loaded).
+
+%% The link (0-based) that carries the calling process's requests.
+-spec caller_link(peer()) -> non_neg_integer().
+caller_link(_Peer) -> erlang:nif_error(nif_not_loaded).
 
 -spec wait_room(peer(), non_neg_integer(), reference()) -> wait | retry.
 wait_room(_Peer, _Size, _Ref) -> erlang:nif_error(nif_not_loaded).

@@ -1,5 +1,8 @@
 %% @private
-%% One receiver worker: replays each `{batch, Requests}' in order.
+%% One receiver worker: replays each `{batch, Requests}' in order:
+%% `{send, To, Msg}' is `To ! Msg', `{cast, M, F, A}' spawns M:F(A...) and
+%% `{call, Alias, M, F, A}' spawns a process that applies it and sends the
+%% reply to `Alias' (ecall_request:run_call/4).
 %%
 %% A plain receive loop rather than a gen_server: the loop is the hot path
 %% on the receiving node. The mailbox is off_heap, so a backlog of batches
@@ -52,6 +55,13 @@ replay([{send, To, Msg} | Rest], C, N) when is_atom(To) ->
     catch
         error:badarg -> counters:add(C, ?DEAD, 1)
     end,
+    replay(Rest, C, N + 1);
+replay([{cast, M, F, A} | Rest], C, N) when is_atom(M), is_atom(F), is_list(A) ->
+    _ = spawn(ecall_request, run_cast, [M, F, A]),
+    replay(Rest, C, N + 1);
+replay([{call, Alias, M, F, A} | Rest], C, N)
+  when is_reference(Alias), is_atom(M), is_atom(F), is_list(A) ->
+    _ = spawn(ecall_request, run_call, [Alias, M, F, A]),
     replay(Rest, C, N + 1);
 replay([], C, N) ->
     counters:add(C, ?REQUESTS, N);

@@ -18,8 +18,12 @@
          link_loss_is_reported_and_healed/1, nodedown_closes_connection/1,
          not_distributed/1, bad_arguments/1, names_and_aliases/1,
          budget_bounds_queue_and_close_releases/1, full_budget_blocks_without_loss/1]).
+-export([cast_through_link/1, call_results_match_fallback/1, call_timeout_no_late_reply/1,
+         link_loss_fails_its_callers_only/1, peer_killed_with_1000_calls/1,
+         unreachable_node/1, multi_node_patterns/1, rpc_bad_arguments/1]).
 %% Run on peers.
--export([collector/2, not_distributed_check/0]).
+-export([collector/2, not_distributed_check/0,
+         echo/1, fail/2, tell/2, whoami/0, block/1, error_on/1]).
 
 -define(CALLERS, 1000).
 -define(PER_CALLER, 100).
@@ -28,7 +32,7 @@ suite() ->
     [{timetrap, {minutes, 5}}].
 
 all() ->
-    [{group, otp25}, {group, otp27}, {group, edges}].
+    [{group, otp25}, {group, otp27}, {group, edges}, {group, rpc}].
 
 groups() ->
     DataPath = [exactly_once_in_order, links_are_hidden_cnodes, ping_cnode,
@@ -39,7 +43,10 @@ groups() ->
      {edges, [], [wrong_cookie_refused_incoming, wrong_cookie_refused_outgoing,
                           nodedown_closes_connection, not_distributed, bad_arguments,
                           budget_bounds_queue_and_close_releases,
-                          full_budget_blocks_without_loss]}].
+                          full_budget_blocks_without_loss]},
+     {rpc, [], [cast_through_link, call_results_match_fallback, call_timeout_no_late_reply,
+                link_loss_fails_its_callers_only, peer_killed_with_1000_calls,
+                unreachable_node, multi_node_patterns, rpc_bad_arguments]}].
 
 init_per_suite(Config) ->
     ?assert(is_alive()),
@@ -456,3 +463,207 @@ send_payload_seq(To, Payload, N) ->
     [{seq, Self, I, Payload} = ecall:send(To, {seq, Self, I, Payload}) || I <- lists:seq(1, N)],
     ok.
 
+
+%%--------------------------------------------------------------------
+%% cast, call and the multi-node patterns (group rpc: this node, B connected
+%% both ways, and nodes started by the cases)
+
+echo(X) -> X.
+fail(error, R) -> erlang:error(R);
+fail(exit, R) -> exit(R);
+fail(throw, V) -> throw(V).
+tell(Pid, Msg) -> Pid ! Msg.
+whoami() -> node().
+error_on(Node) when Node =:= node() -> {error, no};
+error_on(_) -> node().
+%% Tells the caller it runs, then waits for `go'.
+block(Pid) ->
+    Pid ! {blocked, self(), node()},
+    receive go -> late end.
+
+%% B answers back through its own links.
+connect_back(B) ->
+    ok = erpc:call(B, ecall, connect, [node()]).
+
+cast_through_link(Config) ->
+    B = ?config(b, Config),
+    {ok, #{pushed := P0}} = ecall:stats(B),
+    ?assertEqual(ok, ecall:cast(B, ?MODULE, tell, [self(), {cast, 1}])),
+    receive {cast, 1} -> ok after 5000 -> ct:fail(cast_lost) end,
+    {ok, #{pushed := P1}} = ecall:stats(B),
+    ?assertEqual(P0 + 1, P1).
+
+%% Every outcome of a call, through the links to B and through erpc to a
+%% node without an ecall connection: the same return values.
+call_results_match_fallback(Config) ->
+    B = ?config(b, Config),
+    connect_back(B),
+    {Peer, C} = start_peer(["-ecall", "discovery", "false"]),
+    ?assertEqual({error, not_connected}, ecall:stats(C)),
+    Cases = [{echo, [42], {ok, 42}},
+             {echo, [{error, x}], {error, x}},
+             {fail, [throw, thrown], {ok, thrown}},
+             {fail, [throw, {error, t}], {error, t}},
+             {fail, [error, boom], {error, {exit, boom}}},
+             {fail, [exit, bye], {error, {exit, bye}}}],
+    {ok, #{pushed := P0}} = ecall:stats(B),
+    [begin
+         ?assertEqual({F, Expected}, {F, ecall:call(B, ?MODULE, F, A)}),
+         ?assertEqual({F, Expected}, {F, ecall:call(C, ?MODULE, F, A, 5000)})
+     end || {F, A, Expected} <- Cases],
+    {ok, #{pushed := P1}} = ecall:stats(B),
+    ?assertEqual(length(Cases), P1 - P0),
+    peer:stop(Peer).
+
+%% A call that times out returns {error, {badrpc, timeout}}, and its reply,
+%% when it comes later, never reaches the caller's mailbox.
+call_timeout_no_late_reply(Config) ->
+    B = ?config(b, Config),
+    connect_back(B),
+    Self = self(),
+    Workers = [whereis(ecall_receiver:name(I)) || I <- lists:seq(1, ecall_config:receivers())],
+    [erlang:trace(W, true, ['receive']) || W <- Workers],
+    ?assertEqual({error, {badrpc, timeout}}, ecall:call(B, ?MODULE, block, [Self], 200)),
+    Blocked = receive {blocked, P, B} -> P after 5000 -> ct:fail(not_blocked) end,
+    Blocked ! go,
+    %% The reply comes back in a batch to one of our receiver workers ...
+    W = receive
+            {trace, W0, 'receive', {batch, Elems}} when is_pid(W0) ->
+                ?assertMatch([{send, Ref, {Ref, {value, late}}}] when is_reference(Ref), Elems),
+                W0
+        after 5000 -> ct:fail(no_late_reply_batch)
+        end,
+    %% ... which has replayed it once it takes its next message.
+    W ! {batch, []},
+    receive {trace, W, 'receive', {batch, []}} -> ok after 5000 -> ct:fail(worker_stuck) end,
+    [erlang:trace(X, false, ['receive']) || X <- Workers],
+    flush_traces(),
+    receive Late -> ct:fail({late_reply, Late}) after 0 -> ok end.
+
+flush_traces() ->
+    receive {trace, _, _, _} -> flush_traces() after 0 -> ok end.
+
+%% When a link goes down, the calls waiting on it return {badrpc,
+%% {link_down, _}} at once; calls on the other link are not disturbed.
+link_loss_fails_its_callers_only(Config) ->
+    B = ?config(b, Config),
+    connect_back(B),
+    Peer = ecall_conn:peer(B),
+    Self = self(),
+    Callers = [spawn_link(fun() ->
+                                  K = ecall_nif:caller_link(Peer),
+                                  Self ! {result, self(), K, ecall:call(B, ?MODULE, block, [Self])}
+                          end) || _ <- lists:seq(1, 20)],
+    Blocked = [receive {blocked, P, B} -> P after 5000 -> ct:fail(not_blocked) end || _ <- Callers],
+    [Id1 | _] = ecall:nodes(),
+    true = erpc:call(B, erlang, disconnect_node, [Id1]),
+    %% Link 0 (Id1) callers fail ...
+    Failed = collect_results(fun({badrpc, {link_down, _}}) -> true; (_) -> false end),
+    [?assertEqual(0, K) || {_, K, _} <- Failed],
+    ?assert(length(Failed) > 0),
+    %% ... the others are still waiting, and get their answers.
+    [P ! go || P <- Blocked],
+    Rest = [receive {result, C, K, R} -> {C, K, R} after 5000 -> ct:fail(lost_call) end
+            || _ <- lists:seq(1, length(Callers) - length(Failed))],
+    [?assertMatch({_, 1, {ok, late}}, R) || R <- Rest],
+    ok.
+
+%% Results of link 0 callers that already failed (they fail before anyone
+%% is released).
+collect_results(IsFailure) ->
+    receive
+        {result, C, K, {error, E}} = M ->
+            case IsFailure(E) of
+                true -> [{C, K, E} | collect_results(IsFailure)];
+                false -> ct:fail({unexpected, M})
+            end
+    after 1000 ->
+        []
+    end.
+
+%% 1,000 calls outstanding on a node whose OS process is killed: every one
+%% returns {error, {badrpc, _}}, none hangs.
+peer_killed_with_1000_calls(_Config) ->
+    {_Peer, C} = start_peer([]),
+    ok = ecall:connect(C),
+    Self = self(),
+    OsPid = erpc:call(C, os, getpid, []),
+    Callers = [spawn(fun() -> Self ! {result, self(), ecall:call(C, ?MODULE, block, [Self])} end)
+               || _ <- lists:seq(1, 1000)],
+    [receive {blocked, _, C} -> ok after 30000 -> ct:fail(not_blocked) end || _ <- Callers],
+    T0 = erlang:monotonic_time(millisecond),
+    os:cmd("kill -9 " ++ OsPid),
+    Results = [receive {result, P, R} -> R after 30000 -> ct:fail({hung, P}) end || P <- Callers],
+    Ms = erlang:monotonic_time(millisecond) - T0,
+    ct:pal("1000 callers returned ~b ms after the kill: ~p",
+           [Ms, lists:usort([R || {error, {badrpc, R}} <- Results])]),
+    [?assertMatch({error, {badrpc, _}}, R) || R <- Results],
+    %% The bound stated in the README.
+    ?assert(Ms < 5000).
+
+unreachable_node(_Config) ->
+    [_, Host] = string:split(atom_to_list(node()), "@"),
+    Nobody = list_to_atom("nobody@" ++ Host),
+    ?assertEqual({error, {badrpc, noconnection}}, ecall:call(Nobody, ?MODULE, echo, [1])),
+    ?assertEqual(ok, ecall:cast(Nobody, ?MODULE, echo, [1])).
+
+multi_node_patterns(Config) ->
+    B = ?config(b, Config),
+    connect_back(B),
+    {Peer, C} = start_peer([]),
+    ok = ecall:connect(C),
+    A = node(),
+    [_, Host] = string:split(atom_to_list(A), "@"),
+    Nobody = list_to_atom("nobody@" ++ Host),
+    Self = self(),
+    %% cast_one: the local node when listed.
+    ok = ecall:cast_one([B, A], ?MODULE, tell, [Self, {one, A}]),
+    receive {one, A} -> ok after 5000 -> ct:fail(cast_one_lost) end,
+    ok = ecall:cast_one([B], erlang, send, [Self, cast_one_b]),
+    receive cast_one_b -> ok after 5000 -> ct:fail(cast_one_b_lost) end,
+    ?assertEqual({error, none_is_available}, ecall:cast_one([], ?MODULE, echo, [1])),
+    %% cast_all: every node, once.
+    ok = ecall:cast_all([A, B, C], ?MODULE, tell, [Self, all]),
+    ok = ecall:cast_all([A, B, C], erlang, send, [Self, {all, x}]),
+    [receive {all, x} -> ok after 5000 -> ct:fail(cast_all_lost) end || _ <- [A, B, C]],
+    [receive all -> ok after 5000 -> ct:fail(cast_all_lost) end || _ <- [A, B, C]],
+    %% call_one: local first; on to the next node after an error; badrpc
+    %% ignored unless asked for.
+    ?assertEqual({ok, {A, A}}, ecall:call_one([B, A, C], ?MODULE, whoami, [])),
+    ?assertEqual({ok, {C, C}}, ecall:call_one([B, C], ?MODULE, error_on, [B])),
+    ?assertEqual({error, [{B, no}]}, ecall:call_one([B], ?MODULE, error_on, [B])),
+    ?assertEqual({error, none_is_available}, ecall:call_one([Nobody], ?MODULE, whoami, [])),
+    ?assertEqual({error, [{Nobody, {badrpc, noconnection}}]},
+                 ecall:call_one([Nobody], ?MODULE, whoami, [], true)),
+    ?assertEqual({error, none_is_available}, ecall:call_one([], ?MODULE, whoami, [])),
+    %% call_any: the first {ok, _}.
+    {ok, {N1, N1}} = ecall:call_any([B, C], ?MODULE, whoami, []),
+    ?assert(lists:member(N1, [B, C])),
+    ?assertEqual({ok, {B, B}}, ecall:call_any([Nobody, B], ?MODULE, whoami, [])),
+    ?assertEqual({ok, {C, C}}, ecall:call_any([B, C], ?MODULE, error_on, [B])),
+    ?assertEqual({error, [{B, no}]}, ecall:call_any([B, Nobody], ?MODULE, error_on, [B])),
+    ?assertMatch({error, [_, _]}, ecall:call_any([B, Nobody], ?MODULE, error_on, [B], true)),
+    %% call_all: every node must answer {ok, _}.
+    ?assertEqual({ok, [{A, A}, {B, B}, {C, C}]}, ecall:call_all([A, B, C], ?MODULE, whoami, [])),
+    ?assertEqual({error, {B, no}}, ecall:call_all([B, C], ?MODULE, error_on, [B])),
+    ?assertEqual({ok, [{B, B}]}, ecall:call_all([B, Nobody], ?MODULE, whoami, [])),
+    ?assertEqual({error, {Nobody, {badrpc, noconnection}}},
+                 ecall:call_all([B, Nobody], ?MODULE, whoami, [], true)),
+    ?assertEqual({error, none_is_available}, ecall:call_all([Nobody], ?MODULE, whoami, [])),
+    %% call_all_wait: replies and rejects.
+    ?assertEqual({[{C, C}, {A, A}], [{B, no}]},
+                 ecall:call_all_wait([B, C, A, Nobody], ?MODULE, error_on, [B])),
+    ?assertEqual({[{C, C}], [{B, no}, {Nobody, {badrpc, noconnection}}]},
+                 ecall:call_all_wait([B, C, Nobody], ?MODULE, error_on, [B], true)),
+    %% No stray answers were left behind.
+    receive Stray -> ct:fail({stray, Stray}) after 0 -> ok end,
+    ok = ecall:disconnect(C),
+    peer:stop(Peer).
+
+rpc_bad_arguments(_Config) ->
+    ?assertError(badarg, ecall:cast("b", m, f, [])),
+    ?assertError(badarg, ecall:cast(b, m, f, not_a_list)),
+    ?assertError(badarg, ecall:call(b, m, "f", [])),
+    ?assertError(badarg, ecall:call(b, m, f, [], -1)),
+    ?assertError(badarg, ecall:call(b, m, f, [], soon)),
+    ?assertError(function_clause, ecall:call_all(not_a_list, m, f, [])).

@@ -209,6 +209,11 @@ impl Peer {
         self.links.len()
     }
 
+    /// The link that carries shard `shard % shard_count`.
+    pub fn link_of_shard(&self, shard: usize) -> usize {
+        (shard % self.shards.len()) % self.links.len()
+    }
+
     /// Whether link `k` is connected now.
     pub fn link_up(&self, k: usize) -> bool {
         self.links
@@ -243,7 +248,7 @@ impl Peer {
         }
         st.queued_bytes.fetch_add(element.len(), Ordering::Relaxed);
         let shard = shard % self.shards.len();
-        let link = &self.links[shard % self.links.len()];
+        let link = &self.links[self.link_of_shard(shard)];
         let wake = self.shards[shard].push(element, || link.sleeping.load(Ordering::Relaxed));
         if wake && link.sleeping.swap(false, Ordering::AcqRel) {
             link.notify.notify_one();

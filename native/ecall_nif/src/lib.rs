@@ -234,26 +234,23 @@ fn send<'a>(
     push_send(env, &peer.peer, to, msg, false)
 }
 
-/// `send/3` for a caller woken by `{ecall_room, Ref, true}`.
-#[rustler::nif]
-fn send_admitted<'a>(
-    env: Env<'a>,
-    peer: ResourceArc<PeerRes>,
-    to: Term<'a>,
-    msg: Term<'a>,
-) -> NifResult<Term<'a>> {
-    push_send(env, &peer.peer, to, msg, true)
-}
-
-fn push_send<'a>(
-    env: Env<'a>,
-    peer: &Peer,
-    to: Term<'a>,
-    msg: Term<'a>,
-    admitted: bool,
-) -> NifResult<Term<'a>> {
+fn push_send<'a>(env: Env<'a>, peer: &Peer, to: Term<'a>, msg: Term<'a>, admitted: bool) -> NifResult<Term<'a>> {
     let req = make_tuple(env, &[atoms::send().encode(env), to, msg]);
     push(env, peer, req, admitted)
+}
+
+/// Queues any request term (`{send, ...}`, `{cast, ...}`, `{call, ...}`)
+/// on the caller's shard; same results as `send/3`. `admitted` is for a
+/// caller woken by `{ecall_room, Ref, true}`.
+#[rustler::nif(name = "push")]
+fn push_request<'a>(env: Env<'a>, peer: ResourceArc<PeerRes>, req: Term<'a>, admitted: bool) -> NifResult<Term<'a>> {
+    push(env, &peer.peer, req, admitted)
+}
+
+/// The link (0-based) that carries the calling process's requests.
+#[rustler::nif]
+fn caller_link(env: Env<'_>, peer: ResourceArc<PeerRes>) -> usize {
+    peer.peer.link_of_shard(caller_shard(env))
 }
 
 fn push<'a>(env: Env<'a>, peer: &Peer, req: Term<'a>, admitted: bool) -> NifResult<Term<'a>> {
