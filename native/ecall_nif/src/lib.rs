@@ -231,19 +231,20 @@ fn send<'a>(
     to: Term<'a>,
     msg: Term<'a>,
 ) -> NifResult<Term<'a>> {
-    push_send(env, &peer.peer, to, msg, false)
-}
-
-fn push_send<'a>(env: Env<'a>, peer: &Peer, to: Term<'a>, msg: Term<'a>, admitted: bool) -> NifResult<Term<'a>> {
     let req = make_tuple(env, &[atoms::send().encode(env), to, msg]);
-    push(env, peer, req, admitted)
+    push(env, &peer.peer, req, false)
 }
 
 /// Queues any request term (`{send, ...}`, `{cast, ...}`, `{call, ...}`)
 /// on the caller's shard; same results as `send/3`. `admitted` is for a
 /// caller woken by `{ecall_room, Ref, true}`.
 #[rustler::nif(name = "push")]
-fn push_request<'a>(env: Env<'a>, peer: ResourceArc<PeerRes>, req: Term<'a>, admitted: bool) -> NifResult<Term<'a>> {
+fn push_request<'a>(
+    env: Env<'a>,
+    peer: ResourceArc<PeerRes>,
+    req: Term<'a>,
+    admitted: bool,
+) -> NifResult<Term<'a>> {
     push(env, &peer.peer, req, admitted)
 }
 
