@@ -160,10 +160,10 @@ call_any(Nodes, M, F, A) ->
 -spec call_any([node()], module(), atom(), [term()], boolean()) ->
           {ok, {node(), term()}} | {error, term()}.
 call_any(Nodes, M, F, A, RpcErr) when is_list(Nodes), is_boolean(RpcErr) ->
-    {Tag, Called} = parallel(Nodes, M, F, A),
-    Result = any_loop(Tag, length(Called), RpcErr, []),
-    unalias(Tag),
-    Result.
+    in_master(fun() ->
+                      {Tag, Called} = parallel(Nodes, M, F, A),
+                      any_loop(Tag, length(Called), RpcErr, [])
+              end).
 
 -spec any_loop(reference(), non_neg_integer(), boolean(), [{node(), term()}]) ->
           {ok, {node(), term()}} | {error, term()}.
@@ -190,9 +190,10 @@ call_all(Nodes, M, F, A) ->
 -spec call_all([node()], module(), atom(), [term()], boolean()) ->
           {ok, [{node(), term()}]} | {error, term()}.
 call_all(Nodes, M, F, A, RpcErr) when is_list(Nodes), is_boolean(RpcErr) ->
-    {Tag, Called} = parallel(Nodes, M, F, A),
-    Result = all_loop(Tag, length(Called), RpcErr, #{}),
-    unalias(Tag),
+    {Called, Result} = in_master(fun() ->
+                                         {Tag, Called0} = parallel(Nodes, M, F, A),
+                                         {Called0, all_loop(Tag, length(Called0), RpcErr, #{})}
+                                 end),
     case Result of
         {ok, Oks} when map_size(Oks) =:= 0 -> {error, none_is_available};
         {ok, Oks} -> {ok, [{N, maps:get(N, Oks)} || N <- Called, maps:is_key(N, Oks)]};
@@ -226,22 +227,40 @@ call_all_wait(Nodes, M, F, A) ->
 -spec call_all_wait([node()], module(), atom(), [term()], boolean()) ->
           {[{node(), term()}], [{node(), term()}]}.
 call_all_wait(Nodes, M, F, A, RpcErr) when is_list(Nodes), is_boolean(RpcErr) ->
-    {Tag, Called} = parallel(Nodes, M, F, A),
-    Answers = maps:from_list([receive {Tag, N, R} -> {N, R} end || _ <- Called]),
-    unalias(Tag),
+    {Called, Answers} =
+        in_master(fun() ->
+                          {Tag, Called0} = parallel(Nodes, M, F, A),
+                          {Called0, maps:from_list([receive {Tag, N, R} -> {N, R} end
+                                                    || _ <- Called0])}
+                  end),
     Replies = [{N, R} || N <- Called, {ok, R} <- [maps:get(N, Answers)]],
     Rejects = [{N, E} || N <- Called, {error, E} <- [maps:get(N, Answers)],
                          RpcErr orelse not is_badrpc(E)],
     {Replies, Rejects}.
 
-%% Starts one call per distinct node; answers come as {Tag, Node, Result}
-%% to an alias, so that answers that come after the caller stopped
-%% listening (call_any, call_all) are dropped by the runtime.
+%% Runs `Fun' in a short-lived process and returns its result. The
+%% parallel patterns gather answers there: answers that come after the
+%% pattern has decided (call_any, call_all) go to a process that is gone
+%% and never reach the caller's mailbox.
+-spec in_master(fun(() -> Result)) -> Result.
+in_master(Fun) ->
+    Caller = self(),
+    {Master, Mref} = spawn_monitor(fun() -> Caller ! {self(), Fun()} end),
+    receive
+        {Master, Result} ->
+            demonitor(Mref, [flush]),
+            Result;
+        {'DOWN', Mref, process, Master, Reason} ->
+            erlang:error(Reason)
+    end.
+
+%% Starts one call per distinct node; answers come as {Tag, Node, Result}.
 -spec parallel([node()], module(), atom(), [term()]) -> {reference(), [node()]}.
 parallel(Nodes, M, F, A) ->
-    Tag = alias(),
+    Tag = make_ref(),
+    Self = self(),
     Called = unique(Nodes),
-    _ = [spawn(fun() -> Tag ! {Tag, N, call(N, M, F, A)} end) || N <- Called],
+    _ = [spawn(fun() -> Self ! {Tag, N, call(N, M, F, A)} end) || N <- Called],
     {Tag, Called}.
 
 %% Nodes without repeats, in their first order.

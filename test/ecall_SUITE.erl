@@ -21,6 +21,7 @@
 -export([cast_through_link/1, call_results_match_fallback/1, call_timeout_no_late_reply/1,
          link_loss_fails_its_callers_only/1, peer_killed_with_1000_calls/1,
          unreachable_node/1, multi_node_patterns/1, rpc_bad_arguments/1]).
+-export([stalled_peer_is_reaped/1, slow_peer_is_not_reaped/1]).
 %% Run on peers.
 -export([collector/2, not_distributed_check/0,
          echo/1, fail/2, tell/2, whoami/0, block/1, error_on/1]).
@@ -32,7 +33,7 @@ suite() ->
     [{timetrap, {minutes, 5}}].
 
 all() ->
-    [{group, otp25}, {group, otp27}, {group, edges}, {group, rpc}].
+    [{group, otp25}, {group, otp27}, {group, edges}, {group, rpc}, {group, watchdog}].
 
 groups() ->
     DataPath = [exactly_once_in_order, links_are_hidden_cnodes, ping_cnode,
@@ -46,7 +47,8 @@ groups() ->
                           full_budget_blocks_without_loss]},
      {rpc, [], [cast_through_link, call_results_match_fallback, call_timeout_no_late_reply,
                 link_loss_fails_its_callers_only, peer_killed_with_1000_calls,
-                unreachable_node, multi_node_patterns, rpc_bad_arguments]}].
+                unreachable_node, multi_node_patterns, rpc_bad_arguments]},
+     {watchdog, [], [stalled_peer_is_reaped, slow_peer_is_not_reaped]}].
 
 init_per_suite(Config) ->
     ?assert(is_alive()),
@@ -667,3 +669,98 @@ rpc_bad_arguments(_Config) ->
     ?assertError(badarg, ecall:call(b, m, f, [], -1)),
     ?assertError(badarg, ecall:call(b, m, f, [], soon)),
     ?assertError(function_clause, ecall:call_all(not_a_list, m, f, [])).
+
+%%--------------------------------------------------------------------
+%% The stall watchdog (group watchdog: each case starts its own peer)
+
+%% A peer started with a 1 s stall timeout on our side, discovery off so
+%% that only our connection exists.
+start_stall_peer() ->
+    ok = application:set_env(ecall, stall_timeout, 1000),
+    {Peer, C} = start_peer(["-ecall", "discovery", "false"]),
+    try ok = ecall:connect(C)
+    after application:unset_env(ecall, stall_timeout)
+    end,
+    {Peer, C, erpc:call(C, os, getpid, [])}.
+
+%% A peer whose OS process is stopped (SIGSTOP) stops draining: the link
+%% is reaped within the stall timeout plus slack, what it held is dropped
+%% and counted, the budget is back to zero, and the reap is reported.
+stalled_peer_is_reaped(_Config) ->
+    {Peer, C, OsPid} = start_stall_peer(),
+    Conn = whereis(ecall_conn:name(C)),
+    Sink = erpc:call(C, erlang, spawn, [fun() -> receive never -> ok end end]),
+    erlang:trace(Conn, true, ['receive']),
+    "" = os:cmd("kill -STOP " ++ OsPid),
+    T0 = erlang:monotonic_time(millisecond),
+    try
+        %% 30 MB from one caller (one shard, one link): far more than the
+        %% loopback socket buffers hold, well within the 64 MB budget.
+        Chunk = binary:copy(<<"s">>, 100000),
+        [ecall:send(Sink, Chunk) || _ <- lists:seq(1, 300)],
+        Why = receive
+                  {trace, Conn, 'receive', {ecall_link, _, {down, W}}} -> W
+              after 10000 -> ct:fail(not_reaped)
+              end,
+        Ms = erlang:monotonic_time(millisecond) - T0,
+        ct:pal("reaped ~b ms after SIGSTOP: ~ts", [Ms, Why]),
+        ?assertMatch({match, _}, re:run(Why, "stalled")),
+        ?assert(Ms < 1000 + 3000),
+        {ok, Stats} = ecall:stats(C),
+        ct:pal("after the reap: ~p", [Stats]),
+        ?assert(maps:get(stalls, Stats) >= 1),
+        ?assert(maps:get(dropped, Stats) > 0),
+        ?assertEqual(0, maps:get(queued_bytes, Stats))
+    after
+        erlang:trace(Conn, false, ['receive']),
+        os:cmd("kill -CONT " ++ OsPid)
+    end,
+    flush_traces(),
+    peer:stop(Peer).
+
+%% The guard: a peer that is alive but slow (stopped for 600 ms, then
+%% running for 200 ms, in a cycle) keeps draining over many stall windows
+%% and is never reaped; nothing is lost.
+slow_peer_is_not_reaped(_Config) ->
+    {Peer, C, OsPid} = start_stall_peer(),
+    Total = 400,
+    Collector = erpc:call(C, erlang, spawn, [?MODULE, collector, [self(), Total]]),
+    Stutter = spawn_link(fun() -> stutter(OsPid) end),
+    Payload = binary:copy(<<"p">>, 100000),
+    Self = self(),
+    T0 = erlang:monotonic_time(millisecond),
+    %% 10 MB/s for 4 s: each stop leaves the link blocked for most of it.
+    [begin
+         {seq, Self, I, Payload} = ecall:send(Collector, {seq, Self, I, Payload}),
+         I rem 10 =:= 0 andalso timer:sleep(100)
+     end || I <- lists:seq(1, Total)],
+    receive
+        {collected, Collector, Result} ->
+            ?assertMatch(#{out_of_order := 0, total := Total}, Result)
+    after 60000 -> ct:fail(slow_peer_lost_messages)
+    end,
+    Ms = erlang:monotonic_time(millisecond) - T0,
+    unlink(Stutter),
+    Stutter ! {stop, self()},
+    receive stutter_stopped -> ok end,
+    {ok, Stats} = ecall:stats(C),
+    ct:pal("slow peer, ~b ms: ~p", [Ms, Stats]),
+    %% It spanned several stall windows ...
+    ?assert(Ms > 3000),
+    %% ... and was never taken for stalled.
+    ?assertEqual(0, maps:get(stalls, Stats)),
+    ?assertEqual(0, maps:get(disconnects, Stats)),
+    ?assertEqual(0, maps:get(dropped, Stats)),
+    peer:stop(Peer).
+
+%% Stops an OS process for 600 ms, lets it run for 200 ms, until told to
+%% stop (and leaves it running). The sleeps are the subject: a slow peer.
+stutter(OsPid) ->
+    os:cmd("kill -STOP " ++ OsPid),
+    timer:sleep(600),
+    os:cmd("kill -CONT " ++ OsPid),
+    receive
+        {stop, From} -> From ! stutter_stopped
+    after 200 ->
+        stutter(OsPid)
+    end.

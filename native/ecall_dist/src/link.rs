@@ -8,8 +8,11 @@
 //!   and writes them with one vectored write.
 //! - The writer writes at least once per tick interval (an empty frame when
 //!   idle) so that the peer keeps the connection.
-//! - Every socket write has a deadline (`stall_timeout`); a write that does
-//!   not finish in time ends the connection like any other error.
+//! - Every socket write has a deadline (`stall_timeout`) per bounded piece
+//!   ([`STALL_PIECE`]); a write that does not make that much progress in
+//!   time reaps the link: the socket is closed, what the link's shards hold
+//!   is dropped and counted, its bytes go back to the budget, and the link
+//!   reconnects with backoff.
 //! - When a connection ends, its owner is told ([`LinkEvents::down`]) and the
 //!   link reconnects with exponential backoff, to the same incarnation of
 //!   the peer only: a peer node that restarted under the same name has a
@@ -316,6 +319,19 @@ impl Peer {
         }
     }
 
+    /// Drops what the shards of link `k` hold (counted in `dropped`) and
+    /// gives its bytes back to the budget, waking callers waiting for room.
+    fn drop_link_queue(&self, k: usize) {
+        let (mut n, mut b) = (0u64, 0usize);
+        for s in (k..self.shards.len()).step_by(self.links.len()) {
+            let (sn, sb) = self.shards[s].clear();
+            n += sn;
+            b += sb as usize;
+        }
+        self.stats.dropped.fetch_add(n, Ordering::Relaxed);
+        self.release(b);
+    }
+
     /// Stops the links, drops what is queued and releases every waiter.
     pub fn close(&self) {
         if self.cancel.is_cancelled() {
@@ -381,10 +397,17 @@ async fn link_task(peer: Arc<Peer>, k: usize, id: Arc<Identity>, events: Arc<dyn
                 peer.stats.links_up.fetch_add(1, Ordering::Relaxed);
                 peer.links[k].up.store(true, Ordering::Relaxed);
                 events.up(k);
-                let reason = run(&peer, k, &id, conn).await;
+                let ended = run(&peer, k, &id, conn).await;
                 peer.links[k].up.store(false, Ordering::Relaxed);
                 peer.stats.links_up.fetch_sub(1, Ordering::Relaxed);
-                reason
+                if ended.stalled {
+                    // A peer that does not drain will not drain what is
+                    // queued either: release it now (counted as dropped)
+                    // instead of holding the budget, and the callers
+                    // waiting for room, until the node is declared down.
+                    peer.drop_link_queue(k);
+                }
+                ended.why
             }
             Ok(Err(Error::Alive)) => {
                 events.alive(k, id.node());
@@ -410,7 +433,7 @@ async fn link_task(peer: Arc<Peer>, k: usize, id: Arc<Identity>, events: Arc<dyn
 }
 
 /// Runs one connected link until it fails or the peer closes; returns why.
-async fn run(peer: &Arc<Peer>, k: usize, id: &Identity, conn: cnode::Connected) -> String {
+async fn run(peer: &Arc<Peer>, k: usize, id: &Identity, conn: cnode::Connected) -> Ended {
     let (mut rd, mut wr) = conn.stream.into_split();
     let (ctl_tx, mut ctl_rx) = tokio::sync::mpsc::channel::<Vec<u8>>(16);
     let mut reader = tokio::spawn(async move { wire::read_loop(&mut rd, ctl_tx).await });
@@ -449,7 +472,7 @@ impl Out {
         wr: &mut OwnedWriteHalf,
         frames: &[&[u8]],
         deadline: Option<Duration>,
-    ) -> Result<(), String> {
+    ) -> Result<(), Ended> {
         let Some(cache) = self.cache.as_mut() else {
             return write_with_deadline(peer, wr, frames, deadline).await;
         };
@@ -479,7 +502,7 @@ async fn write_loop(
     out: &mut Out,
     reader: &mut tokio::task::JoinHandle<String>,
     ctl_rx: &mut tokio::sync::mpsc::Receiver<Vec<u8>>,
-) -> String {
+) -> Ended {
     let link = &peer.links[k];
     let mine: Vec<usize> = (k..peer.shards.len()).step_by(peer.links.len()).collect();
     let mut frames: Vec<(usize, Frame)> = Vec::with_capacity(mine.len());
@@ -490,7 +513,10 @@ async fn write_loop(
             return "closed".into();
         }
         if reader.is_finished() {
-            return reader.await.unwrap_or_else(|e| format!("reader: {e}"));
+            return reader
+                .await
+                .unwrap_or_else(|e| format!("reader: {e}"))
+                .into();
         }
         while let Ok(ctl) = ctl_rx.try_recv() {
             if let Err(e) = out.write(peer, wr, &[&ctl], deadline).await {
@@ -541,7 +567,7 @@ async fn write_loop(
                     }
                 }
             }
-            r = &mut *reader => return r.unwrap_or_else(|e| format!("reader: {e}")),
+            r = &mut *reader => return r.unwrap_or_else(|e| format!("reader: {e}")).into(),
             _ = tokio::time::sleep_until(tick_at) => {
                 if let Err(e) = write_with_deadline(peer, wr, &[&wire::TICK], deadline).await {
                     return e;
@@ -553,39 +579,93 @@ async fn write_loop(
     }
 }
 
+/// Why a connected link ended.
+#[derive(Debug)]
+struct Ended {
+    why: String,
+    /// A write missed its deadline: the peer is not draining.
+    stalled: bool,
+}
+
+impl From<String> for Ended {
+    fn from(why: String) -> Self {
+        Ended {
+            why,
+            stalled: false,
+        }
+    }
+}
+
+impl From<&str> for Ended {
+    fn from(why: &str) -> Self {
+        why.to_string().into()
+    }
+}
+
+/// Bytes that must reach the socket within one stall deadline. Bounding
+/// the piece, not the whole write, keeps the deadline a minimum-throughput
+/// floor (a piece per `stall_timeout`) instead of a limit on write size,
+/// so a slow but live peer is never taken for a stalled one.
+pub const STALL_PIECE: usize = 256 * 1024;
+
 async fn write_with_deadline(
     peer: &Peer,
     wr: &mut OwnedWriteHalf,
     bufs: &[&[u8]],
     deadline: Option<Duration>,
-) -> Result<(), String> {
+) -> Result<(), Ended> {
     let total: usize = bufs.iter().map(|b| b.len()).sum();
-    let r = match deadline {
-        Some(d) => match tokio::time::timeout(d, write_all_vectored(wr, bufs)).await {
-            Ok(r) => r,
-            Err(_) => {
-                peer.stats.stalls.fetch_add(1, Ordering::Relaxed);
-                return Err(format!("write of {total} bytes stalled past {d:?}"));
-            }
-        },
-        None => write_all_vectored(wr, bufs).await,
-    };
-    r.map_err(|e| format!("write: {e}"))?;
+    match write_all_vectored(wr, bufs, deadline).await {
+        Ok(()) => {}
+        Err(None) => {
+            peer.stats.stalls.fetch_add(1, Ordering::Relaxed);
+            return Err(Ended {
+                why: format!(
+                    "stalled: {STALL_PIECE} bytes of a {total}-byte write not taken within {:?}",
+                    deadline.unwrap_or_default()
+                ),
+                stalled: true,
+            });
+        }
+        Err(Some(e)) => return Err(format!("write: {e}").into()),
+    }
     peer.stats.writes.fetch_add(1, Ordering::Relaxed);
     peer.stats.bytes.fetch_add(total as u64, Ordering::Relaxed);
     Ok(())
 }
 
-/// Writes every buffer, in order, with as few syscalls as the socket allows.
-async fn write_all_vectored(wr: &mut OwnedWriteHalf, bufs: &[&[u8]]) -> std::io::Result<()> {
+/// Writes every buffer, in order, with as few syscalls as the socket
+/// allows. With a `stall` deadline, every [`STALL_PIECE`] bytes must be
+/// taken within it (the timer is armed per syscall and dropped when it
+/// returns: nothing sweeps). `Err(None)`: stalled.
+async fn write_all_vectored(
+    wr: &mut OwnedWriteHalf,
+    bufs: &[&[u8]],
+    stall: Option<Duration>,
+) -> Result<(), Option<std::io::Error>> {
     let (mut i, mut off) = (0usize, 0usize);
+    let mut piece_left = STALL_PIECE;
+    let mut piece_due = stall.map(|d| Instant::now() + d);
     while i < bufs.len() {
         let mut slices = Vec::with_capacity((bufs.len() - i).min(64));
         slices.push(IoSlice::new(&bufs[i][off..]));
         slices.extend(bufs[i + 1..].iter().take(63).map(|b| IoSlice::new(b)));
-        let mut n = wr.write_vectored(&slices).await?;
+        let write = wr.write_vectored(&slices);
+        let mut n = match piece_due {
+            Some(due) => match tokio::time::timeout_at(due, write).await {
+                Ok(r) => r.map_err(Some)?,
+                Err(_) => return Err(None),
+            },
+            None => write.await.map_err(Some)?,
+        };
         if n == 0 {
-            return Err(std::io::ErrorKind::WriteZero.into());
+            return Err(Some(std::io::ErrorKind::WriteZero.into()));
+        }
+        if n >= piece_left {
+            piece_left = STALL_PIECE;
+            piece_due = stall.map(|d| Instant::now() + d);
+        } else {
+            piece_left -= n;
         }
         while n > 0 && i < bufs.len() {
             let rem = bufs[i].len() - off;
