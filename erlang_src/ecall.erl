@@ -25,9 +25,11 @@
 %% @doc Sends `Msg' to `To' and returns `Msg', like `To ! Msg'.
 %%
 %% `To' is a pid, an alias, a registered name or `{Name, Node}'. Raises
-%% `badarg' for anything else, as `!' does. When the peer's queue budget is
-%% full the caller waits for room (callers are admitted in the order they
-%% came); if the connection closes meanwhile the message goes by `!'.
+%% `badarg' for anything else, as `!' does. When the peer's byte budget is
+%% full, the `overflow' setting decides: `block' (default) waits for room
+%% (callers are admitted in the order they came; if the connection closes
+%% meanwhile the message goes by `!'); `error' and `drop' drop the message
+%% and count it (`overflow_drops'): a send has no error to return.
 -spec send(dest(), Msg) -> Msg.
 send(To, Msg) when is_pid(To); is_reference(To) ->
     case node(To) of
@@ -56,10 +58,14 @@ send_remote(Node, Dest, To, Msg) ->
                 closed ->
                     To ! Msg;
                 {full, _} ->
-                    %% Over the byte budget: wait for room like any request.
+                    %% Over the byte budget: the overflow policy decides,
+                    %% as for any request.
                     case ecall_request:push(Peer, {send, Dest, Msg}) of
                         ok -> Msg;
-                        closed -> To ! Msg
+                        closed -> To ! Msg;
+                        %% A send has no error to return: under `error' as
+                        %% under `drop' the message is dropped and counted.
+                        overload -> Msg
                     end
             end
     end.
@@ -67,8 +73,10 @@ send_remote(Node, Dest, To, Msg) ->
 %% @doc Applies `M:F(A...)' on `Node' in a new process and returns `ok' at
 %% once, like `erpc:cast/4'. With an ecall connection the request travels
 %% in a batch; without one this is `erpc:cast/4'. Raises `badarg' for
-%% arguments of the wrong types.
--spec cast(node(), module(), atom(), [term()]) -> ok.
+%% arguments of the wrong types. When the peer's byte budget is full:
+%% waits for room under `overflow' `block', returns `{error, overload}'
+%% under `error', drops the cast (counted) and returns `ok' under `drop'.
+-spec cast(node(), module(), atom(), [term()]) -> ok | {error, overload}.
 cast(Node, M, F, A) when is_atom(Node), is_atom(M), is_atom(F), is_list(A) ->
     ecall_request:cast(Node, M, F, A);
 cast(Node, M, F, A) ->
@@ -85,7 +93,9 @@ call(Node, M, F, A) ->
 %% Reason}}' when it raises an error or exit, `{error, {badrpc, Reason}}'
 %% when the node or the link is gone (`noconnection', `nodedown',
 %% `{link_down, _}') or no answer came within `Timeout' (`timeout'). After
-%% a timeout no late reply ever reaches the caller's mailbox.
+%% a timeout no late reply ever reaches the caller's mailbox. When the
+%% peer's byte budget is full and `overflow' is `error' or `drop':
+%% `{error, overload}' (nothing was sent).
 %%
 %% With an ecall connection the request and its reply travel in batches
 %% (the reply through the called node's own ecall links); without one this
@@ -108,7 +118,8 @@ call(Node, M, F, A, Timeout) ->
 
 %% @doc Casts to one node of `Nodes': the local node if listed, else one at
 %% random. `{error, none_is_available}' for an empty list.
--spec cast_one([node()], module(), atom(), [term()]) -> ok | {error, none_is_available}.
+-spec cast_one([node()], module(), atom(), [term()]) ->
+          ok | {error, none_is_available | overload}.
 cast_one([], _M, _F, _A) ->
     {error, none_is_available};
 cast_one(Nodes, M, F, A) when is_list(Nodes) ->
@@ -117,7 +128,7 @@ cast_one(Nodes, M, F, A) when is_list(Nodes) ->
 %% @doc Casts to every node of `Nodes'.
 -spec cast_all([node()], module(), atom(), [term()]) -> ok.
 cast_all(Nodes, M, F, A) when is_list(Nodes) ->
-    lists:foreach(fun(N) -> cast(N, M, F, A) end, Nodes).
+    lists:foreach(fun(N) -> _ = cast(N, M, F, A) end, Nodes).
 
 %% @equiv call_one(Nodes, M, F, A, false)
 -spec call_one([node()], module(), atom(), [term()]) ->

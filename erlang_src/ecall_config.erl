@@ -23,11 +23,13 @@ default(stall_timeout) -> 30000;
 default(connect_timeout) -> 10000;
 default(backoff_min) -> 100;
 default(backoff_max) -> 5000;
-default(discovery) -> true.
+default(discovery) -> true;
+default(overflow) -> block.
 
 -spec check(atom(), term()) -> term().
 check(discovery, V) when is_boolean(V) -> V;
-check(Key, V) when is_integer(V), V >= 0,
+check(overflow, V) when V =:= block; V =:= error; V =:= drop -> V;
+check(Key, V) when is_integer(V), V >= 0, Key =/= overflow,
                    Key =/= links, Key =/= max_batch_count, Key =/= max_batch_bytes,
                    Key =/= max_queue_bytes, Key =/= connect_timeout ->
     V;

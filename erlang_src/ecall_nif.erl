@@ -8,7 +8,7 @@
 
 -export([loaded/0, load_error/0]).
 -export([cnode_start/6, cnode_info/1,
-         peer_open/6, peer_close/1, peer_stats/1,
+         peer_open/6, peer_close/1, peer_stats/1, overflow_drop/1,
          send/3, push/3, caller_link/1, wait_room/3]).
 
 -on_load(init/0).
@@ -63,7 +63,10 @@ peer_open(_CNode, _Node, _Cookie, _Receivers, _Owner, _Opts) -> erlang:nif_error
 -spec peer_close(peer()) -> ok.
 peer_close(_Peer) -> erlang:nif_error(nif_not_loaded).
 
--spec peer_stats(peer()) -> #{atom() => non_neg_integer()}.
+-spec overflow_drop(peer()) -> ok.
+overflow_drop(_Peer) -> erlang:nif_error(nif_not_loaded).
+
+-spec peer_stats(peer()) -> #{atom() => non_neg_integer() | [map()]}.
 peer_stats(_Peer) -> erlang:nif_error(nif_not_loaded).
 
 -spec send(peer(), pid() | atom() | reference(), term()) ->

@@ -20,14 +20,24 @@
 -type reply() :: {value, term()} | {exception, term()}.
 -export_type([reply/0]).
 
-%% @doc Queues `Request' for `Node''s peer, waiting for room if the budget
-%% is full (callers are admitted in arrival order). `closed': the peer went
-%% away; the caller uses native distribution instead.
--spec push(ecall_nif:peer(), tuple()) -> ok | closed.
+%% @doc Queues `Request' for a peer. When the peer's byte budget is full,
+%% the `overflow' policy decides: `block' waits for room (callers are
+%% admitted in arrival order), `error' and `drop' give up at once
+%% (`overload', counted in `overflow_drops'). `closed': the peer went away;
+%% the caller uses native distribution instead.
+-spec push(ecall_nif:peer(), tuple()) -> ok | closed | overload.
 push(Peer, Request) ->
     case ecall_nif:push(Peer, Request, false) of
-        {full, Size} -> wait_room(Peer, Size, Request);
-        Result -> Result
+        {full, Size} ->
+            case ecall_config:get(overflow) of
+                block ->
+                    wait_room(Peer, Size, Request);
+                _ErrorOrDrop ->
+                    ok = ecall_nif:overflow_drop(Peer),
+                    overload
+            end;
+        Result ->
+            Result
     end.
 
 -spec wait_room(ecall_nif:peer(), non_neg_integer(), tuple()) -> ok | closed.
@@ -51,7 +61,7 @@ admitted(Peer, Request) ->
     end.
 
 %% @doc See ecall:cast/4 (arguments checked there).
--spec cast(node(), module(), atom(), list()) -> ok.
+-spec cast(node(), module(), atom(), list()) -> ok | {error, overload}.
 cast(Node, M, F, A) ->
     case ecall_conn:peer(Node) of
         undefined ->
@@ -59,8 +69,19 @@ cast(Node, M, F, A) ->
         Peer ->
             case push(Peer, {cast, M, F, A}) of
                 ok -> ok;
-                closed -> erpc:cast(Node, M, F, A)
+                closed -> erpc:cast(Node, M, F, A);
+                overload -> overloaded(ok)
             end
+    end.
+
+%% What a request refused for want of room returns: `{error, overload}'
+%% under the `error' policy, `Dropped' (what the caller returns when all
+%% is well) under `drop'.
+-spec overloaded(T) -> T | {error, overload}.
+overloaded(Dropped) ->
+    case ecall_config:get(overflow) of
+        drop -> Dropped;
+        _ -> {error, overload}
     end.
 
 %% @doc See ecall:call/5 (arguments checked there).
@@ -88,7 +109,11 @@ call(Node, M, F, A, Timeout) ->
                             wait_reply(Mref, Timeout);
                         closed ->
                             demonitor(Mref, [flush]),
-                            erpc_call(Node, M, F, A, Timeout)
+                            erpc_call(Node, M, F, A, Timeout);
+                        overload ->
+                            %% A call always says so: it has no result.
+                            demonitor(Mref, [flush]),
+                            {error, overload}
                     end
             end
     end.

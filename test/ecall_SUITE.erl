@@ -21,7 +21,7 @@
 -export([cast_through_link/1, call_results_match_fallback/1, call_timeout_no_late_reply/1,
          link_loss_fails_its_callers_only/1, peer_killed_with_1000_calls/1,
          unreachable_node/1, multi_node_patterns/1, rpc_bad_arguments/1]).
--export([stalled_peer_is_reaped/1, slow_peer_is_not_reaped/1]).
+-export([stalled_peer_is_reaped/1, slow_peer_is_not_reaped/1, overload_stays_within_budget/1]).
 %% Run on peers.
 -export([collector/2, not_distributed_check/0,
          echo/1, fail/2, tell/2, whoami/0, block/1, error_on/1]).
@@ -48,7 +48,8 @@ groups() ->
      {rpc, [], [cast_through_link, call_results_match_fallback, call_timeout_no_late_reply,
                 link_loss_fails_its_callers_only, peer_killed_with_1000_calls,
                 unreachable_node, multi_node_patterns, rpc_bad_arguments]},
-     {watchdog, [], [stalled_peer_is_reaped, slow_peer_is_not_reaped]}].
+     {watchdog, [], [stalled_peer_is_reaped, slow_peer_is_not_reaped,
+                     overload_stays_within_budget]}].
 
 init_per_suite(Config) ->
     ?assert(is_alive()),
@@ -764,3 +765,70 @@ stutter(OsPid) ->
     after 200 ->
         stutter(OsPid)
     end.
+
+%% A peer that drains nothing (SIGSTOP) and senders pushing far more than
+%% it could take: what is queued never exceeds the budget, whatever the
+%% overflow policy. `error': casts and calls say {error, overload}, sends
+%% are dropped and counted; `drop': everything over is dropped and counted;
+%% `block': the sender waits, and once the peer runs again every one of its
+%% messages arrives.
+overload_stays_within_budget(_Config) ->
+    Budget = 1000000,
+    ok = application:set_env(ecall, max_queue_bytes, Budget),
+    {Peer, C} = start_peer(["-ecall", "discovery", "false"]),
+    try ok = ecall:connect(C)
+    after application:unset_env(ecall, max_queue_bytes)
+    end,
+    OsPid = erpc:call(C, os, getpid, []),
+    Sink = erpc:call(C, erlang, spawn, [fun() -> receive never -> ok end end]),
+    Total = 100,
+    Collector = erpc:call(C, erlang, spawn, [?MODULE, collector, [self(), Total]]),
+    Chunk = binary:copy(<<"o">>, 100000),
+    Within = fun() ->
+                     {ok, #{queued_bytes := Q}} = ecall:stats(C),
+                     ?assert(Q =< Budget),
+                     Q
+             end,
+    "" = os:cmd("kill -STOP " ++ OsPid),
+    try
+        %% error: 20 MB pushed, far past the socket buffers and the budget.
+        ok = application:set_env(ecall, overflow, error),
+        Casts = [begin R = ecall:cast(C, erlang, send, [Sink, Chunk]), Within(), R end
+                 || _ <- lists:seq(1, 200)],
+        ?assert(lists:member({error, overload}, Casts)),
+        ?assertEqual(Chunk, ecall:send(Sink, Chunk)),
+        ?assertEqual({error, overload}, ecall:call(C, ?MODULE, echo, [Chunk], 1000)),
+        {ok, #{overflow_drops := D1}} = ecall:stats(C),
+        ?assert(D1 >= 3),
+        %% drop: casts look fine, and are counted.
+        ok = application:set_env(ecall, overflow, drop),
+        ?assertEqual(ok, ecall:cast(C, erlang, send, [Sink, Chunk])),
+        {ok, #{overflow_drops := D2}} = ecall:stats(C),
+        ?assertEqual(D1 + 1, D2),
+        %% block: the sender waits for room ...
+        ok = application:set_env(ecall, overflow, block),
+        Self = self(),
+        1 = erlang:trace_pattern({ecall_nif, wait_room, 3}, true, [local]),
+        Sender = spawn_link(fun() -> send_payload_seq(Collector, Chunk, Total), Self ! sent end),
+        erlang:trace(Sender, true, [call]),
+        receive {trace, Sender, call, {ecall_nif, wait_room, _}} -> ok
+        after 10000 -> ct:fail(sender_did_not_wait)
+        end,
+        Within()
+    after
+        erlang:trace_pattern({ecall_nif, wait_room, 3}, false, [local]),
+        application:unset_env(ecall, overflow),
+        os:cmd("kill -CONT " ++ OsPid)
+    end,
+    %% ... and, the peer running again, nothing it sent is lost.
+    receive sent -> ok after 30000 -> ct:fail(sender_stuck) end,
+    receive
+        {collected, Collector, Result} ->
+            ?assertMatch(#{out_of_order := 0, total := Total}, Result)
+    after 30000 -> ct:fail(blocked_messages_lost)
+    end,
+    {ok, Stats} = ecall:stats(C),
+    ct:pal("overload: ~p", [Stats]),
+    ?assert(maps:get(overflow_waits, Stats) >= 1),
+    flush_traces(),
+    peer:stop(Peer).

@@ -88,30 +88,45 @@ pub enum Push {
     Closed,
 }
 
-/// Counters of one peer. All monotonic except the gauges noted.
+/// Counters of one link (monotonic, but `up`).
 #[derive(Debug, Default)]
-pub struct PeerStats {
-    /// Requests accepted by [`Peer::push`].
-    pub pushed: AtomicU64,
+pub struct LinkStats {
     /// Batches written.
     pub batches: AtomicU64,
     /// Requests written (sum of batch sizes).
     pub requests: AtomicU64,
-    /// Bytes written to sockets, frames and ticks.
+    /// Bytes written to the socket, frames and ticks.
     pub bytes: AtomicU64,
     /// Socket writes (one vectored write may carry several batches).
     pub writes: AtomicU64,
-    /// Requests dropped: queued when the peer closed, or lost in a write
-    /// that failed.
+    /// Requests dropped by this link: lost in a write that failed, or
+    /// queued when the link was reaped as stalled.
     pub dropped: AtomicU64,
-    /// Pushes refused for want of room.
-    pub full: AtomicU64,
     /// Connections made (the first one included).
     pub connects: AtomicU64,
     /// Connections lost or failed.
     pub disconnects: AtomicU64,
-    /// Writes that missed their deadline.
+    /// Reaps: writes that missed their deadline.
     pub stalls: AtomicU64,
+    /// Gauge: connected now.
+    pub up: AtomicBool,
+}
+
+/// Counters of one peer (per-link counters are in [`LinkStats`]; see
+/// [`Peer::link_stats`]). All monotonic except the gauges noted.
+#[derive(Debug, Default)]
+pub struct PeerStats {
+    /// Requests accepted by [`Peer::push`].
+    pub pushed: AtomicU64,
+    /// Requests dropped when the peer closed.
+    pub dropped: AtomicU64,
+    /// Pushes refused for want of room.
+    pub full: AtomicU64,
+    /// Callers that waited for room ([`Peer::wait_room`]).
+    pub waits: AtomicU64,
+    /// Requests dropped by the overflow policy (counted by the caller
+    /// through [`Peer::note_overflow_drop`]).
+    pub overflow_drops: AtomicU64,
     /// Atoms sent as atom cache references instead of text.
     pub cached_atoms: AtomicU64,
     /// Gauge: element bytes queued now.
@@ -123,7 +138,7 @@ pub struct PeerStats {
 struct LinkShared {
     sleeping: AtomicBool,
     notify: Notify,
-    up: AtomicBool,
+    stats: LinkStats,
 }
 
 type Waiter = (usize, Box<dyn FnOnce(bool) + Send>);
@@ -178,7 +193,7 @@ impl Peer {
             .map(|_| LinkShared {
                 sleeping: AtomicBool::new(false),
                 notify: Notify::new(),
-                up: AtomicBool::new(false),
+                stats: LinkStats::default(),
             })
             .collect();
         let peer = Arc::new(Peer {
@@ -217,11 +232,21 @@ impl Peer {
         (shard % self.shards.len()) % self.links.len()
     }
 
+    /// Counters of link `k`.
+    pub fn link_stats(&self, k: usize) -> Option<&LinkStats> {
+        self.links.get(k).map(|l| &l.stats)
+    }
+
+    /// Counts a request that the caller's overflow policy dropped.
+    pub fn note_overflow_drop(&self) {
+        self.stats.overflow_drops.fetch_add(1, Ordering::Relaxed);
+    }
+
     /// Whether link `k` is connected now.
     pub fn link_up(&self, k: usize) -> bool {
         self.links
             .get(k)
-            .is_some_and(|l| l.up.load(Ordering::Relaxed))
+            .is_some_and(|l| l.stats.up.load(Ordering::Relaxed))
     }
 
     /// Whether [`Peer::close`] was called.
@@ -278,6 +303,7 @@ impl Peer {
         }
         w.push_back((size, wake));
         self.waiting.store(w.len(), Ordering::Relaxed);
+        self.stats.waits.fetch_add(1, Ordering::Relaxed);
         true
     }
 
@@ -328,7 +354,7 @@ impl Peer {
             n += sn;
             b += sb as usize;
         }
-        self.stats.dropped.fetch_add(n, Ordering::Relaxed);
+        self.links[k].stats.dropped.fetch_add(n, Ordering::Relaxed);
         self.release(b);
     }
 
@@ -385,7 +411,10 @@ async fn link_task(peer: Arc<Peer>, k: usize, id: Arc<Identity>, events: Arc<dyn
         let result = result.map(|r| r.and_then(|c| peer.same_incarnation(c.creation).map(|_| c)));
         let reason = match result {
             Ok(Err(Error::Restarted)) => {
-                peer.stats.disconnects.fetch_add(1, Ordering::Relaxed);
+                peer.links[k]
+                    .stats
+                    .disconnects
+                    .fetch_add(1, Ordering::Relaxed);
                 let reason = Error::Restarted.to_string();
                 tracing::warn!(peer = peer.node(), link = k, reason, "link stopped");
                 events.down(k, &reason);
@@ -393,12 +422,13 @@ async fn link_task(peer: Arc<Peer>, k: usize, id: Arc<Identity>, events: Arc<dyn
             }
             Ok(Ok(conn)) => {
                 backoff = peer.config.backoff_min;
-                peer.stats.connects.fetch_add(1, Ordering::Relaxed);
+                let ls = &peer.links[k].stats;
+                ls.connects.fetch_add(1, Ordering::Relaxed);
                 peer.stats.links_up.fetch_add(1, Ordering::Relaxed);
-                peer.links[k].up.store(true, Ordering::Relaxed);
+                ls.up.store(true, Ordering::Relaxed);
                 events.up(k);
                 let ended = run(&peer, k, &id, conn).await;
-                peer.links[k].up.store(false, Ordering::Relaxed);
+                peer.links[k].stats.up.store(false, Ordering::Relaxed);
                 peer.stats.links_up.fetch_sub(1, Ordering::Relaxed);
                 if ended.stalled {
                     // A peer that does not drain will not drain what is
@@ -419,7 +449,10 @@ async fn link_task(peer: Arc<Peer>, k: usize, id: Arc<Identity>, events: Arc<dyn
         if peer.is_closed() {
             return;
         }
-        peer.stats.disconnects.fetch_add(1, Ordering::Relaxed);
+        peer.links[k]
+            .stats
+            .disconnects
+            .fetch_add(1, Ordering::Relaxed);
         tracing::warn!(peer = peer.node(), link = k, reason, "link down");
         events.down(k, &reason);
         drop(peer);
@@ -469,12 +502,13 @@ impl Out {
     async fn write(
         &mut self,
         peer: &Peer,
+        ls: &LinkStats,
         wr: &mut OwnedWriteHalf,
         frames: &[&[u8]],
         deadline: Option<Duration>,
     ) -> Result<(), Ended> {
         let Some(cache) = self.cache.as_mut() else {
-            return write_with_deadline(peer, wr, frames, deadline).await;
+            return write_with_deadline(ls, wr, frames, deadline).await;
         };
         self.scratch.clear();
         let hits = cache.hits;
@@ -484,7 +518,7 @@ impl Out {
         peer.stats
             .cached_atoms
             .fetch_add(cache.hits - hits, Ordering::Relaxed);
-        let r = write_with_deadline(peer, wr, &[&self.scratch], deadline).await;
+        let r = write_with_deadline(ls, wr, &[&self.scratch], deadline).await;
         // Do not let one huge batch pin its memory in the scratch buffer.
         if self.scratch.capacity() > 1 << 20 {
             self.scratch = Vec::new();
@@ -504,6 +538,7 @@ async fn write_loop(
     ctl_rx: &mut tokio::sync::mpsc::Receiver<Vec<u8>>,
 ) -> Ended {
     let link = &peer.links[k];
+    let ls = &link.stats;
     let mine: Vec<usize> = (k..peer.shards.len()).step_by(peer.links.len()).collect();
     let mut frames: Vec<(usize, Frame)> = Vec::with_capacity(mine.len());
     let deadline = peer.config.stall_timeout;
@@ -519,7 +554,7 @@ async fn write_loop(
                 .into();
         }
         while let Ok(ctl) = ctl_rx.try_recv() {
-            if let Err(e) = out.write(peer, wr, &[&ctl], deadline).await {
+            if let Err(e) = out.write(peer, ls, wr, &[&ctl], deadline).await {
                 return e;
             }
         }
@@ -529,7 +564,7 @@ async fn write_loop(
         );
         if !frames.is_empty() {
             let slices: Vec<&[u8]> = frames.iter().map(|(_, f)| f.bytes.as_slice()).collect();
-            let result = out.write(peer, wr, &slices, deadline).await;
+            let result = out.write(peer, ls, wr, &slices, deadline).await;
             drop(slices);
             let nframes = frames.len() as u64;
             let (mut n, mut b) = (0u64, 0usize);
@@ -538,14 +573,13 @@ async fn write_loop(
                 b += f.payload;
                 peer.shards[s].recycle(f.bytes);
             }
-            let st = &peer.stats;
             peer.release(b);
             if let Err(e) = result {
-                st.dropped.fetch_add(n, Ordering::Relaxed);
+                ls.dropped.fetch_add(n, Ordering::Relaxed);
                 return e;
             }
-            st.batches.fetch_add(nframes, Ordering::Relaxed);
-            st.requests.fetch_add(n, Ordering::Relaxed);
+            ls.batches.fetch_add(nframes, Ordering::Relaxed);
+            ls.requests.fetch_add(n, Ordering::Relaxed);
             last_write = Instant::now();
             continue;
         }
@@ -562,14 +596,14 @@ async fn write_loop(
             _ = peer.cancel.cancelled() => {}
             ctl = ctl_rx.recv() => {
                 if let Some(ctl) = ctl {
-                    if let Err(e) = out.write(peer, wr, &[&ctl], deadline).await {
+                    if let Err(e) = out.write(peer, ls, wr, &[&ctl], deadline).await {
                         return e;
                     }
                 }
             }
             r = &mut *reader => return r.unwrap_or_else(|e| format!("reader: {e}")).into(),
             _ = tokio::time::sleep_until(tick_at) => {
-                if let Err(e) = write_with_deadline(peer, wr, &[&wire::TICK], deadline).await {
+                if let Err(e) = write_with_deadline(ls, wr, &[&wire::TICK], deadline).await {
                     return e;
                 }
                 last_write = Instant::now();
@@ -609,7 +643,7 @@ impl From<&str> for Ended {
 pub const STALL_PIECE: usize = 256 * 1024;
 
 async fn write_with_deadline(
-    peer: &Peer,
+    ls: &LinkStats,
     wr: &mut OwnedWriteHalf,
     bufs: &[&[u8]],
     deadline: Option<Duration>,
@@ -618,7 +652,7 @@ async fn write_with_deadline(
     match write_all_vectored(wr, bufs, deadline).await {
         Ok(()) => {}
         Err(None) => {
-            peer.stats.stalls.fetch_add(1, Ordering::Relaxed);
+            ls.stalls.fetch_add(1, Ordering::Relaxed);
             return Err(Ended {
                 why: format!(
                     "stalled: {STALL_PIECE} bytes of a {total}-byte write not taken within {:?}",
@@ -629,8 +663,8 @@ async fn write_with_deadline(
         }
         Err(Some(e)) => return Err(format!("write: {e}").into()),
     }
-    peer.stats.writes.fetch_add(1, Ordering::Relaxed);
-    peer.stats.bytes.fetch_add(total as u64, Ordering::Relaxed);
+    ls.writes.fetch_add(1, Ordering::Relaxed);
+    ls.bytes.fetch_add(total as u64, Ordering::Relaxed);
     Ok(())
 }
 

@@ -25,7 +25,7 @@ mod atoms {
         ok, error, send, full, closed, wait, retry, ecall_link, ecall_cnode, ecall_room,
         up, down, alive, badarg,
         pushed, batches, requests, bytes, writes, dropped, connects, disconnects,
-        stalls, cached_atoms, queued_bytes, links_up, links, shards, accepted, refused,
+        stalls, cached_atoms, queued_bytes, links_up, overflow_waits, overflow_drops, per_link, links, shards, accepted, refused,
     }
 }
 
@@ -306,32 +306,71 @@ fn peer_close(peer: ResourceArc<PeerRes>) -> Atom {
     atoms::ok()
 }
 
-/// Counters of a peer, as a map.
+/// Counts a request dropped by the overflow policy (`drop`, or `error` for
+/// sends).
+#[rustler::nif]
+fn overflow_drop(peer: ResourceArc<PeerRes>) -> Atom {
+    peer.peer.note_overflow_drop();
+    atoms::ok()
+}
+
+fn map_of<'a>(env: Env<'a>, pairs: &[(Atom, u64)]) -> NifResult<Term<'a>> {
+    let keys: Vec<Term> = pairs.iter().map(|(k, _)| k.encode(env)).collect();
+    let vals: Vec<Term> = pairs.iter().map(|(_, v)| v.encode(env)).collect();
+    Term::map_from_term_arrays(env, &keys, &vals)
+}
+
+/// Counters of a peer, as a map: totals, and `per_link`, one map per link.
 #[rustler::nif]
 fn peer_stats<'a>(env: Env<'a>, peer: ResourceArc<PeerRes>) -> NifResult<Term<'a>> {
     use std::sync::atomic::Ordering::Relaxed;
     let p = &peer.peer;
     let s = &p.stats;
-    let pairs: [(Atom, u64); 15] = [
+    let links: Vec<&ecall_dist::link::LinkStats> = (0..p.link_count())
+        .filter_map(|k| p.link_stats(k))
+        .collect();
+    let link_pairs = |l: &ecall_dist::link::LinkStats| -> [(Atom, u64); 9] {
+        [
+            (atoms::batches(), l.batches.load(Relaxed)),
+            (atoms::requests(), l.requests.load(Relaxed)),
+            (atoms::bytes(), l.bytes.load(Relaxed)),
+            (atoms::writes(), l.writes.load(Relaxed)),
+            (atoms::dropped(), l.dropped.load(Relaxed)),
+            (atoms::connects(), l.connects.load(Relaxed)),
+            (atoms::disconnects(), l.disconnects.load(Relaxed)),
+            (atoms::stalls(), l.stalls.load(Relaxed)),
+            (atoms::up(), u64::from(l.up.load(Relaxed))),
+        ]
+    };
+    // Totals: the link counters summed, then the peer's own.
+    let mut totals: Vec<(Atom, u64)> = link_pairs(&ecall_dist::link::LinkStats::default())
+        .iter()
+        .take(8)
+        .map(|(k, _)| (*k, 0))
+        .collect();
+    for l in &links {
+        for (i, (_, v)) in link_pairs(l).iter().take(8).enumerate() {
+            totals[i].1 += v;
+        }
+    }
+    totals[4].1 += s.dropped.load(Relaxed);
+    totals.extend([
         (atoms::pushed(), s.pushed.load(Relaxed)),
-        (atoms::batches(), s.batches.load(Relaxed)),
-        (atoms::requests(), s.requests.load(Relaxed)),
-        (atoms::bytes(), s.bytes.load(Relaxed)),
-        (atoms::writes(), s.writes.load(Relaxed)),
-        (atoms::dropped(), s.dropped.load(Relaxed)),
         (atoms::full(), s.full.load(Relaxed)),
-        (atoms::connects(), s.connects.load(Relaxed)),
-        (atoms::disconnects(), s.disconnects.load(Relaxed)),
-        (atoms::stalls(), s.stalls.load(Relaxed)),
+        (atoms::overflow_waits(), s.waits.load(Relaxed)),
+        (atoms::overflow_drops(), s.overflow_drops.load(Relaxed)),
         (atoms::cached_atoms(), s.cached_atoms.load(Relaxed)),
         (atoms::queued_bytes(), s.queued_bytes.load(Relaxed) as u64),
         (atoms::links_up(), s.links_up.load(Relaxed) as u64),
         (atoms::links(), p.link_count() as u64),
         (atoms::shards(), p.shard_count() as u64),
-    ];
-    let keys: Vec<Term> = pairs.iter().map(|(k, _)| k.encode(env)).collect();
-    let vals: Vec<Term> = pairs.iter().map(|(_, v)| v.encode(env)).collect();
-    Term::map_from_term_arrays(env, &keys, &vals)
+    ]);
+    let per_link: Vec<Term> = links
+        .iter()
+        .map(|l| map_of(env, &link_pairs(l)))
+        .collect::<NifResult<_>>()?;
+    let map = map_of(env, &totals)?;
+    map.map_put(atoms::per_link().encode(env), per_link.encode(env))
 }
 
 /// Whether the calling node's binary is usable (loader check).
