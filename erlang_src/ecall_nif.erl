@@ -6,7 +6,7 @@
 %% distribution. Nothing here is part of the public API.
 -module(ecall_nif).
 
--export([loaded/0, load_error/0]).
+-export([load_error/0, log_target/2, log_off/0]).
 -export([cnode_start/6, cnode_info/1,
          peer_open/6, peer_close/1, peer_stats/1, overflow_drop/1,
          send/3, push/3, caller_link/1, wait_room/3]).
@@ -46,8 +46,13 @@ priv_dir() ->
 load_error() ->
     persistent_term:get({?MODULE, load_error}, none).
 
--spec loaded() -> boolean().
-loaded() -> false.
+%% Rust `tracing' events up to Max (1 error .. 5 trace) go to Pid as
+%% {ecall_log, Level, Target, Text}.
+-spec log_target(pid(), 0..5) -> ok.
+log_target(_Pid, _Max) -> erlang:nif_error(nif_not_loaded).
+
+-spec log_off() -> ok.
+log_off() -> erlang:nif_error(nif_not_loaded).
 
 -spec cnode_start([binary()], binary(), pos_integer(), pos_integer(), 1..65535, reference()) -> ok.
 cnode_start(_Nodes, _Cookie, _TickMs, _HandshakeMs, _EpmdPort, _Ref) -> erlang:nif_error(nif_not_loaded).

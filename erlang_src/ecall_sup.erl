@@ -15,6 +15,7 @@ start_link() ->
 -spec init([]) -> {ok, {supervisor:sup_flags(), [supervisor:child_spec()]}}.
 init([]) ->
     Children = [
+        #{id => ecall_log, start => {ecall_log, start_link, []}},
         #{id => ecall_receiver_sup, type => supervisor,
           start => {ecall_receiver_sup, start_link, []}},
         #{id => ecall_pg, start => {pg, start_link, [ecall_pg]}},

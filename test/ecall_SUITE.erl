@@ -22,6 +22,8 @@
          link_loss_fails_its_callers_only/1, peer_killed_with_1000_calls/1,
          unreachable_node/1, multi_node_patterns/1, rpc_bad_arguments/1]).
 -export([stalled_peer_is_reaped/1, slow_peer_is_not_reaped/1, overload_stays_within_budget/1]).
+%% logger handler used by the cases.
+-export([log/2]).
 %% Run on peers.
 -export([collector/2, not_distributed_check/0,
          echo/1, fail/2, tell/2, whoami/0, block/1, error_on/1]).
@@ -294,6 +296,8 @@ malformed_element_skipped(Config) ->
 link_loss_is_reported_and_healed(Config) ->
     B = ?config(b, Config),
     Conn = whereis(ecall_conn:name(B)),
+    %% Rust's own log line reaches logger, at its level.
+    ok = logger:add_handler(ecall_test_rust_log, ?MODULE, #{config => #{pid => self()}}),
     erlang:trace(Conn, true, ['receive']),
     [Id1 | _] = ecall:nodes(),
     T0 = erlang:monotonic_time(millisecond),
@@ -317,7 +321,20 @@ link_loss_is_reported_and_healed(Config) ->
     after 10000 -> ct:fail(queued_messages_lost)
     end,
     {ok, #{disconnects := D}} = ecall:stats(B),
-    ?assert(D >= 1).
+    ?assert(D >= 1),
+    receive
+        {rust_log, warning, Text} ->
+            ?assertMatch({match, _}, re:run(Text, "link down.*link=0"))
+    after 5000 -> ct:fail(no_rust_log)
+    end,
+    ok = logger:remove_handler(ecall_test_rust_log).
+
+%% logger handler: forwards the Rust side's events to the test process.
+log(#{level := Level, msg := {"~ts", [Text]}, meta := #{domain := [ecall, rust]}},
+    #{config := #{pid := Pid}}) ->
+    Pid ! {rust_log, Level, iolist_to_binary(Text)};
+log(_Event, _Config) ->
+    ok.
 
 %% A node with another cookie cannot connect to our C-node.
 wrong_cookie_refused_incoming(_Config) ->

@@ -20,8 +20,11 @@ use rustler::{Atom, Encoder, Env, LocalPid, NifResult, Resource, ResourceArc, Te
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
+mod log;
+
 mod atoms {
     rustler::atoms! {
+        ecall_log,
         ok, error, send, full, closed, wait, retry, ecall_link, ecall_cnode, ecall_room,
         up, down, alive, badarg,
         pushed, batches, requests, bytes, writes, dropped, connects, disconnects,
@@ -29,7 +32,7 @@ mod atoms {
     }
 }
 
-fn runtime() -> &'static tokio::runtime::Runtime {
+pub(crate) fn runtime() -> &'static tokio::runtime::Runtime {
     static RT: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
     RT.get_or_init(|| {
         let threads = std::env::var("ECALL_IO_THREADS")
@@ -373,10 +376,24 @@ fn peer_stats<'a>(env: Env<'a>, peer: ResourceArc<PeerRes>) -> NifResult<Term<'a
     map.map_put(atoms::per_link().encode(env), per_link.encode(env))
 }
 
-/// Whether the calling node's binary is usable (loader check).
+/// Sends Rust `tracing` events up to `max` (1 error .. 5 trace; 0 stops)
+/// to `pid` as `{ecall_log, Level, Target, Text}`.
 #[rustler::nif]
-fn loaded() -> bool {
+fn log_target(pid: LocalPid, max: u8) -> Atom {
+    log::set_target(Some(pid), max);
+    atoms::ok()
+}
+
+/// Stops forwarding `tracing` events.
+#[rustler::nif]
+fn log_off() -> Atom {
+    log::set_target(None, 0);
+    atoms::ok()
+}
+
+fn load(_env: Env<'_>, _info: Term<'_>) -> bool {
+    log::install();
     true
 }
 
-rustler::init!("ecall_nif");
+rustler::init!("ecall_nif", load = load);
