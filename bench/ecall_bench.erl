@@ -21,7 +21,7 @@
 %% Started by bench/run.sh, which starts A; A starts B with `peer'.
 -module(ecall_bench).
 
--export([main/1, receiver/3, aggregator/3]).
+-export([main/1, receiver/3, aggregator/3, big_sink/2, tick_sink/0]).
 
 -define(NODE_ARGS, ["+sbwt", "none", "+sbwtdcpu", "none", "+sbwtdio", "none",
                     "+P", "4000000"]).
@@ -49,8 +49,104 @@ run(["paced" | Rest]) ->
 run(["sweep", Ns, K, P]) ->
     matrix([list_to_integer(X) || X <- string:split(Ns, ",", all)],
            list_to_integer(K), list_to_integer(P), [native, ecall, local], "sweep");
+run(["large"]) ->
+    large();
 run(Other) ->
-    erlang:error({usage, "demo | paced [N K P] | sweep N1,N2,.. K P", Other}).
+    erlang:error({usage, "demo | paced [N K P] | sweep N1,N2,.. K P | large", Other}).
+
+%%--------------------------------------------------------------------
+%% Large messages: how long is a scheduler held, and how long do small
+%% messages of another caller on the same link wait, while 10 MB binaries
+%% go out? Run with ECALL_BENCH_ERL_FLAGS="+S 1" so that a held scheduler
+%% shows in the probe (a process that yields in a loop and records the
+%% longest gap between two of its turns).
+
+large() ->
+    {ok, _} = application:ensure_all_started(ecall),
+    {ok, Peer, B} = peer:start_link(#{name => peer:random_name(bench_b),
+                                      args => ?NODE_ARGS ++ code_args(),
+                                      wait_boot => 60000}),
+    {ok, _} = erpc:call(B, application, ensure_all_started, [ecall]),
+    ok = ecall:connect(B),
+    io:format("large: A=~p (~b schedulers) B=~p, 10 x 10 MB binaries per variant~n",
+              [node(), erlang:system_info(schedulers_online), B]),
+    Rows = [large_point(B, V) || V <- [ecall_inline, ecall, native]],
+    io:format("~n~-13s ~18s ~22s ~10s~n",
+              ["variant", "max sched gap ms", "max small delay ms", "ticks"]),
+    [io:format("~-13s ~18.2f ~22.2f ~10b~n", [V, Gap, Delay, N]) || {V, Gap, Delay, N} <- Rows],
+    peer:stop(Peer),
+    ok.
+
+large_point(B, Variant) ->
+    Big = binary:copy(<<"L">>, 10000000),
+    Peer = ecall_conn:peer(B),
+    Sink = erpc:call(B, erlang, spawn, [?MODULE, big_sink, [self(), 10]]),
+    Ticks = erpc:call(B, erlang, spawn, [?MODULE, tick_sink, []]),
+    MyLink = ecall_nif:caller_link(Peer),
+    Probe = spawn(fun() -> probe(erlang:monotonic_time(microsecond), 0) end),
+    Ticker = same_link_ticker(Peer, MyLink, Ticks, Variant),
+    Send = case Variant of
+               %% The path every message took before large ones got theirs:
+               %% encoded and copied by the NIF on the caller's scheduler.
+               ecall_inline -> fun(M) -> ok = ecall_request:push(Peer, {send, Sink, M}) end;
+               ecall -> fun(M) -> ecall:send(Sink, M) end;
+               native -> fun(M) -> Sink ! M end
+           end,
+    [Send(Big) || _ <- lists:seq(1, 10)],
+    receive {big_sink, Sink, done} -> ok end,
+    Probe ! {stop, self()},
+    Gap = receive {probe, G} -> G / 1000 end,
+    Ticker ! {stop, self()},
+    receive ticker_stopped -> ok end,
+    Ticks ! {report, self()},
+    {Delay, N} = receive {ticks, D, Count} -> {D / 1000, Count} end,
+    {Variant, Gap, Delay, N}.
+
+probe(Last, Max) ->
+    erlang:yield(),
+    Now = erlang:monotonic_time(microsecond),
+    receive
+        {stop, From} -> From ! {probe, max(Max, Now - Last)}
+    after 0 ->
+        probe(Now, max(Max, Now - Last))
+    end.
+
+%% A process whose requests go over the same link as the caller's, sending
+%% a small timestamped message every millisecond.
+same_link_ticker(Peer, Link, To, Variant) ->
+    Self = self(),
+    Pid = spawn(fun() ->
+                        Self ! {link, self(), ecall_nif:caller_link(Peer)},
+                        receive go -> tick(To, Variant) end
+                end),
+    receive {link, Pid, L} -> ok end,
+    case L =:= Link of
+        true -> Pid ! go, Pid;
+        false -> exit(Pid, kill), same_link_ticker(Peer, Link, To, Variant)
+    end.
+
+tick(To, Variant) ->
+    Msg = {tick, erlang:system_time(microsecond)},
+    case Variant of
+        native -> To ! Msg;
+        _ -> ecall:send(To, Msg)
+    end,
+    receive
+        {stop, From} -> From ! ticker_stopped
+    after 1 ->
+        tick(To, Variant)
+    end.
+
+%% On B: the longest delay of a tick (same host, so system time agrees).
+tick_sink() -> tick_sink(0, 0).
+tick_sink(Max, N) ->
+    receive
+        {tick, Sent} -> tick_sink(max(Max, erlang:system_time(microsecond) - Sent), N + 1);
+        {report, From} -> From ! {ticks, Max, N}
+    end.
+
+big_sink(Owner, 0) -> Owner ! {big_sink, self(), done};
+big_sink(Owner, N) -> receive _ -> big_sink(Owner, N - 1) end.
 
 matrix(Ns, K, P, Variants, Label) ->
     {ok, _} = application:ensure_all_started(ecall),

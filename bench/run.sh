@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# Runs the two-node benchmark: bench/run.sh demo | paced [N K P] | sweep N1,N2,.. K P
+# Runs the two-node benchmark:
+#   bench/run.sh demo | paced [N K P] | sweep N1,N2,.. K P | large
+# ECALL_BENCH_ERL_FLAGS adds emulator flags to node A (for example "+S 1").
 #
 # Node A runs the driver; it starts node B with `peer'. Both run with
 # +sbwt none (and the dirty-scheduler equivalents) so that CPU time is work,
@@ -11,6 +13,7 @@ cd "$(dirname "$0")/.."
 out=_build/bench
 mkdir -p "$out"
 erlc -o "$out" bench/ecall_bench.erl
-exec erl -sname "bench_a_$$" +sbwt none +sbwtdcpu none +sbwtdio none +P 4000000 \
+# shellcheck disable=SC2086
+exec erl -sname "bench_a_$$" +sbwt none +sbwtdcpu none +sbwtdio none +P 4000000 ${ECALL_BENCH_ERL_FLAGS:-} \
     -noinput -pa _build/default/lib/ecall/ebin -pa "$out" \
     -run ecall_bench main "$@"

@@ -19,6 +19,12 @@
 -export([connect/1, disconnect/1, connections/0, nodes/0, stats/0, stats/1]).
 
 -type dest() :: pid() | reference() | atom() | {atom(), node()}.
+
+%% Binary messages from this size on take the large-message path: encoded
+%% by term_to_iovec/1 (the binary is referenced, not copied) and copied
+%% into a batch of their own on a dirty scheduler, so that no normal
+%% scheduler is held for the copy.
+-define(LARGE, 65536).
 -type call_result() :: {ok, term()} | {error, term()}.
 -export_type([dest/0, call_result/0]).
 
@@ -51,6 +57,12 @@ send_remote(Node, Dest, To, Msg) ->
     case ecall_conn:peer(Node) of
         undefined ->
             To ! Msg;
+        Peer when is_binary(Msg), byte_size(Msg) >= ?LARGE ->
+            case ecall_request:push_iovec(Peer, erlang:term_to_iovec({send, Dest, Msg})) of
+                ok -> Msg;
+                closed -> To ! Msg;
+                overload -> Msg
+            end;
         Peer ->
             case ecall_nif:send(Peer, Dest, Msg) of
                 ok ->

@@ -9,7 +9,7 @@
 -export([load_error/0, log_target/2, log_off/0]).
 -export([cnode_start/6, cnode_info/1,
          peer_open/6, peer_close/1, peer_stats/1, overflow_drop/1,
-         send/3, push/3, caller_link/1, wait_room/3]).
+         send/3, push/3, push_iovec/3, caller_link/1, wait_room/3]).
 
 -on_load(init/0).
 
@@ -82,6 +82,12 @@ send(_Peer, _To, _Msg) -> erlang:nif_error(nif_not_loaded).
 %% `{ecall_room, Ref, true}' and has room set aside.
 -spec push(peer(), tuple(), boolean()) -> ok | closed | {full, non_neg_integer()}.
 push(_Peer, _Request, _Admitted) -> erlang:nif_error(nif_not_loaded).
+
+%% Queues a request encoded by erlang:term_to_iovec/1 as a batch of its
+%% own (dirty scheduler).
+-spec push_iovec(peer(), erlang:ext_iovec(), boolean()) ->
+          ok | closed | {full, non_neg_integer()}.
+push_iovec(_Peer, _IoVec, _Admitted) -> erlang:nif_error(nif_not_loaded).
 
 %% The link (0-based) that carries the calling process's requests.
 -spec caller_link(peer()) -> non_neg_integer().

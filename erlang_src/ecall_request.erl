@@ -14,7 +14,7 @@
 %% | does not answer in Timeout  | {error, {badrpc, timeout}} | raises {erpc, timeout} |
 -module(ecall_request).
 
--export([push/2, cast/4, call/5, run_call/4, run_cast/3]).
+-export([push/2, push_iovec/2, cast/4, call/5, run_call/4, run_cast/3]).
 
 %% Where replies of linked calls go: `{Alias, Reply}' to the caller's alias.
 -type reply() :: {value, term()} | {exception, term()}.
@@ -27,11 +27,23 @@
 %% the caller uses native distribution instead.
 -spec push(ecall_nif:peer(), tuple()) -> ok | closed | overload.
 push(Peer, Request) ->
-    case ecall_nif:push(Peer, Request, false) of
+    push_with(Peer, fun(Admitted) -> ecall_nif:push(Peer, Request, Admitted) end).
+
+%% @doc push/2 for a large request already encoded by term_to_iovec/1: it
+%% is queued as a batch of its own, copied on a dirty scheduler.
+-spec push_iovec(ecall_nif:peer(), erlang:ext_iovec()) -> ok | closed | overload.
+push_iovec(Peer, IoVec) ->
+    push_with(Peer, fun(Admitted) -> ecall_nif:push_iovec(Peer, IoVec, Admitted) end).
+
+-type pusher() :: fun((boolean()) -> ok | closed | {full, non_neg_integer()}).
+
+-spec push_with(ecall_nif:peer(), pusher()) -> ok | closed | overload.
+push_with(Peer, Push) ->
+    case Push(false) of
         {full, Size} ->
             case ecall_config:get(overflow) of
                 block ->
-                    wait_room(Peer, Size, Request);
+                    wait_room(Peer, Size, Push);
                 _ErrorOrDrop ->
                     ok = ecall_nif:overflow_drop(Peer),
                     overload
@@ -40,22 +52,22 @@ push(Peer, Request) ->
             Result
     end.
 
--spec wait_room(ecall_nif:peer(), non_neg_integer(), tuple()) -> ok | closed.
-wait_room(Peer, Size, Request) ->
+-spec wait_room(ecall_nif:peer(), non_neg_integer(), pusher()) -> ok | closed.
+wait_room(Peer, Size, Push) ->
     Ref = make_ref(),
     case ecall_nif:wait_room(Peer, Size, Ref) of
         retry ->
-            admitted(Peer, Request);
+            admitted(Push);
         wait ->
             receive
-                {ecall_room, Ref, true} -> admitted(Peer, Request);
+                {ecall_room, Ref, true} -> admitted(Push);
                 {ecall_room, Ref, false} -> closed
             end
     end.
 
--spec admitted(ecall_nif:peer(), tuple()) -> ok | closed.
-admitted(Peer, Request) ->
-    case ecall_nif:push(Peer, Request, true) of
+-spec admitted(pusher()) -> ok | closed.
+admitted(Push) ->
+    case Push(true) of
         ok -> ok;
         _ -> closed
     end.

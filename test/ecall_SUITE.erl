@@ -12,7 +12,7 @@
 -export([all/0, groups/0, suite/0,
          init_per_suite/1, end_per_suite/1,
          init_per_group/2, end_per_group/2]).
--export([exactly_once_in_order/1, links_are_hidden_cnodes/1, ping_cnode/1,
+-export([large_messages_in_order/1, exactly_once_in_order/1, links_are_hidden_cnodes/1, ping_cnode/1,
          fallback_without_link/1, wrong_cookie_refused_incoming/1,
          wrong_cookie_refused_outgoing/1, malformed_element_skipped/1,
          link_loss_is_reported_and_healed/1, nodedown_closes_connection/1,
@@ -38,7 +38,7 @@ all() ->
     [{group, otp25}, {group, otp27}, {group, edges}, {group, rpc}, {group, watchdog}].
 
 groups() ->
-    DataPath = [exactly_once_in_order, links_are_hidden_cnodes, ping_cnode,
+    DataPath = [exactly_once_in_order, large_messages_in_order, links_are_hidden_cnodes, ping_cnode,
                 fallback_without_link, names_and_aliases, malformed_element_skipped,
                 link_loss_is_reported_and_healed],
     [{otp25, [], DataPath},
@@ -215,6 +215,27 @@ seq_check(Last, From, Seq, Bad) ->
         Prev when Seq =:= Prev + 1 -> Bad;
         _ -> Bad + 1
     end.
+
+%% Large binaries take their own path (term_to_iovec, dirty copy, a batch of
+%% their own) and keep their place among the caller's small messages.
+large_messages_in_order(Config) ->
+    B = ?config(b, Config),
+    {ok, #{pushed := P0, batches := B0}} = ecall:stats(B),
+    Self = self(),
+    Sizes = [10, 2000000, 10, 65536, 65535, 10, 10000000, 10],
+    Echo = erpc:call(B, erlang, spawn,
+                     [fun() -> [receive {I, Bin} -> Self ! {I, byte_size(Bin), erlang:md5(Bin)} end
+                                || _ <- Sizes] end]),
+    Msgs = [{I, rand:bytes(Size)} || {I, Size} <- lists:zip(lists:seq(1, length(Sizes)), Sizes)],
+    [Msg = ecall:send(Echo, Msg) || Msg <- Msgs],
+    %% In arrival order, intact.
+    Got = [receive {I, Size, Md5} -> {I, Size, Md5} after 30000 -> ct:fail(lost) end
+           || _ <- Msgs],
+    ?assertEqual([{I, byte_size(Bin), erlang:md5(Bin)} || {I, Bin} <- Msgs], Got),
+    {ok, #{pushed := P1, batches := B1}} = ecall:stats(B),
+    ?assertEqual(length(Sizes), P1 - P0),
+    %% Each large one went as a batch of its own.
+    ?assert(B1 - B0 >= 3).
 
 %% The links are hidden C-nodes named after this node, one per link.
 links_are_hidden_cnodes(Config) ->

@@ -261,6 +261,28 @@ impl Peer {
     /// room was set aside for it, so it neither queues behind later waiters
     /// nor is refused again.
     pub fn push(&self, shard: usize, element: &[u8], admitted: bool) -> Push {
+        self.push_with(shard, element.len(), admitted, |s, under_lock| {
+            s.push(element, under_lock)
+        })
+    }
+
+    /// [`Peer::push`] for a large element given in pieces (as
+    /// `term_to_iovec` gives it, version byte already stripped): it becomes
+    /// a batch of its own, built outside the shard lock.
+    pub fn push_alone(&self, shard: usize, parts: &[&[u8]], admitted: bool) -> Push {
+        let len = parts.iter().map(|p| p.len()).sum();
+        self.push_with(shard, len, admitted, |s, under_lock| {
+            s.push_alone(parts, under_lock)
+        })
+    }
+
+    fn push_with(
+        &self,
+        shard: usize,
+        len: usize,
+        admitted: bool,
+        push: impl FnOnce(&Shard, &dyn Fn() -> bool) -> bool,
+    ) -> Push {
         if self.cancel.is_cancelled() {
             return Push::Closed;
         }
@@ -268,16 +290,17 @@ impl Peer {
         // Callers already waiting for room go first: no barging.
         if !admitted
             && (self.waiting.load(Ordering::Relaxed) > 0
-                || st.queued_bytes.load(Ordering::Relaxed) + element.len()
-                    > self.config.max_queue_bytes)
+                || st.queued_bytes.load(Ordering::Relaxed) + len > self.config.max_queue_bytes)
         {
             st.full.fetch_add(1, Ordering::Relaxed);
             return Push::Full;
         }
-        st.queued_bytes.fetch_add(element.len(), Ordering::Relaxed);
+        st.queued_bytes.fetch_add(len, Ordering::Relaxed);
         let shard = shard % self.shards.len();
         let link = &self.links[self.link_of_shard(shard)];
-        let wake = self.shards[shard].push(element, || link.sleeping.load(Ordering::Relaxed));
+        let wake = push(&self.shards[shard], &|| {
+            link.sleeping.load(Ordering::Relaxed)
+        });
         if wake && link.sleeping.swap(false, Ordering::AcqRel) {
             link.notify.notify_one();
         }

@@ -121,6 +121,32 @@ impl Shard {
         });
     }
 
+    /// Queues one large element as a batch of its own. The frame is built
+    /// from `parts` (the element's bytes, in pieces, without the version
+    /// byte) before the lock is taken, so that copying megabytes never
+    /// holds up the other callers of this shard; under the lock it only
+    /// seals the open batch (order) and appends.
+    pub fn push_alone<R>(&self, parts: &[&[u8]], under_lock: impl FnOnce() -> R) -> R {
+        let len: usize = parts.iter().map(|p| p.len()).sum();
+        let mut bytes = Vec::with_capacity(self.header.len() + len + 1);
+        bytes.extend_from_slice(&self.header);
+        for p in parts {
+            bytes.extend_from_slice(p);
+        }
+        BatchHeader::seal(&mut bytes, self.header.len(), 1);
+        let frame = Frame {
+            bytes,
+            count: 1,
+            payload: len,
+        };
+        let mut g = self.lock();
+        if g.open_count > 0 {
+            self.seal_open(&mut g);
+        }
+        g.sealed.push_back(frame);
+        under_lock()
+    }
+
     /// Takes the oldest batch: a sealed one if any, else the open one.
     pub fn take(&self) -> Option<Frame> {
         let mut g = self.lock();
@@ -215,6 +241,18 @@ mod tests {
         }
         let counts: Vec<u32> = std::iter::from_fn(|| s.take()).map(|f| f.count).collect();
         assert_eq!(counts, [2, 2, 1]);
+    }
+
+    #[test]
+    fn large_elements_go_alone_and_in_order() {
+        let s = shard(1000, 1 << 20);
+        s.push(&[97, 1], || ());
+        s.push_alone(&[&[109, 0, 0, 0, 2], &[7, 7]], || ());
+        s.push(&[97, 3], || ());
+        let counts: Vec<(u32, usize)> = std::iter::from_fn(|| s.take())
+            .map(|f| (f.count, f.payload))
+            .collect();
+        assert_eq!(counts, [(1, 2), (1, 7), (1, 2)]);
     }
 
     #[test]

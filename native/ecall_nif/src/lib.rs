@@ -16,7 +16,7 @@
 use ecall_dist::{BatchCaps, Identity, IdentityConfig, LinkEvents, Peer, PeerConfig, Push};
 use rustler::env::OwnedEnv;
 use rustler::types::tuple::make_tuple;
-use rustler::{Atom, Encoder, Env, LocalPid, NifResult, Resource, ResourceArc, Term};
+use rustler::{Atom, Binary, Encoder, Env, LocalPid, NifResult, Resource, ResourceArc, Term};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -249,6 +249,37 @@ fn push_request<'a>(
     admitted: bool,
 ) -> NifResult<Term<'a>> {
     push(env, &peer.peer, req, admitted)
+}
+
+/// Queues a large request encoded by `erlang:term_to_iovec/1` (big
+/// binaries referenced, not copied) as a batch of its own. Runs on a
+/// dirty scheduler: copying megabytes there holds no normal scheduler.
+/// Same results as `send/3`.
+#[rustler::nif(schedule = "DirtyCpu")]
+fn push_iovec<'a>(
+    env: Env<'a>,
+    peer: ResourceArc<PeerRes>,
+    iovec: Vec<Binary<'a>>,
+    admitted: bool,
+) -> NifResult<Term<'a>> {
+    let mut parts: Vec<&[u8]> = iovec
+        .iter()
+        .map(|b| b.as_slice())
+        .filter(|p| !p.is_empty())
+        .collect();
+    let Some(first) = parts.first_mut() else {
+        return Err(rustler::Error::BadArg);
+    };
+    let body = ecall_dist::etf::element_body(first).ok_or(rustler::Error::BadArg)?;
+    let len: usize = body.len() + parts[1..].iter().map(|p| p.len()).sum::<usize>();
+    parts[0] = body;
+    Ok(
+        match peer.peer.push_alone(caller_shard(env), &parts, admitted) {
+            Push::Queued => atoms::ok().encode(env),
+            Push::Full => (atoms::full(), len).encode(env),
+            Push::Closed => atoms::closed().encode(env),
+        },
+    )
 }
 
 /// The link (0-based) that carries the calling process's requests.
