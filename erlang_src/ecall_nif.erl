@@ -85,7 +85,7 @@ push(_Peer, _Request, _Admitted) -> erlang:nif_error(nif_not_loaded).
 
 %% Queues a request encoded by erlang:term_to_iovec/1 as a batch of its
 %% own (dirty scheduler).
--spec push_iovec(peer(), erlang:ext_iovec(), boolean()) ->
+-spec push_iovec(peer(), [binary()], boolean()) ->
           ok | closed | {full, non_neg_integer()}.
 push_iovec(_Peer, _IoVec, _Admitted) -> erlang:nif_error(nif_not_loaded).
 

@@ -31,7 +31,7 @@ push(Peer, Request) ->
 
 %% @doc push/2 for a large request already encoded by term_to_iovec/1: it
 %% is queued as a batch of its own, copied on a dirty scheduler.
--spec push_iovec(ecall_nif:peer(), erlang:ext_iovec()) -> ok | closed | overload.
+-spec push_iovec(ecall_nif:peer(), [binary()]) -> ok | closed | overload.
 push_iovec(Peer, IoVec) ->
     push_with(Peer, fun(Admitted) -> ecall_nif:push_iovec(Peer, IoVec, Admitted) end).
 
