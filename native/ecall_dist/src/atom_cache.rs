@@ -229,8 +229,9 @@ impl OutCache {
     /// Encodes one message. `body` is what follows the pass-through byte of
     /// a plain frame: the control term and the optional payload term, each
     /// with its version byte. Appends the complete frame (length, header,
-    /// terms) to `out`.
-    pub fn encode(&mut self, body: &[u8], out: &mut Vec<u8>) {
+    /// terms) to `out` and returns the length of its header (from the
+    /// `131 68` on), which [`fragments`] needs.
+    pub fn encode(&mut self, body: &[u8], out: &mut Vec<u8>) -> usize {
         let mut terms = std::mem::take(&mut self.terms);
         terms.clear();
         let ok = {
@@ -286,10 +287,29 @@ impl OutCache {
                 }
             }
         }
+        let header_len = out.len() - start - 4;
         out.extend_from_slice(&terms);
         let len = (out.len() - start - 4) as u32;
         out[start..start + 4].copy_from_slice(&len.to_be_bytes());
         self.terms = terms;
+        header_len
+    }
+}
+
+const FRAGMENT_FIRST: u8 = 69;
+
+/// Where the term at `inp[pos..]` (no version byte) ends, or `None` if it
+/// is malformed or of a kind we do not walk.
+pub fn term_end(inp: &[u8], pos: usize) -> Option<usize> {
+    walk(&mut Skip, inp, pos, &mut Vec::new())
+}
+
+/// Copies nothing: for finding where a term ends.
+struct Skip;
+
+impl Atoms for Skip {
+    fn atom(&mut self, inp: &[u8], pos: usize, _out: &mut Vec<u8>) -> Option<usize> {
+        atom_text(inp, pos).map(|(_, _, _, next)| next)
     }
 }
 
@@ -379,11 +399,17 @@ impl InCache {
     /// every reference expanded and their version bytes restored, as a
     /// pass-through body. `None` if the frame is malformed.
     pub fn decode(&mut self, frame: &[u8]) -> Option<Vec<u8>> {
-        if frame.get(..2)? != [VERSION, DIST_HEADER] {
-            return None;
-        }
-        let n = *frame.get(2)? as usize;
-        let mut pos = 3;
+        // A first fragment's header declares cache entries like a plain
+        // header (after its sequence and fragment ids): record them, since
+        // later messages may refer to them, but report nothing (we do not
+        // reassemble; nothing we answer comes in fragments).
+        let (mut pos, fragment) = match frame.get(..2)? {
+            [VERSION, DIST_HEADER] => (2, false),
+            [VERSION, FRAGMENT_FIRST] => (18, true),
+            _ => return None,
+        };
+        let n = *frame.get(pos)? as usize;
+        pos += 1;
         self.refs.clear();
         if n > 0 {
             let flags = frame.get(pos..pos + n / 2 + 1)?;
@@ -405,6 +431,9 @@ impl InCache {
                 }
                 self.refs.push(slot as u16);
             }
+        }
+        if fragment {
+            return None;
         }
         let mut out = Vec::with_capacity(frame.len() + 64);
         let mut dec = Decoding { cache: self };
@@ -496,6 +525,23 @@ mod tests {
         let second = round_trip(&mut out, &mut inn, &sample());
         assert!(second < first, "{second} >= {first}");
         assert!(out.hits > 0);
+    }
+
+    #[test]
+    fn first_fragment_headers_update_the_cache() {
+        let mut out = OutCache::default();
+        let mut frame = Vec::new();
+        let header_len = out.encode(&enc(&atom("fragmented_atom")), &mut frame);
+        // The same header in a first fragment: 131 69 seq fragid N ...
+        let mut first = vec![131, 69];
+        first.extend_from_slice(&[0; 16]);
+        first.extend_from_slice(&frame[6..4 + header_len]);
+        let mut inn = InCache::default();
+        assert!(inn.decode(&first).is_none());
+        let mut again = Vec::new();
+        out.encode(&enc(&atom("fragmented_atom")), &mut again);
+        assert_eq!(&again[4..7], &[131, 68, 1]);
+        assert!(inn.decode(&again[4..]).is_some());
     }
 
     #[test]

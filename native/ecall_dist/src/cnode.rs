@@ -22,11 +22,14 @@ use tokio_util::sync::CancellationToken;
 
 /// `DFLAG_DIST_HDR_ATOM_CACHE`.
 pub const DIST_HDR_ATOM_CACHE: u64 = 0x2000;
+/// `DFLAG_FRAGMENTS`.
+pub const FRAGMENTS: u64 = 0x80_0000;
 
-/// Distribution flags offered on links we open: the base set and the atom
-/// cache (see [`crate::atom_cache`]).
+/// Distribution flags offered on links we open: the base set, the atom
+/// cache (see [`crate::atom_cache`]) and fragments (large messages go out
+/// in pieces, interleaved with others).
 pub fn link_flags() -> DistributionFlags {
-    DistributionFlags::from_bits_truncate(flags().bits() | DIST_HDR_ATOM_CACHE)
+    DistributionFlags::from_bits_truncate(flags().bits() | DIST_HDR_ATOM_CACHE | FRAGMENTS)
 }
 
 /// Distribution flags offered on connections we accept (pings and the
@@ -34,8 +37,8 @@ pub fn link_flags() -> DistributionFlags {
 ///
 /// erl_dist 0.8's `MANDATORY_25_DIGEST` is bit 36, which OTP 26+ uses for
 /// `LOCAL_EXT`; OTP's real value is `0x04000000`, so the set is spelled out.
-/// No fragments (we do not implement them), no monitors (we do not answer
-/// them). `V4_NC` and `UNLINK_ID` are mandatory from OTP 26.
+/// No fragments here (nothing large goes out on accepted connections), no
+/// monitors (we do not answer them). `V4_NC` and `UNLINK_ID` are mandatory from OTP 26.
 pub fn flags() -> DistributionFlags {
     const OTP_MANDATORY_25_DIGEST: u64 = 0x0400_0000;
     DistributionFlags::from_bits_truncate(
@@ -245,6 +248,8 @@ pub struct Connected {
     pub creation: u32,
     /// Whether both sides use the atom cache on this connection.
     pub atom_cache: bool,
+    /// Whether both sides take fragmented messages.
+    pub fragments: bool,
 }
 
 /// Client side of the handshake with `peer` (`name@host`), under `me`.
@@ -293,5 +298,6 @@ pub async fn connect(me: &Identity, peer: &str, cookie: &str) -> Result<Connecte
         creation: peer.creation.map_or(0, |c| c.get()),
         // Both sides' flags decide, as in OTP's handshake.
         atom_cache: offered & peer.flags.bits() & DIST_HDR_ATOM_CACHE != 0,
+        fragments: offered & peer.flags.bits() & FRAGMENTS != 0,
     })
 }

@@ -28,7 +28,7 @@
 //!   then wait for room ([`Peer::wait_room`]), and is woken in arrival order
 //!   as writes free room.
 
-use crate::atom_cache::OutCache;
+use crate::atom_cache::{self, OutCache};
 use crate::cnode::{self, Identity};
 use crate::etf::BatchHeader;
 use crate::shard::{BatchCaps, Frame, Shard};
@@ -108,6 +108,8 @@ pub struct LinkStats {
     pub disconnects: AtomicU64,
     /// Reaps: writes that missed their deadline.
     pub stalls: AtomicU64,
+    /// Messages sent in fragments.
+    pub fragmented: AtomicU64,
     /// Gauge: connected now.
     pub up: AtomicBool,
 }
@@ -495,7 +497,12 @@ async fn run(peer: &Arc<Peer>, k: usize, id: &Identity, conn: cnode::Connected) 
     let mut reader = tokio::spawn(async move { wire::read_loop(&mut rd, ctl_tx).await });
     let mut out = Out {
         cache: conn.atom_cache.then(OutCache::default),
+        // Fragments need the distribution header, which comes with the
+        // atom cache.
+        fragments: conn.atom_cache && conn.fragments,
         scratch: Vec::new(),
+        seq: 0,
+        inflight: Vec::new(),
     };
     let reason = write_loop(
         peer,
@@ -512,16 +519,105 @@ async fn run(peer: &Arc<Peer>, k: usize, id: &Identity, conn: cnode::Connected) 
     reason
 }
 
+/// Encoded messages larger than this go out in fragments of this size, so
+/// that other shards' batches are written between them instead of waiting
+/// behind a large message.
+pub const FRAGMENT: usize = 64 * 1024;
+
+/// A large message going out one fragment per writer pass, straight from
+/// its batch buffer (no copy): fragment headers are written in front of
+/// slices of it. Its terms keep their atoms as text (a fragment may declare
+/// no cache entries), so it has no ordering ties to the atom cache.
+struct InFlight {
+    shard: usize,
+    frame: Frame,
+    seq: u64,
+    /// The message's terms without their version bytes: two ranges of
+    /// `frame.bytes` (control, payload).
+    ranges: [std::ops::Range<usize>; 2],
+    /// Term bytes already sent.
+    sent: usize,
+    /// Fragments still to send, this one included.
+    left: u64,
+}
+
+impl InFlight {
+    /// The terms of a plain frame (`<len:4> 112 131 control 131 payload`)
+    /// without their version bytes, or `None` if it is not one.
+    fn ranges(bytes: &[u8]) -> Option<[std::ops::Range<usize>; 2]> {
+        if bytes.get(4..6)? != [112, 131] {
+            return None;
+        }
+        let control_end = atom_cache::term_end(bytes, 6)?;
+        if bytes.get(control_end) != Some(&131) {
+            return None;
+        }
+        Some([6..control_end, control_end + 1..bytes.len()])
+    }
+
+    fn new(shard: usize, frame: Frame, seq: u64, ranges: [std::ops::Range<usize>; 2]) -> InFlight {
+        let total = ranges[0].len() + ranges[1].len();
+        InFlight {
+            shard,
+            frame,
+            seq,
+            ranges,
+            sent: 0,
+            left: total.div_ceil(FRAGMENT) as u64,
+        }
+    }
+
+    /// Appends the next fragment's header to `headers` and returns the byte
+    /// ranges of its data.
+    fn next(&mut self, headers: &mut Vec<Vec<u8>>) -> Vec<std::ops::Range<usize>> {
+        let total = self.ranges[0].len() + self.ranges[1].len();
+        let len = FRAGMENT.min(total - self.sent);
+        let first = self.sent == 0;
+        let mut h = Vec::with_capacity(24);
+        let frame_len = (2 + 16 + usize::from(first) + len) as u32;
+        h.extend_from_slice(&frame_len.to_be_bytes());
+        h.extend_from_slice(&[131, if first { 69 } else { 70 }]);
+        h.extend_from_slice(&self.seq.to_be_bytes());
+        h.extend_from_slice(&self.left.to_be_bytes());
+        if first {
+            // No atom cache references.
+            h.push(0);
+        }
+        headers.push(h);
+        let mut data = Vec::with_capacity(2);
+        let (mut from, mut want) = (self.sent, len);
+        for r in &self.ranges {
+            if from >= r.len() {
+                from -= r.len();
+                continue;
+            }
+            let take = want.min(r.len() - from);
+            data.push(r.start + from..r.start + from + take);
+            want -= take;
+            from = 0;
+            if want == 0 {
+                break;
+            }
+        }
+        self.sent += len;
+        self.left -= 1;
+        data
+    }
+}
+
 /// How frames leave: as built, or rewritten for the connection's atom
-/// cache.
+/// cache, large ones in fragments.
 struct Out {
     cache: Option<OutCache>,
+    fragments: bool,
     scratch: Vec<u8>,
+    seq: u64,
+    inflight: Vec<InFlight>,
 }
 
 impl Out {
     /// Writes plain frames (`<len> 112 ...`), through the cache if the
-    /// connection has one.
+    /// connection has one (control messages: never fragmented).
     async fn write(
         &mut self,
         peer: &Peer,
@@ -542,11 +638,101 @@ impl Out {
             .cached_atoms
             .fetch_add(cache.hits - hits, Ordering::Relaxed);
         let r = write_with_deadline(ls, wr, &[&self.scratch], deadline).await;
+        self.trim();
+        r
+    }
+
+    /// Whether `shard` has a message going out in fragments (its next
+    /// batches wait: per-caller order).
+    fn busy(&self, shard: usize) -> bool {
+        self.inflight.iter().any(|i| i.shard == shard)
+    }
+
+    /// One writer pass: the batches taken now (`frames`, emptied) and one
+    /// fragment of each message in flight, in one write. Batches that are
+    /// completely written move to `done`. On error, `frames` holds the
+    /// batches of this pass that were not written (for the accounting).
+    async fn pass(
+        &mut self,
+        peer: &Peer,
+        ls: &LinkStats,
+        wr: &mut OwnedWriteHalf,
+        frames: &mut Vec<(usize, Frame)>,
+        done: &mut Vec<(usize, Frame)>,
+        deadline: Option<Duration>,
+    ) -> Result<(), Ended> {
+        let Some(cache) = self.cache.as_mut() else {
+            let slices: Vec<&[u8]> = frames.iter().map(|(_, f)| f.bytes.as_slice()).collect();
+            let r = write_with_deadline(ls, wr, &slices, deadline).await;
+            if r.is_ok() {
+                done.append(frames);
+            }
+            return r;
+        };
+        self.scratch.clear();
+        let hits = cache.hits;
+        let mut whole = Vec::with_capacity(frames.len());
+        for (shard, frame) in frames.drain(..) {
+            if self.fragments && frame.bytes.len() > FRAGMENT {
+                if let Some(ranges) = InFlight::ranges(&frame.bytes) {
+                    self.seq += 1;
+                    ls.fragmented.fetch_add(1, Ordering::Relaxed);
+                    self.inflight
+                        .push(InFlight::new(shard, frame, self.seq, ranges));
+                    continue;
+                }
+            }
+            cache.encode(&frame.bytes[5..], &mut self.scratch);
+            whole.push((shard, frame));
+        }
+        peer.stats
+            .cached_atoms
+            .fetch_add(cache.hits - hits, Ordering::Relaxed);
+        // One fragment of every message in flight, after the whole batches.
+        let mut headers = Vec::with_capacity(self.inflight.len());
+        let data: Vec<Vec<std::ops::Range<usize>>> = self
+            .inflight
+            .iter_mut()
+            .map(|f| f.next(&mut headers))
+            .collect();
+        let mut slices: Vec<&[u8]> = Vec::with_capacity(1 + 3 * self.inflight.len());
+        slices.push(&self.scratch);
+        for ((f, h), ranges) in self.inflight.iter().zip(&headers).zip(&data) {
+            slices.push(h);
+            for r in ranges {
+                slices.push(&f.frame.bytes[r.clone()]);
+            }
+        }
+        let r = write_with_deadline(ls, wr, &slices, deadline).await;
+        drop(slices);
+        self.trim();
+        if r.is_err() {
+            *frames = whole;
+            return r;
+        }
+        done.append(&mut whole);
+        let mut i = 0;
+        while i < self.inflight.len() {
+            if self.inflight[i].left == 0 {
+                let f = self.inflight.swap_remove(i);
+                done.push((f.shard, f.frame));
+            } else {
+                i += 1;
+            }
+        }
+        Ok(())
+    }
+
+    /// After a failed write: every message in flight is lost too.
+    fn abandon(&mut self, frames: &mut Vec<(usize, Frame)>) {
+        frames.extend(self.inflight.drain(..).map(|f| (f.shard, f.frame)));
+    }
+
+    fn trim(&mut self) {
         // Do not let one huge batch pin its memory in the scratch buffer.
         if self.scratch.capacity() > 1 << 20 {
             self.scratch = Vec::new();
         }
-        r
     }
 }
 
@@ -564,6 +750,7 @@ async fn write_loop(
     let ls = &link.stats;
     let mine: Vec<usize> = (k..peer.shards.len()).step_by(peer.links.len()).collect();
     let mut frames: Vec<(usize, Frame)> = Vec::with_capacity(mine.len());
+    let mut done: Vec<(usize, Frame)> = Vec::with_capacity(mine.len());
     let deadline = peer.config.stall_timeout;
     let mut last_write = Instant::now();
     loop {
@@ -583,26 +770,36 @@ async fn write_loop(
         }
         frames.extend(
             mine.iter()
+                .filter(|&&s| !out.busy(s))
                 .filter_map(|&s| peer.shards[s].take().map(|f| (s, f))),
         );
-        if !frames.is_empty() {
-            let slices: Vec<&[u8]> = frames.iter().map(|(_, f)| f.bytes.as_slice()).collect();
-            let result = out.write(peer, ls, wr, &slices, deadline).await;
-            drop(slices);
-            let nframes = frames.len() as u64;
-            let (mut n, mut b) = (0u64, 0usize);
-            for (s, f) in frames.drain(..) {
+        if !frames.is_empty() || !out.inflight.is_empty() {
+            let result = out
+                .pass(peer, ls, wr, &mut frames, &mut done, deadline)
+                .await;
+            if result.is_err() {
+                out.abandon(&mut frames);
+            }
+            // Written batches count; on error, the rest is lost.
+            let (mut n, mut b, nframes) = (0u64, 0usize, done.len() as u64);
+            for (s, f) in done.drain(..) {
                 n += u64::from(f.count);
                 b += f.payload;
                 peer.shards[s].recycle(f.bytes);
             }
-            peer.release(b);
-            if let Err(e) = result {
-                ls.dropped.fetch_add(n, Ordering::Relaxed);
-                return e;
-            }
             ls.batches.fetch_add(nframes, Ordering::Relaxed);
             ls.requests.fetch_add(n, Ordering::Relaxed);
+            if let Err(e) = result {
+                let (mut lost, mut lb) = (0u64, 0usize);
+                for (_, f) in frames.drain(..) {
+                    lost += u64::from(f.count);
+                    lb += f.payload;
+                }
+                ls.dropped.fetch_add(lost, Ordering::Relaxed);
+                peer.release(b + lb);
+                return e;
+            }
+            peer.release(b);
             last_write = Instant::now();
             continue;
         }
@@ -741,4 +938,47 @@ async fn write_all_vectored(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fragments_cover_the_terms_and_count_down() {
+        let header = BatchHeader::new("a_ecall_1@h", 1, "ecall_rx_1");
+        let shard = Shard::new(&header, BatchCaps::default());
+        let big = vec![7u8; 3 * FRAGMENT + 5];
+        let mut element = vec![109];
+        element.extend_from_slice(&(big.len() as u32).to_be_bytes());
+        element.extend_from_slice(&big);
+        shard.push(&element, || ());
+        let frame = shard.take().unwrap();
+        let ranges = InFlight::ranges(&frame.bytes).unwrap();
+        let expect: Vec<u8> = ranges
+            .iter()
+            .flat_map(|r| frame.bytes[r.clone()].to_vec())
+            .collect();
+        let mut f = InFlight::new(0, frame, 9, ranges);
+        assert_eq!(f.left, 4);
+        let (mut headers, mut got) = (Vec::new(), Vec::new());
+        while f.left > 0 {
+            let left = f.left;
+            let data = f.next(&mut headers);
+            let h = headers.last().unwrap();
+            let len: usize = data.iter().map(|r| r.len()).sum();
+            assert_eq!(
+                u32::from_be_bytes(h[..4].try_into().unwrap()) as usize,
+                h.len() - 4 + len
+            );
+            assert_eq!(h[5], if left == 4 { 69 } else { 70 });
+            assert_eq!(u64::from_be_bytes(h[6..14].try_into().unwrap()), 9);
+            assert_eq!(u64::from_be_bytes(h[14..22].try_into().unwrap()), left);
+            for r in data {
+                got.extend_from_slice(&f.frame.bytes[r]);
+            }
+        }
+        assert_eq!(got, expect);
+        assert!(InFlight::ranges(&[0, 0, 0, 1, 131]).is_none());
+    }
 }

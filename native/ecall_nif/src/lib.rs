@@ -28,7 +28,7 @@ mod atoms {
         ok, error, send, full, closed, wait, retry, ecall_link, ecall_cnode, ecall_room,
         up, down, alive, badarg,
         pushed, batches, requests, bytes, writes, dropped, connects, disconnects,
-        stalls, cached_atoms, queued_bytes, links_up, overflow_waits, overflow_drops, per_link, links, shards, accepted, refused,
+        stalls, cached_atoms, queued_bytes, links_up, overflow_waits, overflow_drops, per_link, fragmented, links, shards, accepted, refused,
     }
 }
 
@@ -363,7 +363,7 @@ fn peer_stats<'a>(env: Env<'a>, peer: ResourceArc<PeerRes>) -> NifResult<Term<'a
     let links: Vec<&ecall_dist::link::LinkStats> = (0..p.link_count())
         .filter_map(|k| p.link_stats(k))
         .collect();
-    let link_pairs = |l: &ecall_dist::link::LinkStats| -> [(Atom, u64); 9] {
+    let link_pairs = |l: &ecall_dist::link::LinkStats| -> [(Atom, u64); 10] {
         [
             (atoms::batches(), l.batches.load(Relaxed)),
             (atoms::requests(), l.requests.load(Relaxed)),
@@ -373,17 +373,18 @@ fn peer_stats<'a>(env: Env<'a>, peer: ResourceArc<PeerRes>) -> NifResult<Term<'a
             (atoms::connects(), l.connects.load(Relaxed)),
             (atoms::disconnects(), l.disconnects.load(Relaxed)),
             (atoms::stalls(), l.stalls.load(Relaxed)),
+            (atoms::fragmented(), l.fragmented.load(Relaxed)),
             (atoms::up(), u64::from(l.up.load(Relaxed))),
         ]
     };
     // Totals: the link counters summed, then the peer's own.
     let mut totals: Vec<(Atom, u64)> = link_pairs(&ecall_dist::link::LinkStats::default())
         .iter()
-        .take(8)
+        .take(9)
         .map(|(k, _)| (*k, 0))
         .collect();
     for l in &links {
-        for (i, (_, v)) in link_pairs(l).iter().take(8).enumerate() {
+        for (i, (_, v)) in link_pairs(l).iter().take(9).enumerate() {
             totals[i].1 += v;
         }
     }
