@@ -51,8 +51,75 @@ run(["sweep", Ns, K, P]) ->
            list_to_integer(K), list_to_integer(P), [native, ecall, local], "sweep");
 run(["large"]) ->
     large();
+run(["soak", Minutes]) ->
+    soak(list_to_integer(Minutes));
 run(Other) ->
-    erlang:error({usage, "demo | paced [N K P] | sweep N1,N2,.. K P | large", Other}).
+    erlang:error({usage, "demo | paced [N K P] | sweep N1,N2,.. K P | large | soak MINUTES", Other}).
+
+%%--------------------------------------------------------------------
+%% Soak: 5,000 writers at 20 msg/s each through ecall for MINUTES; every
+%% 10 s a line with what was written and replayed, the resident memory of
+%% both OS processes, and what ecall holds queued. Ends by checking that
+%% the peer replayed every request written.
+
+soak(Minutes) ->
+    {ok, _} = application:ensure_all_started(ecall),
+    {ok, Peer, B} = peer:start_link(#{name => peer:random_name(bench_b),
+                                      args => ?NODE_ARGS ++ code_args(),
+                                      wait_boot => 60000}),
+    {ok, _} = erpc:call(B, application, ensure_all_started, [ecall]),
+    ok = ecall:connect(B),
+    N = 5000,
+    Receivers = erpc:call(B, lists, map,
+                          [fun(_) -> spawn(fun Loop() -> receive _ -> Loop() end end) end,
+                           lists:seq(1, N)], 60000),
+    Payload = payload(),
+    End = erlang:monotonic_time(millisecond) + Minutes * 60000,
+    Writers = [spawn(fun() -> soak_write(R, Payload, End) end) || R <- Receivers],
+    BPid = erpc:call(B, os, getpid, []),
+    io:format("soak: ~b writers x 20 msg/s for ~b min; A=~p B=~p~n", [N, Minutes, node(), B]),
+    io:format("~6s ~12s ~12s ~8s ~8s ~12s~n", ["s", "written", "replayed", "A MB", "B MB", "queued B"]),
+    soak_report(B, BPid, End, erlang:monotonic_time(millisecond)),
+    [begin Ref = monitor(process, W), receive {'DOWN', Ref, _, _, _} -> ok end end || W <- Writers],
+    %% Every request written is replayed: wait for the counts to meet.
+    Final = soak_settle(B, 100),
+    io:format("final: ~p~n", [Final]),
+    peer:stop(Peer),
+    ok.
+
+soak_write(To, Payload, End) ->
+    case erlang:monotonic_time(millisecond) < End of
+        true -> ecall:send(To, Payload), timer:sleep(50), soak_write(To, Payload, End);
+        false -> ok
+    end.
+
+soak_report(B, BPid, End, T0) ->
+    Now = erlang:monotonic_time(millisecond),
+    case Now < End of
+        true ->
+            {ok, S} = ecall:stats(B),
+            #{receivers := R} = erpc:call(B, ecall, stats, []),
+            io:format("~6b ~12b ~12b ~8b ~8b ~12b~n",
+                      [(Now - T0) div 1000, maps:get(requests, S), maps:get(requests, R),
+                       rss_mb(os:getpid()), rss_mb(BPid), maps:get(queued_bytes, S)]),
+            receive after 10000 -> ok end,
+            soak_report(B, BPid, End, T0);
+        false ->
+            ok
+    end.
+
+soak_settle(B, Tries) ->
+    {ok, #{requests := W, dropped := D}} = ecall:stats(B),
+    #{receivers := #{requests := R}} = erpc:call(B, ecall, stats, []),
+    case W =:= R orelse Tries =:= 0 of
+        true -> #{written => W, replayed => R, dropped => D, lost => W - R};
+        false -> receive after 100 -> soak_settle(B, Tries - 1) end
+    end.
+
+rss_mb(OsPid) ->
+    {ok, Bin} = file:read_file("/proc/" ++ OsPid ++ "/statm"),
+    [_, Rss | _] = string:lexemes(Bin, " "),
+    binary_to_integer(Rss) * 4096 div 1048576.
 
 %%--------------------------------------------------------------------
 %% Large messages: how long is a scheduler held, and how long do small

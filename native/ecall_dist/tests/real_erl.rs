@@ -463,3 +463,36 @@ impl Erl {
             .unwrap();
     }
 }
+
+/// A peer that still holds a connection under our name answers `alive`:
+/// the handshake is declined at once (erl_dist 0.8 would never finish a
+/// continued one), and once the old connection is gone the next attempt
+/// connects.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn alive_peer_is_declined_then_reconnects() {
+    let epmd = Epmd::start().await;
+    let id = identity(&epmd, COOKIE, Duration::from_secs(15)).await;
+    let eval = "ok = net_kernel:monitor_nodes(true, [{node_type, all}]), io:format(\"ready~n\"), \
+                [receive {nodedown, _, _} -> io:format(\"down~n\") end || _ <- [1]], \
+                receive never -> ok end.";
+    let mut erl = Erl::start(&epmd, COOKIE, &[], eval);
+    assert_eq!(erl.line().await, "ready");
+    let first = ecall_dist::cnode::connect(&id, &erl.node, COOKIE)
+        .await
+        .expect("first connection");
+    let t0 = std::time::Instant::now();
+    let err = ecall_dist::cnode::connect(&id, &erl.node, COOKIE)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, ecall_dist::Error::Alive), "{err}");
+    assert!(
+        t0.elapsed() < Duration::from_secs(3),
+        "declining took {:?}",
+        t0.elapsed()
+    );
+    drop(first);
+    assert_eq!(erl.line().await, "down");
+    ecall_dist::cnode::connect(&id, &erl.node, COOKIE)
+        .await
+        .expect("reconnects");
+}
