@@ -57,6 +57,9 @@ send_remote(Node, Dest, To, Msg) ->
     case ecall_conn:peer(Node) of
         undefined ->
             To ! Msg;
+        {erlang, Pool} ->
+            ecall_proxy:pick(Pool) ! {do, {send, Dest, Msg}},
+            Msg;
         Peer when is_binary(Msg), byte_size(Msg) >= ?LARGE ->
             case ecall_request:push_iovec(Peer, erlang:term_to_iovec({send, Dest, Msg})) of
                 ok -> Msg;
@@ -323,8 +326,8 @@ connect(Node) when is_atom(Node) ->
         Node =:= node() ->
             {error, local_node};
         true ->
-            case ecall_cnode:cnode() of
-                {ok, _} ->
+            case usable() of
+                ok ->
                     Timeout = ecall_config:get(connect_timeout),
                     case ecall_conn_sup:start_conn(Node) of
                         {ok, Pid} -> ecall_conn:await(Pid, Timeout + 1000);
@@ -337,6 +340,19 @@ connect(Node) when is_atom(Node) ->
     end;
 connect(Node) ->
     erlang:error(badarg, [Node]).
+
+%% Whether this node can open connections with the transport it would use.
+-spec usable() -> ok | {error, term()}.
+usable() ->
+    case {ecall_conn:transport(), is_alive()} of
+        {_, false} -> {error, not_distributed};
+        {erlang, true} -> ok;
+        {nif, true} ->
+            case ecall_cnode:cnode() of
+                {ok, _} -> ok;
+                {error, _} = E -> E
+            end
+    end.
 
 %% @doc Closes the connection to `Node'. What is still queued for it is
 %% dropped (counted); later sends use native distribution until the next
@@ -386,7 +402,8 @@ stats() ->
 stats(Node) when is_atom(Node) ->
     case ecall_conn:peer(Node) of
         undefined -> {error, not_connected};
-        Peer -> {ok, ecall_nif:peer_stats(Peer)}
+        {erlang, Pool} -> {ok, ecall_proxy:stats(Pool)};
+        Peer -> {ok, (ecall_nif:peer_stats(Peer))#{transport => nif}}
     end;
 stats(Node) ->
     erlang:error(badarg, [Node]).

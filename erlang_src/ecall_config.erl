@@ -24,12 +24,14 @@ default(connect_timeout) -> 10000;
 default(backoff_min) -> 100;
 default(backoff_max) -> 5000;
 default(discovery) -> true;
-default(overflow) -> block.
+default(overflow) -> block;
+default(transport) -> nif.
 
 -spec check(atom(), term()) -> term().
 check(discovery, V) when is_boolean(V) -> V;
 check(overflow, V) when V =:= block; V =:= error; V =:= drop -> V;
-check(Key, V) when is_integer(V), V >= 0, Key =/= overflow,
+check(transport, V) when V =:= nif; V =:= erlang -> V;
+check(Key, V) when is_integer(V), V >= 0, Key =/= overflow, Key =/= transport,
                    Key =/= links, Key =/= max_batch_count, Key =/= max_batch_bytes,
                    Key =/= max_queue_bytes, Key =/= connect_timeout ->
     V;

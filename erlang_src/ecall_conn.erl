@@ -17,14 +17,14 @@
 -module(ecall_conn).
 -behaviour(gen_server).
 
--export([start_link/1, name/1, await/2, peer/1, watcher/2, info/1, stop/1]).
+-export([start_link/1, name/1, await/2, peer/1, watcher/2, info/1, stop/1, transport/0]).
 -export([init/1, handle_continue/2, handle_call/3, handle_cast/2, handle_info/2, terminate/2]).
 
 -include_lib("kernel/include/logger.hrl").
 
 -record(st, {
     node :: node(),
-    peer :: ecall_nif:peer() | undefined,
+    peer :: ecall_nif:peer() | {erlang, ecall_proxy:pool()} | undefined,
     links = 0 :: non_neg_integer(),
     %% Link index -> its watcher, while the link is up.
     up = #{} :: #{non_neg_integer() => pid()},
@@ -47,8 +47,18 @@ watcher(Node, K) ->
         [] -> undefined
     end.
 
-%% @doc The published peer of `Node', for the send path.
--spec peer(node()) -> ecall_nif:peer() | undefined.
+%% @doc The transport new connections use: `nif' (the default), or
+%% `erlang' when configured so or when the NIF did not load.
+-spec transport() -> nif | erlang.
+transport() ->
+    case ecall_nif:load_error() of
+        none -> ecall_config:get(transport);
+        _ -> erlang
+    end.
+
+%% @doc The published peer of `Node', for the send path: a NIF peer, or
+%% `{erlang, Pool}' for the pure-Erlang transport.
+-spec peer(node()) -> ecall_nif:peer() | {erlang, ecall_proxy:pool()} | undefined.
 peer(Node) ->
     persistent_term:get({ecall_peer, Node}, undefined).
 
@@ -86,28 +96,36 @@ handle_continue(open, #st{node = Node} = St) ->
     true = erlang:monitor_node(Node, true),
     Timeout = ecall_config:get(connect_timeout),
     erlang:send_after(Timeout, self(), connect_timeout),
-    case open(Node, Timeout) of
+    case open(transport(), Node, Timeout) of
+        {ok, {erlang, _} = Peer, 0} ->
+            %% No links to wait for: usable at once.
+            {noreply, maybe_publish(St#st{peer = Peer, links = 0})};
         {ok, Peer, Links} ->
             {noreply, St#st{peer = Peer, links = Links}};
         {error, Reason} ->
             {stop, {shutdown, Reason}, St}
     end.
 
--spec open(node(), timeout()) -> {ok, ecall_nif:peer(), pos_integer()} | {error, term()}.
-open(Node, Timeout) ->
-    case ecall_cnode:cnode() of
-        {ok, CNode} ->
+-spec open(nif | erlang, node(), timeout()) ->
+          {ok, ecall_nif:peer() | {erlang, ecall_proxy:pool()}, non_neg_integer()}
+          | {error, term()}.
+open(Transport, Node, Timeout) ->
+    case {Transport, ecall_cnode:cnode()} of
+        {nif, {error, _} = E} ->
+            E;
+        {_, CNodeResult} ->
             try erpc:call(Node, ecall_receiver_sup, names, [], Timeout) of
+                Receivers when Transport =:= erlang ->
+                    {ok, {erlang, ecall_proxy:start_pool(Node, Receivers)}, 0};
                 Receivers ->
+                    {ok, CNode} = CNodeResult,
                     Cookie = atom_to_binary(erlang:get_cookie(Node)),
                     {ok, Peer} = ecall_nif:peer_open(CNode, atom_to_binary(Node), Cookie,
                                                      Receivers, self(), ecall_config:peer_opts()),
                     {ok, Peer, length(ecall_nif:cnode_info(CNode))}
             catch
                 Class:Reason -> {error, {no_ecall_on_peer, {Class, Reason}}}
-            end;
-        {error, _} = E ->
-            E
+            end
     end.
 
 -spec handle_call(term(), gen_server:from(), #st{}) -> {reply, term(), #st{}} | {noreply, #st{}}.
@@ -163,7 +181,7 @@ maybe_publish(#st{published = false, links = L, up = Up, node = Node, peer = Pee
     %% persistent_term:put/2 of a new key costs no global GC; only erase
     %% and overwrite do, and those happen once per connection lifetime.
     persistent_term:put({ecall_peer, Node}, Peer),
-    ?LOG_INFO("ecall: connected to ~p over ~b links", [Node, L]),
+    ?LOG_INFO("ecall: connected to ~p over ~b links (~p transport)", [Node, L, transport()]),
     [gen_server:reply(From, ok) || From <- St#st.waiting],
     St#st{published = true, waiting = []};
 maybe_publish(St) ->
@@ -187,8 +205,17 @@ terminate(Reason, #st{node = Node, peer = Peer, published = P, waiting = W, up =
     [gen_server:reply(From, {error, reason(Reason)}) || From <- W],
     _ = [release(Node, K, Watcher, reason(Reason)) || {K, Watcher} <- maps:to_list(Up)],
     P andalso persistent_term:erase({ecall_peer, Node}),
-    Peer =/= undefined andalso ecall_nif:peer_close(Peer),
+    close(Peer, reason(Reason)),
     ok.
+
+-spec close(ecall_nif:peer() | {erlang, ecall_proxy:pool()} | undefined, term()) -> ok.
+close(undefined, _Why) ->
+    ok;
+close({erlang, Pool}, Why) ->
+    %% Callers waiting on calls monitor the proxies: they see this reason.
+    ecall_proxy:stop(Pool, Why);
+close(Peer, _Why) ->
+    ecall_nif:peer_close(Peer).
 
 -spec reason(term()) -> term().
 reason({shutdown, R}) -> R;

@@ -21,8 +21,8 @@ start_link() ->
 
 -spec init([]) -> {ok, map()}.
 init([]) ->
-    case ecall_config:get(discovery) andalso ecall_cnode:cnode() of
-        {ok, _} ->
+    case ecall_config:get(discovery) andalso is_alive() of
+        true ->
             ok = pg:join(?SCOPE, ?GROUP, self()),
             {Ref, Members} = pg:monitor(?SCOPE, ?GROUP),
             connect_all(Members),

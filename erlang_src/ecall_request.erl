@@ -78,6 +78,9 @@ cast(Node, M, F, A) ->
     case ecall_conn:peer(Node) of
         undefined ->
             erpc:cast(Node, M, F, A);
+        {erlang, Pool} ->
+            ecall_proxy:pick(Pool) ! {do, {cast, M, F, A}},
+            ok;
         Peer ->
             case push(Peer, {cast, M, F, A}) of
                 ok -> ok;
@@ -105,6 +108,12 @@ call(Node, M, F, A, Timeout) ->
     case ecall_conn:peer(Node) of
         undefined ->
             erpc_call(Node, M, F, A, Timeout);
+        {erlang, Pool} ->
+            %% The proxy is linked to the connection: it goes down with it.
+            Proxy = ecall_proxy:pick(Pool),
+            Mref = monitor(process, Proxy, [{alias, reply_demonitor}]),
+            Proxy ! {do, {call, Mref, M, F, A}},
+            wait_reply(Mref, Timeout);
         Peer ->
             %% One local monitor gives both the reply alias and prompt
             %% failure: it watches the process that stands for the link

@@ -21,6 +21,7 @@
 -export([cast_through_link/1, call_results_match_fallback/1, call_timeout_no_late_reply/1,
          link_loss_fails_its_callers_only/1, peer_killed_with_1000_calls/1,
          unreachable_node/1, multi_node_patterns/1, rpc_bad_arguments/1]).
+-export([erlang_transport_data_path/1, nif_missing_falls_back_to_erlang/1]).
 -export([stalled_peer_is_reaped/1, slow_peer_is_not_reaped/1, overload_stays_within_budget/1]).
 %% logger handler used by the cases.
 -export([log/2]).
@@ -35,7 +36,8 @@ suite() ->
     [{timetrap, {minutes, 5}}].
 
 all() ->
-    [{group, otp25}, {group, otp27}, {group, edges}, {group, rpc}, {group, watchdog}].
+    [{group, otp25}, {group, otp27}, {group, edges}, {group, rpc}, {group, watchdog},
+     {group, erlang_transport}].
 
 groups() ->
     DataPath = [exactly_once_in_order, large_messages_in_order, links_are_hidden_cnodes, ping_cnode,
@@ -50,6 +52,7 @@ groups() ->
      {rpc, [], [cast_through_link, call_results_match_fallback, call_timeout_no_late_reply,
                 link_loss_fails_its_callers_only, peer_killed_with_1000_calls,
                 unreachable_node, multi_node_patterns, rpc_bad_arguments]},
+     {erlang_transport, [], [erlang_transport_data_path, nif_missing_falls_back_to_erlang]},
      {watchdog, [], [stalled_peer_is_reaped, slow_peer_is_not_reaped,
                      overload_stays_within_budget]}].
 
@@ -68,6 +71,11 @@ init_per_group(otp27, Config) ->
     %% prepares it.
     ?assert(filelib:is_regular(Erl)),
     start_b(Config, Erl);
+init_per_group(erlang_transport, Config) ->
+    ok = application:set_env(ecall, transport, erlang),
+    try start_b(Config, os:find_executable("erl"))
+    after application:unset_env(ecall, transport)
+    end;
 init_per_group(_Group, Config) ->
     start_b(Config, os:find_executable("erl")).
 
@@ -872,4 +880,60 @@ overload_stays_within_budget(_Config) ->
     ct:pal("overload: ~p", [Stats]),
     ?assert(maps:get(overflow_waits, Stats) >= 1),
     flush_traces(),
+    peer:stop(Peer).
+
+%%--------------------------------------------------------------------
+%% The pure-Erlang transport (group erlang_transport: B connected with it)
+
+%% The same guarantees through proxies over plain distribution: exactly
+%% once, per-caller order, batches, and cast and call with the same
+%% results.
+erlang_transport_data_path(Config) ->
+    B = ?config(b, Config),
+    {ok, #{transport := erlang, requests := R0, batches := Bt0}} = ecall:stats(B),
+    Total = ?CALLERS * ?PER_CALLER,
+    Collector = erpc:call(B, erlang, spawn, [?MODULE, collector, [self(), Total]]),
+    Go = make_ref(),
+    Callers = [spawn_link(fun() -> receive Go -> send_seq(Collector, ?PER_CALLER) end end)
+               || _ <- lists:seq(1, ?CALLERS)],
+    [C ! Go || C <- Callers],
+    receive
+        {collected, Collector, Result} ->
+            ?assertEqual(#{total => Total, callers => ?CALLERS,
+                           out_of_order => 0, last_seq_ok => ?CALLERS}, Result)
+    after 120000 -> ct:fail(collector_timeout)
+    end,
+    {ok, #{requests := R1, batches := Bt1}} = ecall:stats(B),
+    ?assertEqual(Total, R1 - R0),
+    ?assert((R1 - R0) / (Bt1 - Bt0) > 1.0),
+    connect_back(B),
+    ?assertEqual(ok, ecall:cast(B, ?MODULE, tell, [self(), {cast, erl}])),
+    receive {cast, erl} -> ok after 5000 -> ct:fail(cast_lost) end,
+    ?assertEqual({ok, 42}, ecall:call(B, ?MODULE, echo, [42])),
+    ?assertEqual({error, {exit, boom}}, ecall:call(B, ?MODULE, fail, [error, boom])),
+    ?assertEqual({error, {badrpc, timeout}}, ecall:call(B, ?MODULE, block, [self()], 100)),
+    receive {blocked, P, B} -> P ! go after 5000 -> ct:fail(not_blocked) end.
+
+%% A node whose NIF cannot load (its code without priv/) says so, and
+%% connects with the pure-Erlang transport instead.
+nif_missing_falls_back_to_erlang(Config) ->
+    Dir = filename:join(?config(priv_dir, Config), "ecall_without_nif"),
+    Ebin = filename:join(Dir, "ebin"),
+    ok = filelib:ensure_path(Ebin),
+    Src = filename:dirname(code:which(ecall)),
+    [{ok, _} = file:copy(F, filename:join(Ebin, filename:basename(F)))
+     || F <- filelib:wildcard(filename:join(Src, "*"))],
+    Args = ["-setcookie", atom_to_list(erlang:get_cookie()),
+            "-pa", Ebin, "-pa", filename:dirname(code:which(?MODULE))],
+    {ok, Peer, D} = peer:start_link(#{name => peer:random_name(?MODULE), args => Args,
+                                      wait_boot => 60000}),
+    {ok, _} = erpc:call(D, application, ensure_all_started, [ecall]),
+    ?assertNotEqual(none, erpc:call(D, ecall_nif, load_error, [])),
+    ?assertEqual(erlang, erpc:call(D, ecall_conn, transport, [])),
+    ok = erpc:call(D, ecall, connect, [node()]),
+    {ok, #{transport := erlang}} = erpc:call(D, ecall, stats, [node()]),
+    Self = self(),
+    hi = erpc:call(D, ecall, send, [Self, hi]),
+    receive hi -> ok after 5000 -> ct:fail(lost) end,
+    ?assertEqual({ok, node()}, erpc:call(D, ecall, call, [node(), ?MODULE, whoami, []])),
     peer:stop(Peer).

@@ -1,0 +1,88 @@
+%% @private
+%% The pure-Erlang transport: the original ecall design, kept as the
+%% fallback when the NIF cannot load (and selectable with the application
+%% env `transport', `erlang' or `nif') and as the reference the benchmark
+%% compares against.
+%%
+%% Per peer, one proxy per receiver worker of the peer. A caller picks its
+%% proxy by hashing its pid (so per-caller order holds) and hands it the
+%% request; the proxy takes whatever its mailbox holds right now (`after 0',
+%% never waiting for a batch to fill; at most `max_batch_count') and sends
+%% it as one `{batch, Requests}' message over plain distribution to its
+%% receiver. Proxies are off_heap (their mailbox is the backlog) and
+%% collect garbage when idle.
+%%
+%% Not bounded: under sustained overload the proxies' mailboxes grow, as
+%% in the article. The NIF transport has the byte budget.
+-module(ecall_proxy).
+
+-export([start_pool/2, pick/1, stats/1, stop/2, init/4]).
+
+-record(pool, {proxies :: tuple(), counters :: counters:counters_ref()}).
+-opaque pool() :: #pool{}.
+-export_type([pool/0]).
+
+%% @doc Starts one proxy per receiver name of `Node', linked to the caller.
+-spec start_pool(node(), [binary()]) -> pool().
+start_pool(Node, Receivers) ->
+    C = counters:new(2, [write_concurrency]),
+    Max = ecall_config:get(max_batch_count),
+    Proxies = [proc_lib:spawn_opt(?MODULE, init, [{binary_to_atom(R), Node}, C, Max, self()],
+                                  [link, {message_queue_data, off_heap}])
+               || R <- Receivers],
+    #pool{proxies = list_to_tuple(Proxies), counters = C}.
+
+%% @doc The calling process's proxy.
+-spec pick(pool()) -> pid().
+pick(#pool{proxies = P}) ->
+    element(erlang:phash2(self(), tuple_size(P)) + 1, P).
+
+%% @doc Stops the proxies; what they hold is dropped. Processes monitoring
+%% them see `Why'.
+-spec stop(pool(), term()) -> ok.
+stop(#pool{proxies = P}, Why) ->
+    Reason = case Why of
+                 normal -> connection_closed;
+                 _ -> Why
+             end,
+    _ = [begin unlink(Pid), exit(Pid, Reason) end || Pid <- tuple_to_list(P)],
+    ok.
+
+%% @doc Counters of a pool: batches and requests sent, requests queued.
+-spec stats(pool()) -> map().
+stats(#pool{proxies = P, counters = C}) ->
+    Queued = lists:sum([case process_info(Pid, message_queue_len) of
+                            {message_queue_len, N} -> N;
+                            undefined -> 0
+                        end || Pid <- tuple_to_list(P)]),
+    #{transport => erlang, batches => counters:get(C, 1), requests => counters:get(C, 2),
+      queued => Queued, links => 0, links_up => 0}.
+
+-spec init({atom(), node()}, counters:counters_ref(), pos_integer(), pid()) -> no_return().
+init(Remote, C, Max, _Owner) ->
+    loop(Remote, C, Max).
+
+-spec loop({atom(), node()}, counters:counters_ref(), pos_integer()) -> no_return().
+loop(Remote, C, Max) ->
+    %% Nothing is held here: collecting now is nearly free and releases
+    %% the batch just sent.
+    erlang:garbage_collect(),
+    Requests = collect(0, Max),
+    Remote ! {batch, Requests},
+    counters:add(C, 1, 1),
+    counters:add(C, 2, length(Requests)),
+    loop(Remote, C, Max).
+
+-spec collect(non_neg_integer(), pos_integer()) -> [tuple()].
+collect(0, Max) ->
+    receive
+        {do, Request} -> [Request | collect(1, Max)]
+    end;
+collect(N, Max) when N < Max ->
+    receive
+        {do, Request} -> [Request | collect(N + 1, Max)]
+    after 0 ->
+        []
+    end;
+collect(_N, _Max) ->
+    [].
