@@ -21,7 +21,7 @@
 %% Started by bench/run.sh, which starts A; A starts B with `peer'.
 -module(ecall_bench).
 
--export([main/1, receiver/3, aggregator/3, big_sink/2, tick_sink/0]).
+-export([main/1, receiver/3, aggregator/3, big_sink/2, tick_sink/0, deliver/2]).
 
 -define(NODE_ARGS, ["+sbwt", "none", "+sbwtdcpu", "none", "+sbwtdio", "none",
                     "+P", "4000000"]).
@@ -37,24 +37,35 @@ main(Args) ->
              end,
     erlang:halt(Result).
 
+-define(VARIANTS, [native, ecall_erlang, ecall_nif, local]).
+-define(OPS, [send, cast, call]).
+
 run(["demo"]) ->
-    %% The README's main job: a small paced run, ecall against `!'.
-    matrix([2000], 20, 50, [native, ecall, local], "demo");
+    %% The README's main job, and the quick profile: every operation and
+    %% variant side by side at two loads, in a few minutes.
+    matrix([2000, 10000], 20, 50, ?OPS, ?VARIANTS, "quick");
+run(["quick"]) ->
+    run(["demo"]);
+run(["full"]) ->
+    %% The article's sweep, for machines that can hold it.
+    matrix(lists:seq(10000, 150000, 10000), 1000, 100, ?OPS, ?VARIANTS, "full");
 run(["paced" | Rest]) ->
     [N, K, P] = case Rest of
                     [] -> [20000, 100, 50];
                     _ -> [list_to_integer(X) || X <- Rest]
                 end,
-    matrix([N], K, P, [native, ecall, local], "paced");
+    matrix([N], K, P, [send], ?VARIANTS, "paced");
 run(["sweep", Ns, K, P]) ->
     matrix([list_to_integer(X) || X <- string:split(Ns, ",", all)],
-           list_to_integer(K), list_to_integer(P), [native, ecall, local], "sweep");
+           list_to_integer(K), list_to_integer(P), ?OPS, ?VARIANTS, "sweep");
+run(["micro"]) ->
+    micro();
 run(["large"]) ->
     large();
 run(["soak", Minutes]) ->
     soak(list_to_integer(Minutes));
 run(Other) ->
-    erlang:error({usage, "demo | paced [N K P] | sweep N1,N2,.. K P | large | soak MINUTES", Other}).
+    erlang:error({usage, "demo | quick | full | paced [N K P] | sweep N1,N2,.. K P | micro | large | soak MINUTES", Other}).
 
 %%--------------------------------------------------------------------
 %% Soak: 5,000 writers at 20 msg/s each through ecall for MINUTES; every
@@ -215,22 +226,87 @@ tick_sink(Max, N) ->
 big_sink(Owner, 0) -> Owner ! {big_sink, self(), done};
 big_sink(Owner, N) -> receive _ -> big_sink(Owner, N - 1) end.
 
-matrix(Ns, K, P, Variants, Label) ->
+matrix(Ns, K, P, Ops, Variants, Label) ->
     {ok, _} = application:ensure_all_started(ecall),
     {ok, Peer, B} = peer:start_link(#{name => peer:random_name(bench_b),
                                       args => ?NODE_ARGS ++ code_args(),
                                       wait_boot => 60000}),
     {ok, _} = erpc:call(B, application, ensure_all_started, [ecall]),
-    ok = ecall:connect(B),
+    erlang:system_flag(scheduler_wall_time, true),
     io:format("~s: A=~p B=~p, OTP ~s, ~b schedulers, payload ~b bytes of ETF, "
               "~b ecall links, ~b shards~n",
               [Label, node(), B, erlang:system_info(otp_release),
                erlang:system_info(schedulers), erlang:external_size(payload()),
-               length(ecall:nodes()), ecall_config:shards()]),
-    Rows = [point(B, V, N, K, P) || N <- Ns, V <- Variants],
+               ecall_config:links(), ecall_config:shards()]),
+    %% Variants one after the other (a transport switch reconnects), each
+    %% over every operation and load.
+    Rows = lists:append([begin
+                             use_transport(B, V),
+                             [point(B, V, Op, N, K, P) || Op <- Ops, N <- Ns]
+                         end || V <- Variants]),
     print(Rows),
-    write_csv(Label, Rows),
+    write_results(Label, Rows),
     peer:stop(Peer),
+    ok.
+
+%%--------------------------------------------------------------------
+%% Micro-benchmarks: the cost of one push through the NIF (from one
+%% process, and from one process per scheduler at once), and blast
+%% throughput (one unpaced writer per scheduler) for each variant.
+
+micro() ->
+    {ok, _} = application:ensure_all_started(ecall),
+    {ok, Peer, B} = peer:start_link(#{name => peer:random_name(bench_b),
+                                      args => ?NODE_ARGS ++ code_args(),
+                                      wait_boot => 60000}),
+    {ok, _} = erpc:call(B, application, ensure_all_started, [ecall]),
+    erlang:system_flag(scheduler_wall_time, true),
+    use_transport(B, ecall_nif),
+    S = erlang:system_info(schedulers_online),
+    Sink = erpc:call(B, erlang, spawn, [fun Loop() -> receive _ -> Loop() end end]),
+    Payload = payload(),
+    N = 200000,
+    One = push_ns(Sink, Payload, N, 1),
+    All = push_ns(Sink, Payload, N, S),
+    io:format("micro: ecall:send/2 push, ~b-byte payload: ~.0f ns per call from one process, "
+              "~.0f ns per call with ~b processes at once (wall / calls per process)~n",
+              [erlang:external_size(Payload), One, All, S]),
+    Rows = lists:append([begin use_transport(B, V), [point(B, V, send, S, 100000, 0)] end
+                         || V <- [native, ecall_erlang, ecall_nif, local]]),
+    io:format("~nblast: ~b unpaced writers x 100,000 messages~n", [S]),
+    print(Rows),
+    write_results("micro", Rows),
+    peer:stop(Peer),
+    ok.
+
+push_ns(Sink, Payload, N, Procs) ->
+    Self = self(),
+    Per = N div Procs,
+    Pids = [spawn(fun() ->
+                          receive go -> ok end,
+                          T0 = erlang:monotonic_time(nanosecond),
+                          [ecall:send(Sink, Payload) || _ <- lists:seq(1, Per)],
+                          Self ! {done, self(), erlang:monotonic_time(nanosecond) - T0}
+                  end) || _ <- lists:seq(1, Procs)],
+    [P ! go || P <- Pids],
+    Times = [receive {done, P, T} -> T end || P <- Pids],
+    lists:sum(Times) / length(Times) / Per.
+
+%% Connects both ways with the variant's transport (replies to calls come
+%% back through B's own connection).
+use_transport(B, V) ->
+    T = case V of ecall_erlang -> erlang; _ -> nif end,
+    _ = ecall:disconnect(B),
+    _ = erpc:call(B, ecall, disconnect, [node()]),
+    ok = application:set_env(ecall, transport, T),
+    ok = erpc:call(B, application, set_env, [ecall, transport, T]),
+    ok = ecall:connect(B),
+    ok = erpc:call(B, ecall, connect, [node()]).
+
+%% What a cast or call applies on B: delivers the payload to the writer's
+%% receiver (so a point ends only when every one has run) and answers ok.
+deliver(To, Msg) ->
+    To ! Msg,
     ok.
 
 code_args() ->
@@ -254,17 +330,14 @@ payload("map") ->
 %%--------------------------------------------------------------------
 %% One point
 
-point(B, Variant, N, K, P) ->
+point(B, Variant, Op, N, K, P) ->
     Where = case Variant of local -> node(); _ -> B end,
     Ref = make_ref(),
     Agg = erpc:call(Where, erlang, spawn, [?MODULE, aggregator, [self(), Ref, N]]),
     Receivers = erpc:call(Where, lists, map,
                           [fun(_) -> spawn(?MODULE, receiver, [Agg, K, undefined]) end,
                            lists:seq(1, N)], 120000),
-    Send = case Variant of
-               ecall -> fun ecall:send/2;
-               _ -> fun erlang:send/2
-           end,
+    Send = operation(Variant, Op, B),
     Payload = payload(),
     Go = make_ref(),
     Self = self(),
@@ -275,10 +348,12 @@ point(B, Variant, N, K, P) ->
     Sampler = spawn_link(fun() -> sample(#{mem => 0, rq => 0}) end),
     CpuA0 = cpu_seconds(os:getpid()),
     CpuB0 = cpu_seconds(erpc:call(B, os, getpid, [])),
+    Wall0 = erlang:statistics(scheduler_wall_time),
     T0 = erlang:monotonic_time(),
     [W ! Go || W <- Writers],
     {Counted, SpanSum} = receive {Ref, done, C, Sum} -> {C, Sum} end,
     T1 = erlang:monotonic_time(),
+    Wall1 = erlang:statistics(scheduler_wall_time),
     CpuA = cpu_seconds(os:getpid()) - CpuA0,
     CpuB = cpu_seconds(erpc:call(B, os, getpid, [])) - CpuB0,
     [receive {written, Go} -> ok end || _ <- Writers],
@@ -286,23 +361,47 @@ point(B, Variant, N, K, P) ->
     Peak = receive {sampled, S} -> S end,
     S1 = stats(B),
     Wall = erlang:convert_time_unit(T1 - T0, native, microsecond) / 1.0e6,
-    Elapsed = SpanSum / N / 1.0e6,
+    Elapsed = case Op of
+                  %% Casts and calls: wall time to verified completion, as
+                  %% the article measures them.
+                  send -> SpanSum / N / 1.0e6;
+                  _ -> Wall
+              end,
     Total = N * K,
-    Batches = maps:get(batches, S1, 0) - maps:get(batches, S0, 0),
-    Requests = maps:get(requests, S1, 0) - maps:get(requests, S0, 0),
-    #{variant => Variant, payload => list_to_atom(os:getenv("ECALL_BENCH_PAYLOAD", "map")),
+    Delta = fun(Key) -> maps:get(Key, S1, 0) - maps:get(Key, S0, 0) end,
+    Batches = Delta(batches),
+    Writes = Delta(writes),
+    #{variant => Variant, op => Op,
+      payload => list_to_atom(os:getenv("ECALL_BENCH_PAYLOAD", "map")),
       writers => N, per_writer => K, pause_ms => P,
-      intended => N * 1000 / P,
+      intended => case P of 0 -> 0; _ -> N * 1000 / P end,
       rate => Total / max(Elapsed, 1.0e-9),
-      wall_rate => Total / Wall,
       elapsed => Elapsed, wall => Wall,
       cpu_a => CpuA, cpu_b => CpuB,
-      cpu_us_per_msg => (CpuA + CpuB) * 1.0e6 / Total,
+      cpu_us_per_op => (CpuA + CpuB) * 1.0e6 / Total,
+      sched_util_a => utilisation(Wall0, Wall1),
       peak_mem_mb => maps:get(mem, Peak) / 1048576,
       max_run_queue => maps:get(rq, Peak),
-      batches => Batches,
-      avg_batch => case Batches of 0 -> 0.0; _ -> Requests / Batches end,
+      avg_batch => case Batches of 0 -> 0.0; _ -> Delta(requests) / Batches end,
+      bytes_per_write => case Writes of 0 -> 0.0; _ -> Delta(bytes) / Writes end,
       lost => Total - Counted}.
+
+%% The function each writer calls K times with its receiver and the payload.
+operation(native, send, _B) -> fun erlang:send/2;
+operation(native, cast, B) -> fun(R, M) -> erpc:cast(B, ?MODULE, deliver, [R, M]) end;
+operation(native, call, B) -> fun(R, M) -> ok = erpc:call(B, ?MODULE, deliver, [R, M]) end;
+operation(local, send, _B) -> fun erlang:send/2;
+operation(local, cast, _B) -> fun(R, M) -> spawn(?MODULE, deliver, [R, M]) end;
+operation(local, call, _B) -> fun ?MODULE:deliver/2;
+operation(_Ecall, send, _B) -> fun ecall:send/2;
+operation(_Ecall, cast, B) -> fun(R, M) -> ok = ecall:cast(B, ?MODULE, deliver, [R, M]) end;
+operation(_Ecall, call, B) -> fun(R, M) -> {ok, ok} = ecall:call(B, ?MODULE, deliver, [R, M]) end.
+
+%% Share of scheduler wall time spent busy on A.
+utilisation(W0, W1) ->
+    {Active, Total} = lists:foldl(fun({{I, A0, T0}, {I, A1, T1}}, {A, T}) -> {A + A1 - A0, T + T1 - T0} end,
+                                  {0, 0}, lists:zip(lists:sort(W0), lists:sort(W1))),
+    case Total of 0 -> 0.0; _ -> Active / Total end.
 
 write(_Send, _To, _Payload, 0, _P) ->
     ok;
@@ -365,31 +464,34 @@ clock_ticks() ->
 %%--------------------------------------------------------------------
 %% Output
 
--define(COLS, [variant, payload, writers, pause_ms, per_writer, intended, rate, elapsed, wall, cpu_a, cpu_b,
-               cpu_us_per_msg, peak_mem_mb, max_run_queue, avg_batch, lost]).
+-define(COLS, [op, variant, payload, writers, pause_ms, per_writer, intended, rate, elapsed,
+               wall, cpu_a, cpu_b, cpu_us_per_op, sched_util_a, peak_mem_mb, max_run_queue,
+               avg_batch, bytes_per_write, lost]).
 
 print(Rows) ->
-    io:format("~n~-8s ~8s ~10s ~10s ~7s ~7s ~7s ~7s ~8s ~9s ~8s ~8s ~5s~n",
-              ["variant", "writers", "intended", "msg/s", "elapsed", "wall", "cpuA s", "cpuB s",
-               "us/msg", "peak MB", "max rq", "batch", "lost"]),
-    [io:format("~-8s ~8b ~10b ~10b ~7.1f ~7.1f ~7.1f ~7.1f ~8.2f ~9.1f ~8b ~8.1f ~5b~n",
-               [maps:get(variant, R), maps:get(writers, R), round(maps:get(intended, R)),
-                round(maps:get(rate, R)), maps:get(elapsed, R), maps:get(wall, R),
-                maps:get(cpu_a, R), maps:get(cpu_b, R), maps:get(cpu_us_per_msg, R),
-                maps:get(peak_mem_mb, R), maps:get(max_run_queue, R),
-                float(maps:get(avg_batch, R)), maps:get(lost, R)])
+    io:format("~n~-5s ~-13s ~7s ~9s ~9s ~7s ~6s ~6s ~7s ~6s ~8s ~7s ~7s ~8s ~5s~n",
+              ["op", "variant", "writers", "intended", "ops/s", "elapsed", "cpuA", "cpuB",
+               "us/op", "util%", "peak MB", "max rq", "batch", "B/write", "lost"]),
+    [io:format("~-5s ~-13s ~7b ~9b ~9b ~7.1f ~6.1f ~6.1f ~7.2f ~6.1f ~8.1f ~7b ~7.1f ~8.1f ~5b~n",
+               [maps:get(op, R), maps:get(variant, R), maps:get(writers, R),
+                round(maps:get(intended, R)), round(maps:get(rate, R)), maps:get(elapsed, R),
+                maps:get(cpu_a, R), maps:get(cpu_b, R), maps:get(cpu_us_per_op, R),
+                100 * maps:get(sched_util_a, R), maps:get(peak_mem_mb, R),
+                maps:get(max_run_queue, R), float(maps:get(avg_batch, R)),
+                float(maps:get(bytes_per_write, R)), maps:get(lost, R)])
      || R <- Rows],
     ok.
 
-write_csv(Label, Rows) ->
-    {{Y, Mo, D}, {H, Mi, _}} = calendar:local_time(),
+%% bench/results/<date>-<host>/<label>.csv, and PNG plots beside it.
+write_results(Label, Rows) ->
+    {{Y, Mo, D}, _} = calendar:local_time(),
     [_, Host] = string:split(atom_to_list(node()), "@"),
-    Dir = case os:getenv("ECALL_BENCH_OUT") of
-              false -> "bench/results";
-              O -> O
-          end,
-    Name = io_lib:format("~s/~4..0b~2..0b~2..0b-~2..0b~2..0b-~s-~s-~s.csv",
-                         [Dir, Y, Mo, D, H, Mi, Host, Label, os:getenv("ECALL_BENCH_PAYLOAD", "map")]),
+    Root = case os:getenv("ECALL_BENCH_OUT") of
+               false -> "bench/results";
+               O -> O
+           end,
+    Dir = lists:flatten(io_lib:format("~s/~4..0b-~2..0b-~2..0b-~s", [Root, Y, Mo, D, Host])),
+    Name = filename:join(Dir, Label ++ "-" ++ os:getenv("ECALL_BENCH_PAYLOAD", "map") ++ ".csv"),
     ok = filelib:ensure_dir(Name),
     Header = lists:join(",", [atom_to_list(C) || C <- ?COLS]),
     Lines = [lists:join(",", [fmt(maps:get(C, R)) || C <- ?COLS]) || R <- Rows],

@@ -519,9 +519,9 @@ async fn run(peer: &Arc<Peer>, k: usize, id: &Identity, conn: cnode::Connected) 
     reason
 }
 
-/// Encoded messages larger than this go out in fragments of this size, so
-/// that other shards' batches are written between them instead of waiting
-/// behind a large message.
+/// A single message larger than this goes out in fragments of this size,
+/// so that other shards' batches are written between them instead of
+/// waiting behind it.
 pub const FRAGMENT: usize = 64 * 1024;
 
 /// A large message going out one fragment per writer pass, straight from
@@ -673,7 +673,11 @@ impl Out {
         let hits = cache.hits;
         let mut whole = Vec::with_capacity(frames.len());
         for (shard, frame) in frames.drain(..) {
-            if self.fragments && frame.bytes.len() > FRAGMENT {
+            // Only single large messages go in fragments: they carry
+            // their atoms as text, which costs the receiver a lookup per
+            // atom; a big batch of small messages is better off whole,
+            // through the atom cache.
+            if self.fragments && frame.count == 1 && frame.bytes.len() > FRAGMENT {
                 if let Some(ranges) = InFlight::ranges(&frame.bytes) {
                     self.seq += 1;
                     ls.fragmented.fetch_add(1, Ordering::Relaxed);
