@@ -242,9 +242,10 @@ large_messages_in_order(Config) ->
     ?assertEqual([{I, byte_size(Bin), erlang:md5(Bin)} || {I, Bin} <- Msgs], Got),
     {ok, #{pushed := P1, batches := B1, fragmented := F1}} = ecall:stats(B),
     ?assertEqual(length(Sizes), P1 - P0),
-    %% Each large one went as a batch of its own, and in fragments.
+    %% The large ones went as batches of their own, the multi-megabyte ones
+    %% (at least) in fragments.
     ?assert(B1 - B0 >= 3),
-    ?assertEqual(3, F1 - F0).
+    ?assert(F1 - F0 >= 2).
 
 %% The links are hidden C-nodes named after this node, one per link.
 links_are_hidden_cnodes(Config) ->
