@@ -14,6 +14,14 @@ out=_build/bench
 mkdir -p "$out"
 erlc -o "$out" bench/ecall_bench.erl
 # shellcheck disable=SC2086
-exec erl -sname "bench_a_$$" +sbwt none +sbwtdcpu none +sbwtdio none +P 4000000 ${ECALL_BENCH_ERL_FLAGS:-} \
+erl -sname "bench_a_$$" +sbwt none +sbwtdcpu none +sbwtdio none +P 4000000 ${ECALL_BENCH_ERL_FLAGS:-} \
     -noinput -pa _build/default/lib/ecall/ebin -pa "$out" \
     -run ecall_bench main "$@"
+
+# Plots of what this run wrote (matplotlib from PyPI, installed when
+# missing; without it the CSV is still there).
+dir=$(ls -td bench/results/*/ 2>/dev/null | head -1)
+if [ -n "$dir" ] && ls "$dir"/*.csv >/dev/null 2>&1; then
+    python3 -c 'import matplotlib' 2>/dev/null || pip install -q matplotlib >/dev/null 2>&1 || true
+    python3 bench/plot.py "$dir" || echo "bench: no plots (matplotlib missing)"
+fi

@@ -1,0 +1,60 @@
+#!/usr/bin/env python3
+"""Plots the CSVs of one results folder: rate, CPU per operation and peak
+sender memory against writers, one panel per operation, one line per
+variant. Usage: bench/plot.py bench/results/<date>-<host> [label]"""
+import csv
+import os
+import sys
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+METRICS = [
+    ("rate", "achieved ops/s", "rate"),
+    ("cpu_us_per_op", "CPU µs per operation (both nodes)", "cpu"),
+    ("peak_mem_mb", "peak erlang:memory(total) on A, MB", "memory"),
+]
+
+
+def main():
+    folder = sys.argv[1]
+    label = sys.argv[2] if len(sys.argv) > 2 else None
+    for name in sorted(os.listdir(folder)):
+        if not name.endswith(".csv") or (label and not name.startswith(label)):
+            continue
+        rows = list(csv.DictReader(open(os.path.join(folder, name))))
+        if not rows:
+            continue
+        ops = sorted({r["op"] for r in rows}, key=["send", "cast", "call"].index)
+        base = name[: -len(".csv")]
+        for key, title, suffix in METRICS:
+            fig, axes = plt.subplots(1, len(ops), figsize=(5 * len(ops), 4), squeeze=False)
+            for ax, op in zip(axes[0], ops):
+                for variant in sorted({r["variant"] for r in rows}):
+                    pts = sorted(
+                        (int(r["writers"]), float(r[key]))
+                        for r in rows
+                        if r["op"] == op and r["variant"] == variant
+                    )
+                    if pts:
+                        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=variant)
+                if key == "rate":
+                    pts = sorted({(int(r["writers"]), float(r["intended"])) for r in rows if r["op"] == op})
+                    ax.plot([p[0] for p in pts], [p[1] for p in pts], "k:", label="intended")
+                ax.set_title(op)
+                ax.set_xlabel("writers")
+                ax.set_ylabel(title)
+                ax.grid(True, alpha=0.3)
+            axes[0][0].legend(fontsize=8)
+            fig.suptitle(f"{base}: {title}")
+            fig.tight_layout()
+            out = os.path.join(folder, f"{base}-{suffix}.png")
+            fig.savefig(out, dpi=90)
+            plt.close(fig)
+            print("plot:", out)
+
+
+if __name__ == "__main__":
+    main()
