@@ -74,11 +74,7 @@ run(Other) ->
 %% the peer replayed every request written.
 
 soak(Minutes) ->
-    {ok, _} = application:ensure_all_started(ecall),
-    {ok, Peer, B} = peer:start_link(#{name => peer:random_name(bench_b),
-                                      args => ?NODE_ARGS ++ code_args(),
-                                      wait_boot => 60000}),
-    {ok, _} = erpc:call(B, application, ensure_all_started, [ecall]),
+    {Peer, B} = start_b(),
     ok = ecall:connect(B),
     N = 5000,
     Receivers = erpc:call(B, lists, map,
@@ -140,11 +136,7 @@ rss_mb(OsPid) ->
 %% longest gap between two of its turns).
 
 large() ->
-    {ok, _} = application:ensure_all_started(ecall),
-    {ok, Peer, B} = peer:start_link(#{name => peer:random_name(bench_b),
-                                      args => ?NODE_ARGS ++ code_args(),
-                                      wait_boot => 60000}),
-    {ok, _} = erpc:call(B, application, ensure_all_started, [ecall]),
+    {Peer, B} = start_b(),
     ok = ecall:connect(B),
     io:format("large: A=~p (~b schedulers) B=~p, 10 x 10 MB binaries per variant~n",
               [node(), erlang:system_info(schedulers_online), B]),
@@ -227,11 +219,7 @@ big_sink(Owner, 0) -> Owner ! {big_sink, self(), done};
 big_sink(Owner, N) -> receive _ -> big_sink(Owner, N - 1) end.
 
 matrix(Ns, K, P, Ops, Variants, Label) ->
-    {ok, _} = application:ensure_all_started(ecall),
-    {ok, Peer, B} = peer:start_link(#{name => peer:random_name(bench_b),
-                                      args => ?NODE_ARGS ++ code_args(),
-                                      wait_boot => 60000}),
-    {ok, _} = erpc:call(B, application, ensure_all_started, [ecall]),
+    {Peer, B} = start_b(),
     erlang:system_flag(scheduler_wall_time, true),
     io:format("~s: A=~p B=~p, OTP ~s, ~b schedulers, payload ~b bytes of ETF, "
               "~b ecall links, ~b shards~n",
@@ -255,11 +243,7 @@ matrix(Ns, K, P, Ops, Variants, Label) ->
 %% throughput (one unpaced writer per scheduler) for each variant.
 
 micro() ->
-    {ok, _} = application:ensure_all_started(ecall),
-    {ok, Peer, B} = peer:start_link(#{name => peer:random_name(bench_b),
-                                      args => ?NODE_ARGS ++ code_args(),
-                                      wait_boot => 60000}),
-    {ok, _} = erpc:call(B, application, ensure_all_started, [ecall]),
+    {Peer, B} = start_b(),
     erlang:system_flag(scheduler_wall_time, true),
     use_transport(B, ecall_nif),
     S = erlang:system_info(schedulers_online),
@@ -308,6 +292,15 @@ use_transport(B, V) ->
 deliver(To, Msg) ->
     To ! Msg,
     ok.
+
+%% Starts ecall here and node B (a peer of this node) running ecall.
+start_b() ->
+    {ok, _} = application:ensure_all_started(ecall),
+    {ok, Peer, B} = peer:start_link(#{name => peer:random_name(bench_b),
+                                      args => ?NODE_ARGS ++ code_args(),
+                                      wait_boot => 60000}),
+    {ok, _} = erpc:call(B, application, ensure_all_started, [ecall]),
+    {Peer, B}.
 
 code_args() ->
     ["-pa", filename:dirname(code:which(ecall)),

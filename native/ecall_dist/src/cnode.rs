@@ -145,11 +145,6 @@ impl Identity {
     pub fn handshake_timeout(&self) -> Duration {
         self.config.handshake_timeout
     }
-
-    /// A token cancelled when the identity goes away.
-    pub fn cancelled(&self) -> CancellationToken {
-        self.cancel.clone()
-    }
 }
 
 impl Drop for Identity {
