@@ -180,15 +180,26 @@ impl Peer {
                 "need at least one identity, receiver and shard".into(),
             ));
         }
-        let nlinks = identities.len();
+        let from: Vec<(String, u32)> = identities
+            .iter()
+            .map(|id| (id.node().to_string(), id.creation().get()))
+            .collect();
+        let peer = Arc::new(Peer::new(config, &from));
+        for (k, id) in identities.iter().enumerate() {
+            rt.spawn(link_task(peer.clone(), k, id.clone(), events.clone()));
+        }
+        Ok(peer)
+    }
+
+    /// The shards and links of a peer, with no link task running: batches
+    /// of link `k` come from node `from[k]` (name, creation).
+    fn new(config: PeerConfig, from: &[(String, u32)]) -> Peer {
+        let nlinks = from.len();
         let shards = (0..config.shards)
             .map(|s| {
-                let id = &identities[s % nlinks];
+                let (node, creation) = &from[s % nlinks];
                 let to = &config.receivers[s % config.receivers.len()];
-                Shard::new(
-                    &BatchHeader::new(id.node(), id.creation().get(), to),
-                    config.caps,
-                )
+                Shard::new(&BatchHeader::new(node, *creation, to), config.caps)
             })
             .collect();
         let links = (0..nlinks)
@@ -198,7 +209,7 @@ impl Peer {
                 stats: LinkStats::default(),
             })
             .collect();
-        let peer = Arc::new(Peer {
+        Peer {
             config,
             shards,
             links,
@@ -207,11 +218,7 @@ impl Peer {
             cancel: CancellationToken::new(),
             creation: std::sync::atomic::AtomicU32::new(0),
             stats: PeerStats::default(),
-        });
-        for (k, id) in identities.iter().enumerate() {
-            rt.spawn(link_task(peer.clone(), k, id.clone(), events.clone()));
         }
-        Ok(peer)
     }
 
     /// Remote node name.
@@ -321,9 +328,11 @@ impl Peer {
             wake(false);
             return true;
         }
-        if w.is_empty()
-            && self.stats.queued_bytes.load(Ordering::Acquire) + size <= self.config.max_queue_bytes
-        {
+        let queued = self.stats.queued_bytes.load(Ordering::Acquire);
+        // Room now, or nothing queued at all (a request larger than the
+        // whole budget goes alone; with nothing queued no write would ever
+        // wake it).
+        if w.is_empty() && (queued + size <= self.config.max_queue_bytes || queued == 0) {
             return false;
         }
         w.push_back((size, wake));
@@ -984,5 +993,88 @@ mod tests {
         }
         assert_eq!(got, expect);
         assert!(InFlight::ranges(&[0, 0, 0, 1, 131]).is_none());
+    }
+
+    fn test_peer(budget: usize) -> Peer {
+        Peer::new(
+            PeerConfig {
+                node: "b@h".into(),
+                cookie: "c".into(),
+                receivers: vec!["ecall_rx_1".into()],
+                shards: 1,
+                caps: BatchCaps::default(),
+                max_queue_bytes: budget,
+                stall_timeout: None,
+                backoff_min: Duration::from_millis(1),
+                backoff_max: Duration::from_millis(1),
+            },
+            &[("a_ecall_1@h".into(), 1)],
+        )
+    }
+
+    /// Callers waiting for room are admitted in the order they came, only as
+    /// many as the freed room holds (no herd), and later callers queue
+    /// behind them even when they would fit.
+    #[test]
+    fn waiters_are_admitted_in_order_without_a_herd() {
+        let peer = test_peer(1000);
+        let element: Vec<u8> = [109u8, 0, 0, 1, 0xf0]
+            .into_iter()
+            .chain(std::iter::repeat_n(7, 0x1f0))
+            .collect();
+        assert_eq!(element.len(), 501);
+        assert_eq!(peer.push(0, &element, false), Push::Queued);
+        assert_eq!(peer.push(0, &element, false), Push::Full);
+        let woken = Arc::new(Mutex::new(Vec::new()));
+        let seen = |w: &Arc<Mutex<Vec<(&'static str, bool)>>>| {
+            w.lock().unwrap_or_else(|p| p.into_inner()).clone()
+        };
+        for name in ["first", "second", "third"] {
+            let w = woken.clone();
+            assert!(peer.wait_room(
+                500,
+                Box::new(move |room| w
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push((name, room)))
+            ));
+        }
+        // A small request that would fit still queues behind the waiters.
+        assert_eq!(peer.push(0, &[97, 1], false), Push::Full);
+        // The writer writes the queued batch: the whole budget is free,
+        // room for two waiters of 500, not three.
+        let frame = peer.shards[0].take().unwrap();
+        peer.release(frame.payload);
+        assert_eq!(seen(&woken), [("first", true), ("second", true)]);
+        assert_eq!(peer.push(0, &element[..500], true), Push::Queued);
+        assert_eq!(peer.push(0, &element[..500], true), Push::Queued);
+        let frame = peer.shards[0].take().unwrap();
+        peer.release(frame.payload);
+        assert_eq!(
+            seen(&woken),
+            [("first", true), ("second", true), ("third", true)]
+        );
+        assert_eq!(peer.stats.waits.load(Ordering::Relaxed), 3);
+    }
+
+    /// Closing releases every waiter, with no room.
+    #[test]
+    fn close_releases_waiters() {
+        let peer = test_peer(10);
+        let big = [109, 0, 0, 0, 8, 1, 2, 3, 4, 5, 6, 7, 8];
+        // Larger than the whole budget, nothing queued: it may go alone.
+        assert_eq!(peer.push(0, &big, false), Push::Full);
+        assert!(!peer.wait_room(13, Box::new(|_| ())));
+        assert_eq!(peer.push(0, &big, true), Push::Queued);
+        // Behind something queued, it waits.
+        assert_eq!(peer.push(0, &big, false), Push::Full);
+        let woken = Arc::new(Mutex::new(Vec::new()));
+        let w = woken.clone();
+        assert!(peer.wait_room(
+            13,
+            Box::new(move |room| w.lock().unwrap_or_else(|p| p.into_inner()).push(room))
+        ));
+        peer.close();
+        assert_eq!(*woken.lock().unwrap_or_else(|p| p.into_inner()), [false]);
     }
 }
