@@ -228,10 +228,15 @@ matrix(Ns, K, P, Ops, Variants, Label) ->
                ecall_config:links(), ecall_config:shards()]),
     %% Variants one after the other (a transport switch reconnects), each
     %% over every operation and load.
+    %% ECALL_BENCH_VARIANTS=ecall_nif,native runs only those.
+    Chosen = case os:getenv("ECALL_BENCH_VARIANTS") of
+                 false -> Variants;
+                 Vs -> [V || V <- Variants, lists:member(atom_to_list(V), string:split(Vs, ",", all))]
+             end,
     Rows = lists:append([begin
                              use_transport(B, V),
                              [point(B, V, Op, N, K, P) || Op <- Ops, N <- Ns]
-                         end || V <- Variants]),
+                         end || V <- Chosen]),
     print(Rows),
     write_results(Label, Rows),
     peer:stop(Peer),
@@ -370,6 +375,9 @@ point(B, Variant, Op, N, K, P) ->
             end,
     Batches = Delta(batches),
     Writes = Delta(writes),
+    os:getenv("ECALL_BENCH_DEBUG") =:= false orelse
+        io:format("~p ~p: wakes ~b, batches ~b, writes ~b, requests ~b~n",
+                  [Variant, Op, Delta(wakes), Batches, Writes, Delta(requests)]),
     #{variant => Variant, op => Op,
       payload => list_to_atom(os:getenv("ECALL_BENCH_PAYLOAD", "map")),
       writers => N, per_writer => K, pause_ms => P,

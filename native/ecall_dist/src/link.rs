@@ -126,6 +126,8 @@ pub struct PeerStats {
     pub full: AtomicU64,
     /// Callers that waited for room ([`Peer::wait_room`]).
     pub waits: AtomicU64,
+    /// Pushes that had to wake a sleeping link writer.
+    pub wakes: AtomicU64,
     /// Requests dropped by the overflow policy (counted by the caller
     /// through [`Peer::note_overflow_drop`]).
     pub overflow_drops: AtomicU64,
@@ -311,6 +313,7 @@ impl Peer {
             link.sleeping.load(Ordering::Relaxed)
         });
         if wake && link.sleeping.swap(false, Ordering::AcqRel) {
+            st.wakes.fetch_add(1, Ordering::Relaxed);
             link.notify.notify_one();
         }
         st.pushed.fetch_add(1, Ordering::Relaxed);

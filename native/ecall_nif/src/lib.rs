@@ -28,7 +28,7 @@ mod atoms {
         ok, error, send, full, closed, wait, retry, ecall_link, ecall_cnode, ecall_room,
         up, down, alive, badarg,
         pushed, batches, requests, bytes, writes, dropped, connects, disconnects,
-        stalls, cached_atoms, queued_bytes, links_up, overflow_waits, overflow_drops, per_link, fragmented, links, shards, accepted, refused,
+        stalls, cached_atoms, queued_bytes, links_up, overflow_waits, overflow_drops, per_link, fragmented, wakes, links, shards, accepted, refused,
     }
 }
 
@@ -393,6 +393,7 @@ fn peer_stats<'a>(env: Env<'a>, peer: ResourceArc<PeerRes>) -> NifResult<Term<'a
         (atoms::pushed(), s.pushed.load(Relaxed)),
         (atoms::full(), s.full.load(Relaxed)),
         (atoms::overflow_waits(), s.waits.load(Relaxed)),
+        (atoms::wakes(), s.wakes.load(Relaxed)),
         (atoms::overflow_drops(), s.overflow_drops.load(Relaxed)),
         (atoms::cached_atoms(), s.cached_atoms.load(Relaxed)),
         (atoms::queued_bytes(), s.queued_bytes.load(Relaxed) as u64),
