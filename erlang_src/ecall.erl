@@ -5,8 +5,10 @@
 %% ecall connection to the node of `To', the calling process encodes the
 %% request once, pushes it into its shard of a Rust queue, and a C-node link
 %% writes what the shard holds as one `{batch, Requests}' message to the
-%% peer's receiver pool. Without a connection (or without the NIF, or on a
-%% node that is not distributed) it is exactly `To ! Msg'.
+%% peer's receiver pool. When the NIF cannot load (or with the application
+%% env `transport' set to `erlang'), a pool of Erlang proxies does the
+%% batching over plain distribution instead. Without a connection, or on a
+%% node that is not distributed, it is exactly `To ! Msg'.
 %%
 %% Ordering: messages from one caller to one node keep their order, as with
 %% `!'. Nothing is promised between different callers.
