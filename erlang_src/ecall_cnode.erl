@@ -3,8 +3,9 @@
 %% link), registered with epmd for as long as this process lives.
 %%
 %% When the node is not distributed, or the NIF did not load, no identity is
-%% started, a clear log line says why, and ecall behaves as plain
-%% distribution (`!', erpc).
+%% started and a clear log line says why: without distribution ecall is
+%% plain `!' and erpc; without the NIF, connections use the pure-Erlang
+%% transport (ecall_proxy).
 -module(ecall_cnode).
 -behaviour(gen_server).
 
@@ -49,7 +50,7 @@ init([]) ->
                         "ecall:send/2 and friends behave as plain ! and erpc", []),
             {ok, #{}};
         {error, {nif_not_loaded, Why}} ->
-            ?LOG_ERROR("ecall: the NIF did not load (~p); falling back to native distribution",
+            ?LOG_ERROR("ecall: the NIF did not load (~p); connections use the pure-Erlang transport",
                        [Why]),
             {ok, #{}};
         {error, Why} ->
