@@ -603,34 +603,29 @@ link_loss_fails_its_callers_only(Config) ->
     Self = self(),
     Callers = [spawn_link(fun() ->
                                   K = ecall_nif:caller_link(Peer),
-                                  Self ! {result, self(), K, ecall:call(B, ?MODULE, block, [Self])}
+                                  Self ! {link, self(), K},
+                                  Self ! {result, self(), ecall:call(B, ?MODULE, block, [Self])}
                           end) || _ <- lists:seq(1, 20)],
+    Links = [{C, receive {link, C, K} -> K end} || C <- Callers],
+    OnLink0 = [C || {C, 0} <- Links],
+    OnLink1 = [C || {C, 1} <- Links],
+    ?assertNotEqual([], OnLink0),
     Blocked = [receive {blocked, P, B} -> P after 5000 -> ct:fail(not_blocked) end || _ <- Callers],
     [Id1 | _] = ecall:nodes(),
     true = erpc:call(B, erlang, disconnect_node, [Id1]),
     %% Link 0 (Id1) callers fail ...
-    Failed = collect_results(fun({badrpc, {link_down, _}}) -> true; (_) -> false end),
-    [?assertEqual(0, K) || {_, K, _} <- Failed],
-    ?assert(length(Failed) > 0),
-    %% ... the others are still waiting, and get their answers.
+    [receive
+         {result, C, R} -> ?assertMatch({error, {badrpc, {link_down, _}}}, R)
+     after 5000 -> ct:fail({still_waiting, C})
+     end || C <- OnLink0],
+    %% ... the others are still waiting, and get their answers once released.
+    [receive {result, C, R} -> ct:fail({early, C, R}) after 0 -> ok end || C <- OnLink1],
     [P ! go || P <- Blocked],
-    Rest = [receive {result, C, K, R} -> {C, K, R} after 5000 -> ct:fail(lost_call) end
-            || _ <- lists:seq(1, length(Callers) - length(Failed))],
-    [?assertMatch({_, 1, {ok, late}}, R) || R <- Rest],
+    [receive
+         {result, C, R} -> ?assertEqual({ok, late}, R)
+     after 5000 -> ct:fail({lost_call, C})
+     end || C <- OnLink1],
     ok.
-
-%% Results of link 0 callers that already failed (they fail before anyone
-%% is released).
-collect_results(IsFailure) ->
-    receive
-        {result, C, K, {error, E}} = M ->
-            case IsFailure(E) of
-                true -> [{C, K, E} | collect_results(IsFailure)];
-                false -> ct:fail({unexpected, M})
-            end
-    after 1000 ->
-        []
-    end.
 
 %% 1,000 calls outstanding on a node whose OS process is killed: every one
 %% returns {error, {badrpc, _}}, none hangs.
