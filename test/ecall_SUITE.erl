@@ -164,19 +164,7 @@ exactly_once_in_order(Config) ->
     B = ?config(b, Config),
     {ok, S0} = ecall:stats(B),
     #{receivers := R0} = erpc:call(B, ecall, stats, []),
-    Total = ?CALLERS * ?PER_CALLER,
-    Collector = erpc:call(B, erlang, spawn, [?MODULE, collector, [self(), Total]]),
-    Go = make_ref(),
-    Callers = [spawn_link(fun() -> receive Go -> ok end, send_seq(Collector, ?PER_CALLER) end)
-               || _ <- lists:seq(1, ?CALLERS)],
-    [C ! Go || C <- Callers],
-    receive
-        {collected, Collector, Result} ->
-            ?assertEqual(#{total => Total, callers => ?CALLERS,
-                           out_of_order => 0, last_seq_ok => ?CALLERS}, Result)
-    after 120000 ->
-        ct:fail({collector_timeout, erpc:call(B, erlang, process_info, [Collector, message_queue_len])})
-    end,
+    Total = many_callers_exactly_once(B),
     {ok, S1} = ecall:stats(B),
     #{receivers := R1} = erpc:call(B, ecall, stats, []),
     Requests = maps:get(requests, S1) - maps:get(requests, S0),
@@ -192,6 +180,25 @@ exactly_once_in_order(Config) ->
     ?assertEqual(Total, maps:get(requests, R1) - maps:get(requests, R0)),
     %% ... in batches, not one message per write.
     ?assert(Requests / Batches > 1.0).
+
+%% ?CALLERS callers, released together, each send ?PER_CALLER numbered
+%% messages to one collector on B, which checks that every one arrived once
+%% and in each caller's order. Returns how many were sent.
+many_callers_exactly_once(B) ->
+    Total = ?CALLERS * ?PER_CALLER,
+    Collector = erpc:call(B, erlang, spawn, [?MODULE, collector, [self(), Total]]),
+    Go = make_ref(),
+    Callers = [spawn_link(fun() -> receive Go -> send_seq(Collector, ?PER_CALLER) end end)
+               || _ <- lists:seq(1, ?CALLERS)],
+    [C ! Go || C <- Callers],
+    receive
+        {collected, Collector, Result} ->
+            ?assertEqual(#{total => Total, callers => ?CALLERS,
+                           out_of_order => 0, last_seq_ok => ?CALLERS}, Result)
+    after 120000 ->
+        ct:fail({collector_timeout, erpc:call(B, erlang, process_info, [Collector, message_queue_len])})
+    end,
+    Total.
 
 send_seq(To, N) ->
     Self = self(),
@@ -887,18 +894,7 @@ overload_stays_within_budget(_Config) ->
 erlang_transport_data_path(Config) ->
     B = ?config(b, Config),
     {ok, #{transport := erlang, requests := R0, batches := Bt0}} = ecall:stats(B),
-    Total = ?CALLERS * ?PER_CALLER,
-    Collector = erpc:call(B, erlang, spawn, [?MODULE, collector, [self(), Total]]),
-    Go = make_ref(),
-    Callers = [spawn_link(fun() -> receive Go -> send_seq(Collector, ?PER_CALLER) end end)
-               || _ <- lists:seq(1, ?CALLERS)],
-    [C ! Go || C <- Callers],
-    receive
-        {collected, Collector, Result} ->
-            ?assertEqual(#{total => Total, callers => ?CALLERS,
-                           out_of_order => 0, last_seq_ok => ?CALLERS}, Result)
-    after 120000 -> ct:fail(collector_timeout)
-    end,
+    Total = many_callers_exactly_once(B),
     {ok, #{requests := R1, batches := Bt1}} = ecall:stats(B),
     ?assertEqual(Total, R1 - R0),
     ?assert((R1 - R0) / (Bt1 - Bt0) > 1.0),
