@@ -357,8 +357,9 @@ usable() ->
     end.
 
 %% @doc Closes the connection to `Node'. What is still queued for it is
-%% dropped (counted); later sends use native distribution until the next
-%% `connect/1' (discovery reconnects only when the peer joins again).
+%% dropped (counted in `closed_drops'); later sends use native distribution
+%% until the next `connect/1' (discovery reconnects only when the peer joins
+%% again).
 -spec disconnect(node()) -> ok | {error, not_connected}.
 disconnect(Node) when is_atom(Node) ->
     case whereis(ecall_conn:name(Node)) of

@@ -473,7 +473,7 @@ budget_bounds_queue_and_close_releases(Config) ->
     ok = ecall_nif:peer_close(Peer),
     receive {ecall_room, Ref, false} -> ok after 5000 -> ct:fail(waiter_not_released) end,
     Closed = ecall_nif:peer_stats(Peer),
-    ?assertEqual(Queued, maps:get(dropped, Closed)),
+    ?assertEqual(Queued, maps:get(closed_drops, Closed)),
     ?assertEqual(0, maps:get(queued_bytes, Closed)),
     ?assertEqual(closed, ecall_nif:send(Peer, self(), x)).
 

@@ -796,21 +796,17 @@ async fn write_loop(
             if result.is_err() {
                 out.abandon(&mut frames);
             }
-            // Written batches count; on error, the rest is lost.
-            let (mut n, mut b, nframes) = (0u64, 0usize, done.len() as u64);
+            // Written batches count; on error, the rest is lost. Either
+            // way their bytes go back to the budget.
+            let (n, b) = tally(&done);
+            ls.batches.fetch_add(done.len() as u64, Ordering::Relaxed);
+            ls.requests.fetch_add(n, Ordering::Relaxed);
             for (s, f) in done.drain(..) {
-                n += u64::from(f.count);
-                b += f.payload;
                 peer.shards[s].recycle(f.bytes);
             }
-            ls.batches.fetch_add(nframes, Ordering::Relaxed);
-            ls.requests.fetch_add(n, Ordering::Relaxed);
             if let Err(e) = result {
-                let (mut lost, mut lb) = (0u64, 0usize);
-                for (_, f) in frames.drain(..) {
-                    lost += u64::from(f.count);
-                    lb += f.payload;
-                }
+                let (lost, lb) = tally(&frames);
+                frames.clear();
                 ls.dropped.fetch_add(lost, Ordering::Relaxed);
                 peer.release(b + lb);
                 return e;
@@ -847,6 +843,13 @@ async fn write_loop(
         }
         link.sleeping.store(false, Ordering::Relaxed);
     }
+}
+
+/// Requests and element bytes in `frames`.
+fn tally(frames: &[(usize, Frame)]) -> (u64, usize) {
+    frames.iter().fold((0, 0), |(n, b), (_, f)| {
+        (n + u64::from(f.count), b + f.payload)
+    })
 }
 
 /// Why a connected link ended.

@@ -28,7 +28,7 @@ mod atoms {
         ok, error, send, full, closed, wait, retry, ecall_link, ecall_cnode, ecall_room,
         up, down, alive, badarg,
         pushed, batches, requests, bytes, writes, dropped, connects, disconnects,
-        stalls, cached_atoms, queued_bytes, links_up, overflow_waits, overflow_drops, per_link, fragmented, wakes, links, shards, accepted, refused,
+        stalls, cached_atoms, queued_bytes, links_up, overflow_waits, overflow_drops, per_link, fragmented, wakes, closed_drops, links, shards, accepted, refused,
     }
 }
 
@@ -357,39 +357,44 @@ fn map_of<'a>(env: Env<'a>, pairs: &[(Atom, u64)]) -> NifResult<Term<'a>> {
 /// Counters of a peer, as a map: totals, and `per_link`, one map per link.
 #[rustler::nif]
 fn peer_stats<'a>(env: Env<'a>, peer: ResourceArc<PeerRes>) -> NifResult<Term<'a>> {
-    use std::sync::atomic::Ordering::Relaxed;
+    use ecall_dist::link::LinkStats;
+    use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
     let p = &peer.peer;
     let s = &p.stats;
-    let links: Vec<&ecall_dist::link::LinkStats> = (0..p.link_count())
+    let links: Vec<&LinkStats> = (0..p.link_count())
         .filter_map(|k| p.link_stats(k))
         .collect();
-    let link_pairs = |l: &ecall_dist::link::LinkStats| -> [(Atom, u64); 10] {
-        [
-            (atoms::batches(), l.batches.load(Relaxed)),
-            (atoms::requests(), l.requests.load(Relaxed)),
-            (atoms::bytes(), l.bytes.load(Relaxed)),
-            (atoms::writes(), l.writes.load(Relaxed)),
-            (atoms::dropped(), l.dropped.load(Relaxed)),
-            (atoms::connects(), l.connects.load(Relaxed)),
-            (atoms::disconnects(), l.disconnects.load(Relaxed)),
-            (atoms::stalls(), l.stalls.load(Relaxed)),
-            (atoms::fragmented(), l.fragmented.load(Relaxed)),
-            (atoms::up(), u64::from(l.up.load(Relaxed))),
-        ]
-    };
-    // Totals: the link counters summed, then the peer's own.
-    let mut totals: Vec<(Atom, u64)> = link_pairs(&ecall_dist::link::LinkStats::default())
+    // The counters every link keeps; a peer's total is their sum.
+    type Counter = fn(&LinkStats) -> &AtomicU64;
+    let counters: [(Atom, Counter); 9] = [
+        (atoms::batches(), |l| &l.batches),
+        (atoms::requests(), |l| &l.requests),
+        (atoms::bytes(), |l| &l.bytes),
+        (atoms::writes(), |l| &l.writes),
+        (atoms::dropped(), |l| &l.dropped),
+        (atoms::connects(), |l| &l.connects),
+        (atoms::disconnects(), |l| &l.disconnects),
+        (atoms::stalls(), |l| &l.stalls),
+        (atoms::fragmented(), |l| &l.fragmented),
+    ];
+    let per_link: Vec<Term> = links
         .iter()
-        .take(9)
-        .map(|(k, _)| (*k, 0))
+        .map(|l| {
+            let mut pairs: Vec<(Atom, u64)> = counters
+                .iter()
+                .map(|(k, f)| (*k, f(l).load(Relaxed)))
+                .collect();
+            pairs.push((atoms::up(), u64::from(l.up.load(Relaxed))));
+            map_of(env, &pairs)
+        })
+        .collect::<NifResult<_>>()?;
+    let mut totals: Vec<(Atom, u64)> = counters
+        .iter()
+        .map(|(k, f)| (*k, links.iter().map(|l| f(l).load(Relaxed)).sum()))
         .collect();
-    for l in &links {
-        for (i, (_, v)) in link_pairs(l).iter().take(9).enumerate() {
-            totals[i].1 += v;
-        }
-    }
-    totals[4].1 += s.dropped.load(Relaxed);
     totals.extend([
+        // Queued when the whole peer closed: no link's doing.
+        (atoms::closed_drops(), s.dropped.load(Relaxed)),
         (atoms::pushed(), s.pushed.load(Relaxed)),
         (atoms::full(), s.full.load(Relaxed)),
         (atoms::overflow_waits(), s.waits.load(Relaxed)),
@@ -401,12 +406,7 @@ fn peer_stats<'a>(env: Env<'a>, peer: ResourceArc<PeerRes>) -> NifResult<Term<'a
         (atoms::links(), p.link_count() as u64),
         (atoms::shards(), p.shard_count() as u64),
     ]);
-    let per_link: Vec<Term> = links
-        .iter()
-        .map(|l| map_of(env, &link_pairs(l)))
-        .collect::<NifResult<_>>()?;
-    let map = map_of(env, &totals)?;
-    map.map_put(atoms::per_link().encode(env), per_link.encode(env))
+    map_of(env, &totals)?.map_put(atoms::per_link().encode(env), per_link.encode(env))
 }
 
 /// Sends Rust `tracing` events up to `max` (1 error .. 5 trace; 0 stops)
