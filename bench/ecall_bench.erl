@@ -260,6 +260,15 @@ micro() ->
     io:format("micro: ecall:send/2 push, ~b-byte payload: ~.1f ns per call from one process, "
               "~.1f ns per call with ~b processes at once (wall / calls per process)~n",
               [erlang:external_size(Payload), One, All, S]),
+    %% What the push's encode and the receiver's decode cost on their own,
+    %% and one atom decoded as text (what the atom cache saves).
+    Bin = term_to_binary(Payload),
+    Atoms = term_to_binary([list_to_atom("atom_" ++ integer_to_list(I)) || I <- lists:seq(1, 100)]),
+    io:format("micro: term_to_binary of the payload ~.1f ns, binary_to_term ~.1f ns, "
+              "one atom decoded from text ~.1f ns~n",
+              [per_call(fun() -> term_to_binary(Payload) end, 100000),
+               per_call(fun() -> binary_to_term(Bin) end, 100000),
+               per_call(fun() -> binary_to_term(Atoms) end, 10000) / 100]),
     Rows = lists:append([begin use_transport(B, V), [point(B, V, send, S, 100000, 0)] end
                          || V <- [native, ecall_erlang, ecall_nif, local]]),
     io:format("~nblast: ~b unpaced writers x 100,000 messages~n", [S]),
@@ -267,6 +276,14 @@ micro() ->
     write_results("micro", Rows),
     peer:stop(Peer),
     ok.
+
+per_call(Fun, N) ->
+    T0 = erlang:monotonic_time(nanosecond),
+    repeat(Fun, N),
+    (erlang:monotonic_time(nanosecond) - T0) / N.
+
+repeat(_Fun, 0) -> ok;
+repeat(Fun, N) -> _ = Fun(), repeat(Fun, N - 1).
 
 push_ns(Sink, Payload, N, Procs) ->
     Self = self(),
