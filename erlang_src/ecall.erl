@@ -382,7 +382,10 @@ nodes() ->
 %% @doc Counters: per connected peer, and of this node's receiver pool.
 %%
 %% `identities' lists this node's C-node names with the incoming connections
-%% they accepted and refused (a wrong cookie counts as refused).
+%% they accepted and refused (a wrong cookie counts as refused) and what
+%% those connections sent: `inbound_frames', `inbound_answered' (pings),
+%% `inbound_ignored' and `inbound_malformed' (connections closed because a
+%% frame was malformed or over the size bound).
 -spec stats() -> #{peers := #{node() => map()}, receivers := map(), identities := [map()]}.
 stats() ->
     Peers = maps:from_list([{N, S} || #{node := N} <- connections(),
@@ -390,8 +393,8 @@ stats() ->
     C = ecall_receiver_sup:counters(),
     Ids = case ecall_cnode:cnode() of
               {ok, CNode} ->
-                  [#{node => binary_to_atom(N), accepted => A, refused => R}
-                   || {N, _, _, A, R} <- ecall_nif:cnode_info(CNode)];
+                  [I#{node := binary_to_atom(N)}
+                   || #{node := N} = I <- ecall_nif:cnode_info(CNode)];
               {error, _} ->
                   []
           end,

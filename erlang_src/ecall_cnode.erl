@@ -30,7 +30,7 @@ cnode() ->
 -spec nodes() -> [node()].
 nodes() ->
     case cnode() of
-        {ok, C} -> [binary_to_atom(N) || {N, _, _, _, _} <- ecall_nif:cnode_info(C)];
+        {ok, C} -> [binary_to_atom(N) || #{node := N} <- ecall_nif:cnode_info(C)];
         {error, _} -> []
     end.
 
@@ -43,7 +43,7 @@ init([]) ->
     case Result of
         {ok, CNode} ->
             ?LOG_INFO("ecall: C-node identities ~p registered with epmd",
-                      [[N || {N, _, _, _, _} <- ecall_nif:cnode_info(CNode)]]),
+                      [[N || #{node := N} <- ecall_nif:cnode_info(CNode)]]),
             {ok, #{cnode => CNode}};
         {error, not_distributed} ->
             ?LOG_NOTICE("ecall: this node is not distributed (no -sname/-name); "

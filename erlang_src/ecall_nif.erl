@@ -57,9 +57,11 @@ log_off() -> erlang:nif_error(nif_not_loaded).
 -spec cnode_start([binary()], binary(), pos_integer(), pos_integer(), 1..65535, reference()) -> ok.
 cnode_start(_Nodes, _Cookie, _TickMs, _HandshakeMs, _EpmdPort, _Ref) -> erlang:nif_error(nif_not_loaded).
 
-%% [{Node, Creation, Port, IncomingAccepted, IncomingRefused}]
--spec cnode_info(cnode()) -> [{binary(), non_neg_integer(), non_neg_integer(),
-                               non_neg_integer(), non_neg_integer()}].
+%% One map per identity: node (binary), creation, port, incoming connections
+%% accepted and refused, and what they sent: inbound_frames, inbound_answered
+%% (is_auth), inbound_ignored, inbound_malformed (connections closed on a
+%% malformed frame).
+-spec cnode_info(cnode()) -> [#{node := binary(), atom() => non_neg_integer() | binary()}].
 cnode_info(_CNode) -> erlang:nif_error(nif_not_loaded).
 
 -spec peer_open(cnode(), binary(), binary(), [binary()], pid(), map()) -> {ok, peer()}.

@@ -31,9 +31,7 @@ pub const SLOTS: usize = 2048;
 /// Most references one header can declare.
 pub const MAX_REFS: usize = 255;
 
-const DIST_HEADER: u8 = 68;
-const ATOM_CACHE_REF: u8 = 82;
-const VERSION: u8 = 131;
+use crate::etf::*;
 
 /// What a walk does with each atom it meets.
 trait Atoms {
@@ -57,7 +55,10 @@ fn copy(inp: &[u8], pos: usize, len: usize, out: &mut Vec<u8>) -> Option<usize> 
 
 /// Walks one term at `inp[pos..]` (no version byte), copying it to `out`
 /// and handing every atom to `atoms`. Iterative: the count of terms still
-/// to walk replaces recursion, so depth costs no stack. `None` for anything
+/// to walk replaces recursion, so depth costs no stack, and every step
+/// consumes at least one input byte, so a length or arity read from the
+/// input (even 0xFFFFFFFF) bounds nothing but that count: the walk ends
+/// when the input does. `None` for anything
 /// malformed or of a kind we do not walk (old fun, local, compressed).
 fn walk<A: Atoms>(atoms: &mut A, inp: &[u8], mut pos: usize, out: &mut Vec<u8>) -> Option<usize> {
     let mut remaining = 1usize;
@@ -65,48 +66,54 @@ fn walk<A: Atoms>(atoms: &mut A, inp: &[u8], mut pos: usize, out: &mut Vec<u8>) 
         remaining -= 1;
         let tag = *inp.get(pos)?;
         pos = match tag {
-            97 => copy(inp, pos, 2, out)?,  // SMALL_INTEGER
-            98 => copy(inp, pos, 5, out)?,  // INTEGER
-            70 => copy(inp, pos, 9, out)?,  // NEW_FLOAT
-            99 => copy(inp, pos, 32, out)?, // FLOAT (old)
-            106 => copy(inp, pos, 1, out)?, // NIL
-            107 => copy(inp, pos, 3 + u16_at(inp, pos + 1)?, out)?, // STRING
-            109 => copy(inp, pos, 5 + u32_at(inp, pos + 1)?, out)?, // BINARY
-            77 => copy(inp, pos, 6 + u32_at(inp, pos + 1)?, out)?, // BIT_BINARY
-            110 => copy(inp, pos, 3 + *inp.get(pos + 1)? as usize, out)?, // SMALL_BIG
-            111 => copy(inp, pos, 6 + u32_at(inp, pos + 1)?, out)?, // LARGE_BIG
+            SMALL_INTEGER_EXT => copy(inp, pos, 2, out)?,
+            INTEGER_EXT => copy(inp, pos, 5, out)?,
+            NEW_FLOAT_EXT => copy(inp, pos, 9, out)?,
+            FLOAT_EXT => copy(inp, pos, 32, out)?,
+            NIL_EXT => copy(inp, pos, 1, out)?,
+            STRING_EXT => copy(inp, pos, 3 + u16_at(inp, pos + 1)?, out)?,
+            BINARY_EXT => copy(inp, pos, 5 + u32_at(inp, pos + 1)?, out)?,
+            BIT_BINARY_EXT => copy(inp, pos, 6 + u32_at(inp, pos + 1)?, out)?,
+            SMALL_BIG_EXT => copy(inp, pos, 3 + *inp.get(pos + 1)? as usize, out)?,
+            LARGE_BIG_EXT => copy(inp, pos, 6 + u32_at(inp, pos + 1)?, out)?,
             // NEW_FUN: its size covers it all; its atoms stay as text.
-            112 => copy(inp, pos, 1 + u32_at(inp, pos + 1)?, out)?,
-            104 => {
-                remaining += *inp.get(pos + 1)? as usize;
+            NEW_FUN_EXT => copy(inp, pos, 1 + u32_at(inp, pos + 1)?, out)?,
+            SMALL_TUPLE_EXT => {
+                remaining = remaining.saturating_add(*inp.get(pos + 1)? as usize);
                 copy(inp, pos, 2, out)?
             }
-            105 => {
-                remaining += u32_at(inp, pos + 1)?;
+            LARGE_TUPLE_EXT => {
+                remaining = remaining.saturating_add(u32_at(inp, pos + 1)?);
                 copy(inp, pos, 5, out)?
             }
-            108 => {
-                remaining += u32_at(inp, pos + 1)? + 1;
+            LIST_EXT => {
+                remaining = remaining
+                    .saturating_add(u32_at(inp, pos + 1)?)
+                    .saturating_add(1);
                 copy(inp, pos, 5, out)?
             }
-            116 => {
-                remaining += 2 * u32_at(inp, pos + 1)?;
+            MAP_EXT => {
+                remaining = remaining.saturating_add(u32_at(inp, pos + 1)?.saturating_mul(2));
                 copy(inp, pos, 5, out)?
             }
-            113 => {
+            EXPORT_EXT => {
                 // EXPORT: module, function, arity follow as terms.
                 remaining += 3;
                 copy(inp, pos, 1, out)?
             }
-            100 | 115 | 118 | 119 | ATOM_CACHE_REF => atoms.atom(inp, pos, out)?,
+            ATOM_EXT | SMALL_ATOM_EXT | ATOM_UTF8_EXT | SMALL_ATOM_UTF8_EXT | ATOM_CACHE_REF => {
+                atoms.atom(inp, pos, out)?
+            }
             // Pids, ports and references: a node atom between fixed fields.
-            88 => atom_then(atoms, inp, pos, 1, 12, out)?, // NEW_PID
-            103 => atom_then(atoms, inp, pos, 1, 9, out)?, // PID
-            89 => atom_then(atoms, inp, pos, 1, 8, out)?,  // NEW_PORT
-            120 => atom_then(atoms, inp, pos, 1, 12, out)?, // V4_PORT
-            102 | 101 => atom_then(atoms, inp, pos, 1, 5, out)?, // PORT, REFERENCE
-            90 => atom_then(atoms, inp, pos, 3, 4 + 4 * u16_at(inp, pos + 1)?, out)?, // NEWER_REFERENCE
-            114 => atom_then(atoms, inp, pos, 3, 1 + 4 * u16_at(inp, pos + 1)?, out)?, // NEW_REFERENCE
+            NEW_PID_EXT => atom_then(atoms, inp, pos, 1, 12, out)?,
+            PID_EXT => atom_then(atoms, inp, pos, 1, 9, out)?,
+            NEW_PORT_EXT => atom_then(atoms, inp, pos, 1, 8, out)?,
+            V4_PORT_EXT => atom_then(atoms, inp, pos, 1, 12, out)?,
+            PORT_EXT | REFERENCE_EXT => atom_then(atoms, inp, pos, 1, 5, out)?,
+            NEWER_REFERENCE_EXT => {
+                atom_then(atoms, inp, pos, 3, 4 + 4 * u16_at(inp, pos + 1)?, out)?
+            }
+            NEW_REFERENCE_EXT => atom_then(atoms, inp, pos, 3, 1 + 4 * u16_at(inp, pos + 1)?, out)?,
             _ => return None,
         };
     }
@@ -128,12 +135,12 @@ fn atom_then<A: Atoms>(
 }
 
 /// The text of a plain atom at `inp[pos..]`: (utf8, start, len, next).
-fn atom_text(inp: &[u8], pos: usize) -> Option<(bool, usize, usize, usize)> {
+pub(crate) fn atom_text(inp: &[u8], pos: usize) -> Option<(bool, usize, usize, usize)> {
     let (utf8, start, len) = match *inp.get(pos)? {
-        119 => (true, pos + 2, *inp.get(pos + 1)? as usize),
-        118 => (true, pos + 3, u16_at(inp, pos + 1)?),
-        115 => (false, pos + 2, *inp.get(pos + 1)? as usize),
-        100 => (false, pos + 3, u16_at(inp, pos + 1)?),
+        SMALL_ATOM_UTF8_EXT => (true, pos + 2, *inp.get(pos + 1)? as usize),
+        ATOM_UTF8_EXT => (true, pos + 3, u16_at(inp, pos + 1)?),
+        SMALL_ATOM_EXT => (false, pos + 2, *inp.get(pos + 1)? as usize),
+        ATOM_EXT => (false, pos + 3, u16_at(inp, pos + 1)?),
         _ => return None,
     };
     inp.get(start..start + len)?;
@@ -296,8 +303,6 @@ impl OutCache {
     }
 }
 
-const FRAGMENT_FIRST: u8 = 69;
-
 /// Where the term at `inp[pos..]` (no version byte) ends, or `None` if it
 /// is malformed or of a kind we do not walk.
 pub fn term_end(inp: &[u8], pos: usize) -> Option<usize> {
@@ -378,6 +383,10 @@ impl Default for InCache {
 
 struct Decoding<'a> {
     cache: &'a InCache,
+    /// Longest output allowed: a two-byte reference expands to an atom of
+    /// up to 65,535 bytes, so without this bound a small frame could ask
+    /// for gigabytes.
+    limit: usize,
 }
 
 impl Atoms for Decoding<'_> {
@@ -388,24 +397,36 @@ impl Atoms for Decoding<'_> {
         let i = *inp.get(pos + 1)? as usize;
         let slot = *self.cache.refs.get(i)? as usize;
         let text = self.cache.slots[slot].as_deref()?;
+        if out.len() + text.len() + 3 > self.limit {
+            return None;
+        }
         crate::etf::put_atom(out, std::str::from_utf8(text).ok()?);
         Some(pos + 2)
     }
 }
 
+/// What an incoming frame with a distribution header holds.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Decoded {
+    /// The terms, every reference expanded and version bytes restored: a
+    /// pass-through body.
+    Body(Vec<u8>),
+    /// The first fragment of a fragmented message: its cache entries are
+    /// recorded (later messages may refer to them), its terms are not
+    /// decoded (we do not reassemble; nothing we answer comes in pieces).
+    Fragment,
+}
+
 impl InCache {
     /// Decodes a frame body that starts with a distribution header
-    /// (`131 68 ...`): records new cache entries and returns the terms with
-    /// every reference expanded and their version bytes restored, as a
-    /// pass-through body. `None` if the frame is malformed.
-    pub fn decode(&mut self, frame: &[u8]) -> Option<Vec<u8>> {
-        // A first fragment's header declares cache entries like a plain
-        // header (after its sequence and fragment ids): record them, since
-        // later messages may refer to them, but report nothing (we do not
-        // reassemble; nothing we answer comes in fragments).
+    /// (`131 68 ...`, or `131 69 ...` for a first fragment) and records its
+    /// new cache entries. `None` if the frame is malformed, refers to an
+    /// entry it has not declared, or would expand past `limit` bytes.
+    pub fn decode(&mut self, frame: &[u8], limit: usize) -> Option<Decoded> {
         let (mut pos, fragment) = match frame.get(..2)? {
             [VERSION, DIST_HEADER] => (2, false),
-            [VERSION, FRAGMENT_FIRST] => (18, true),
+            // 131 69 <sequence id:64> <fragment id:64> N Flags Refs
+            [VERSION, DIST_FRAG_HEADER] => (18, true),
             _ => return None,
         };
         let n = *frame.get(pos)? as usize;
@@ -433,15 +454,18 @@ impl InCache {
             }
         }
         if fragment {
-            return None;
+            return Some(Decoded::Fragment);
         }
-        let mut out = Vec::with_capacity(frame.len() + 64);
-        let mut dec = Decoding { cache: self };
+        let mut out = Vec::with_capacity(frame.len().min(limit) + 64);
+        let mut dec = Decoding { cache: self, limit };
         while pos < frame.len() {
             out.push(VERSION);
             pos = walk(&mut dec, frame, pos, &mut out)?;
+            if out.len() > limit {
+                return None;
+            }
         }
-        Some(out)
+        Some(Decoded::Body(out))
     }
 }
 
@@ -468,7 +492,9 @@ mod tests {
         out.encode(&body, &mut frame);
         let len = u32::from_be_bytes(frame[..4].try_into().unwrap()) as usize;
         assert_eq!(len, frame.len() - 4);
-        let plain = inn.decode(&frame[4..]).expect("decodes");
+        let Some(Decoded::Body(plain)) = inn.decode(&frame[4..], 1 << 20) else {
+            panic!("does not decode")
+        };
         let mut cur = std::io::Cursor::new(&plain[..]);
         for t in terms {
             assert_eq!(&Term::decode(&mut cur).unwrap(), t);
@@ -537,11 +563,14 @@ mod tests {
         first.extend_from_slice(&[0; 16]);
         first.extend_from_slice(&frame[6..4 + header_len]);
         let mut inn = InCache::default();
-        assert!(inn.decode(&first).is_none());
+        assert_eq!(inn.decode(&first, 1 << 20), Some(Decoded::Fragment));
         let mut again = Vec::new();
         out.encode(&enc(&atom("fragmented_atom")), &mut again);
         assert_eq!(&again[4..7], &[131, 68, 1]);
-        assert!(inn.decode(&again[4..]).is_some());
+        assert!(matches!(
+            inn.decode(&again[4..], 1 << 20),
+            Some(Decoded::Body(_))
+        ));
     }
 
     #[test]
@@ -600,7 +629,7 @@ mod tests {
             &[131, 68, 0, 82, 0],
             &[1, 2],
         ] {
-            assert!(inn.decode(f).is_none(), "{f:?}");
+            assert!(inn.decode(f, 1 << 20).is_none(), "{f:?}");
         }
         let mut out = OutCache::default();
         let mut frame = Vec::new();

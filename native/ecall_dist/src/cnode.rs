@@ -6,7 +6,7 @@
 //! incoming connection it serves, and closes the epmd connection, which
 //! unregisters the name.
 
-use crate::wire;
+use crate::inbound::{self, InboundStats};
 use crate::Error;
 use erl_dist::epmd::{EpmdClient, NodeEntry};
 use erl_dist::handshake::{HandshakeStatus, ServerSideHandshake};
@@ -75,6 +75,9 @@ pub struct Identity {
     pub accepted: AtomicU64,
     /// Incoming connections refused (bad cookie, bad handshake).
     pub refused: AtomicU64,
+    /// What peers sent on accepted connections (`malformed` counts the
+    /// connections closed for it).
+    pub inbound: Arc<InboundStats>,
     _epmd: Compat<TcpStream>,
 }
 
@@ -106,6 +109,7 @@ impl Identity {
             cancel: CancellationToken::new(),
             accepted: AtomicU64::new(0),
             refused: AtomicU64::new(0),
+            inbound: Arc::default(),
             _epmd: keep,
         });
         tokio::spawn(accept_loop(
@@ -174,10 +178,17 @@ async fn accept_loop(
                 Ok(Ok((stream, peer))) => {
                     me.accepted.fetch_add(1, Ordering::Relaxed);
                     tracing::info!(node = me.node(), peer = %peer, "incoming connection");
-                    let tick = me.tick();
+                    // The identity is not held while the connection lasts:
+                    // dropping it must cancel every connection it serves.
+                    let (tick, node) = (me.tick(), me.node().to_string());
+                    let stats = Arc::clone(&me.inbound);
                     drop(me);
-                    let reason = serve_passive(stream, tick, cancel).await;
-                    tracing::info!(peer = %peer, reason, "incoming connection closed");
+                    let reason = serve_passive(stream, tick, &stats, cancel).await;
+                    if reason.starts_with("malformed") {
+                        tracing::warn!(node, peer = %peer, reason, "incoming connection closed");
+                    } else {
+                        tracing::info!(node, peer = %peer, reason, "incoming connection closed");
+                    }
                 }
                 Ok(Err(e)) => {
                     me.refused.fetch_add(1, Ordering::Relaxed);
@@ -207,16 +218,21 @@ async fn server_handshake(me: &Identity, stream: TcpStream) -> Result<(TcpStream
 
 /// Serves a connection on which we send nothing of our own: answers
 /// `is_auth`, ticks, and returns why it ended.
-pub async fn serve_passive(stream: TcpStream, tick: Duration, cancel: CancellationToken) -> String {
+async fn serve_passive(
+    stream: TcpStream,
+    tick: Duration,
+    stats: &InboundStats,
+    cancel: CancellationToken,
+) -> String {
     let (mut rd, mut wr) = stream.into_split();
     let (tx, mut rx) = tokio::sync::mpsc::channel::<Vec<u8>>(16);
-    let reader = wire::read_loop(&mut rd, tx);
+    let reader = async { inbound::read_loop(&mut rd, tx, stats).await.to_string() };
     let writer = async move {
         let mut ticker = tokio::time::interval(tick);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             let r = tokio::select! {
-                _ = ticker.tick() => wr.write_all(&wire::TICK).await,
+                _ = ticker.tick() => wr.write_all(&inbound::TICK).await,
                 m = rx.recv() => match m {
                     Some(frame) => wr.write_all(&frame).await,
                     None => return "reader gone".to_string(),
@@ -274,7 +290,8 @@ pub async fn connect(me: &Identity, peer: &str, cookie: &str) -> Result<Connecte
         .map_err(|e| Error::Handshake(e.to_string()))?;
     if status == HandshakeStatus::Alive {
         // erl_dist 0.8 never finishes a handshake continued after `alive`
-        // (see DESIGN.md): decline, and let the owner ask the peer to drop
+        // (it waits for a message that never comes, until the peer times
+        // out after about 7 s): decline, and let the owner ask the peer to drop
         // the stale connection before the next attempt.
         let _ = hs.execute_rest(false).await;
         return Err(Error::Alive);

@@ -6,23 +6,89 @@
 //! (control tuple, `{batch, [...]}` head, list tail) are written by this
 //! module.
 
+// ---- Frame and header bytes -------------------------------------------
+
 /// `VERSION_MAGIC` that starts every external term.
 pub const VERSION: u8 = 131;
-/// Pass-through byte that starts every distribution message (no atom cache).
+/// Pass-through byte that starts a distribution message without a header.
 pub const PASS_THROUGH: u8 = 112;
-const SMALL_INTEGER_EXT: u8 = 97;
-const SMALL_TUPLE_EXT: u8 = 104;
-const LIST_EXT: u8 = 108;
-/// `NIL_EXT`, the tail of a proper list.
-pub const NIL_EXT: u8 = 106;
-const SMALL_ATOM_UTF8_EXT: u8 = 119;
-const ATOM_UTF8_EXT: u8 = 118;
-const NEW_PID_EXT: u8 = 88;
+/// `131 68`: a normal distribution header (atom cache references).
+pub const DIST_HEADER: u8 = 68;
+/// `131 69`: the header of the first fragment of a fragmented message.
+pub const DIST_FRAG_HEADER: u8 = 69;
+/// `131 70`: the header of a later fragment.
+pub const DIST_FRAG_CONT: u8 = 70;
+/// A reference to the `i`th entry declared by the distribution header.
+pub const ATOM_CACHE_REF: u8 = 82;
+/// Compressed term (`term_to_binary(T, [compressed])`): only at the top of
+/// a term, never inside a spliced list.
+pub const COMPRESSED: u8 = 80;
 
-/// Distribution control message tag of `REG_SEND`.
-pub const REG_SEND: u8 = 6;
-/// Distribution control message tag of `SEND`.
+// ---- Term tags ----------------------------------------------------------
+
+/// `NEW_FLOAT_EXT`: 8-byte IEEE float.
+pub const NEW_FLOAT_EXT: u8 = 70;
+/// `BIT_BINARY_EXT`: length, bits in the last byte, data.
+pub const BIT_BINARY_EXT: u8 = 77;
+/// `NEW_PID_EXT`: node atom, id, serial, creation (32 bits each).
+pub const NEW_PID_EXT: u8 = 88;
+/// `NEW_PORT_EXT`: node atom, id, creation.
+pub const NEW_PORT_EXT: u8 = 89;
+/// `NEWER_REFERENCE_EXT`: id count, node atom, creation, ids.
+pub const NEWER_REFERENCE_EXT: u8 = 90;
+/// `SMALL_INTEGER_EXT`: one unsigned byte.
+pub const SMALL_INTEGER_EXT: u8 = 97;
+/// `INTEGER_EXT`: four bytes, signed.
+pub const INTEGER_EXT: u8 = 98;
+/// `FLOAT_EXT`: 31 bytes of text (old).
+pub const FLOAT_EXT: u8 = 99;
+/// `ATOM_EXT`: Latin-1 text, 16-bit length (deprecated).
+pub const ATOM_EXT: u8 = 100;
+/// `REFERENCE_EXT` (old): node atom, id, creation.
+pub const REFERENCE_EXT: u8 = 101;
+/// `PORT_EXT` (old): node atom, id, creation.
+pub const PORT_EXT: u8 = 102;
+/// `PID_EXT` (old): node atom, id, serial, creation (one byte).
+pub const PID_EXT: u8 = 103;
+/// `SMALL_TUPLE_EXT`: one-byte arity, then the elements.
+pub const SMALL_TUPLE_EXT: u8 = 104;
+/// `LARGE_TUPLE_EXT`: four-byte arity, then the elements.
+pub const LARGE_TUPLE_EXT: u8 = 105;
+/// `NIL_EXT`: the empty list, the tail of a proper list.
+pub const NIL_EXT: u8 = 106;
+/// `STRING_EXT`: a list of bytes, 16-bit length.
+pub const STRING_EXT: u8 = 107;
+/// `LIST_EXT`: four-byte length, the elements, then the tail.
+pub const LIST_EXT: u8 = 108;
+/// `BINARY_EXT`: four-byte length, data.
+pub const BINARY_EXT: u8 = 109;
+/// `SMALL_BIG_EXT`: one-byte digit count, sign, digits.
+pub const SMALL_BIG_EXT: u8 = 110;
+/// `LARGE_BIG_EXT`: four-byte digit count, sign, digits.
+pub const LARGE_BIG_EXT: u8 = 111;
+/// `NEW_FUN_EXT`: four-byte total size covers the whole fun.
+pub const NEW_FUN_EXT: u8 = 112;
+/// `EXPORT_EXT`: module, function, arity as three terms.
+pub const EXPORT_EXT: u8 = 113;
+/// `NEW_REFERENCE_EXT`: id count, node atom, creation (one byte), ids.
+pub const NEW_REFERENCE_EXT: u8 = 114;
+/// `SMALL_ATOM_EXT`: Latin-1 text, 8-bit length (deprecated).
+pub const SMALL_ATOM_EXT: u8 = 115;
+/// `MAP_EXT`: four-byte pair count, then keys and values.
+pub const MAP_EXT: u8 = 116;
+/// `ATOM_UTF8_EXT`: UTF-8 text, 16-bit length.
+pub const ATOM_UTF8_EXT: u8 = 118;
+/// `SMALL_ATOM_UTF8_EXT`: UTF-8 text, 8-bit length.
+pub const SMALL_ATOM_UTF8_EXT: u8 = 119;
+/// `V4_PORT_EXT`: node atom, 64-bit id, creation.
+pub const V4_PORT_EXT: u8 = 120;
+
+// ---- Distribution control messages --------------------------------------
+
+/// Control tag of `SEND`: `{2, Unused, ToPid}`.
 pub const SEND: u8 = 2;
+/// Control tag of `REG_SEND`: `{6, FromPid, Unused, ToName}`.
+pub const REG_SEND: u8 = 6;
 
 /// Appends an atom (UTF-8 encoding, the only one OTP 26+ accepts).
 pub fn put_atom(out: &mut Vec<u8>, name: &str) {
@@ -94,8 +160,7 @@ impl BatchHeader {
 /// (uncompressed) external format.
 pub fn element_body(etf: &[u8]) -> Option<&[u8]> {
     match etf {
-        // 80 is COMPRESSED: it may only stand at the top of a term.
-        [VERSION, tag, ..] if *tag != 80 => Some(&etf[1..]),
+        [VERSION, tag, ..] if *tag != COMPRESSED => Some(&etf[1..]),
         _ => None,
     }
 }

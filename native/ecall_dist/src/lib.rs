@@ -25,9 +25,9 @@
 pub mod atom_cache;
 pub mod cnode;
 pub mod etf;
+pub mod inbound;
 pub mod link;
 pub mod shard;
-pub mod wire;
 
 pub use cnode::{Identity, IdentityConfig};
 pub use link::{LinkEvents, Peer, PeerConfig, Push};

@@ -31,8 +31,9 @@
 use crate::atom_cache::{self, OutCache};
 use crate::cnode::{self, Identity};
 use crate::etf::BatchHeader;
+use crate::inbound::{self, InboundStats};
 use crate::shard::{BatchCaps, Frame, Shard};
-use crate::{wire, Error};
+use crate::Error;
 use std::collections::VecDeque;
 use std::io::IoSlice;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -112,6 +113,8 @@ pub struct LinkStats {
     pub fragmented: AtomicU64,
     /// Gauge: connected now.
     pub up: AtomicBool,
+    /// What the peer sent us on this link (ticks aside).
+    pub inbound: InboundStats,
 }
 
 /// Counters of one peer (per-link counters are in [`LinkStats`]; see
@@ -506,7 +509,11 @@ async fn link_task(peer: Arc<Peer>, k: usize, id: Arc<Identity>, events: Arc<dyn
 async fn run(peer: &Arc<Peer>, k: usize, id: &Identity, conn: cnode::Connected) -> Ended {
     let (mut rd, mut wr) = conn.stream.into_split();
     let (ctl_tx, mut ctl_rx) = tokio::sync::mpsc::channel::<Vec<u8>>(16);
-    let mut reader = tokio::spawn(async move { wire::read_loop(&mut rd, ctl_tx).await });
+    let reading = Arc::clone(peer);
+    let mut reader = tokio::spawn(async move {
+        let stats = &reading.links[k].stats.inbound;
+        inbound::read_loop(&mut rd, ctl_tx, stats).await.to_string()
+    });
     let mut out = Out {
         cache: conn.atom_cache.then(OutCache::default),
         // Fragments need the distribution header, which comes with the
@@ -835,7 +842,7 @@ async fn write_loop(
             }
             r = &mut *reader => return r.unwrap_or_else(|e| format!("reader: {e}")).into(),
             _ = tokio::time::sleep_until(tick_at) => {
-                if let Err(e) = write_with_deadline(ls, wr, &[&wire::TICK], deadline).await {
+                if let Err(e) = write_with_deadline(ls, wr, &[&inbound::TICK], deadline).await {
                     return e;
                 }
                 last_write = Instant::now();

@@ -29,6 +29,7 @@ mod atoms {
         up, down, alive, badarg,
         pushed, batches, requests, bytes, writes, dropped, connects, disconnects,
         stalls, cached_atoms, queued_bytes, links_up, overflow_waits, overflow_drops, per_link, fragmented, wakes, closed_drops, links, shards, accepted, refused,
+        node, creation, port, inbound_frames, inbound_answered, inbound_ignored, inbound_malformed,
     }
 }
 
@@ -120,23 +121,37 @@ fn cnode_start(
     Ok(atoms::ok())
 }
 
-/// `[{Node, Creation, Port, Accepted, Refused}]` of the identities.
+/// One map per identity: `node` (binary), `creation`, `port`, incoming
+/// connections `accepted` and `refused`, and what they sent
+/// (`inbound_frames`, `inbound_answered`, `inbound_ignored`, and
+/// `inbound_malformed`: connections closed on a malformed frame).
 #[rustler::nif]
-fn cnode_info(cnode: ResourceArc<CNode>) -> Vec<(String, u32, u16, u64, u64)> {
+fn cnode_info<'a>(env: Env<'a>, cnode: ResourceArc<CNode>) -> NifResult<Vec<Term<'a>>> {
     use std::sync::atomic::Ordering::Relaxed;
     cnode
         .ids
         .iter()
         .map(|i| {
-            (
-                i.node().to_string(),
-                i.creation().get(),
-                i.port(),
-                i.accepted.load(Relaxed),
-                i.refused.load(Relaxed),
-            )
+            let mut pairs = vec![
+                (atoms::creation(), u64::from(i.creation().get())),
+                (atoms::port(), u64::from(i.port())),
+                (atoms::accepted(), i.accepted.load(Relaxed)),
+                (atoms::refused(), i.refused.load(Relaxed)),
+            ];
+            pairs.extend(inbound_counters(&i.inbound));
+            map_of(env, &pairs)?.map_put(atoms::node().encode(env), i.node().encode(env))
         })
         .collect()
+}
+
+fn inbound_counters(s: &ecall_dist::inbound::InboundStats) -> [(Atom, u64); 4] {
+    use std::sync::atomic::Ordering::Relaxed;
+    [
+        (atoms::inbound_frames(), s.frames.load(Relaxed)),
+        (atoms::inbound_answered(), s.answered.load(Relaxed)),
+        (atoms::inbound_ignored(), s.ignored.load(Relaxed)),
+        (atoms::inbound_malformed(), s.malformed.load(Relaxed)),
+    ]
 }
 
 struct Events {
@@ -366,7 +381,7 @@ fn peer_stats<'a>(env: Env<'a>, peer: ResourceArc<PeerRes>) -> NifResult<Term<'a
         .collect();
     // The counters every link keeps; a peer's total is their sum.
     type Counter = fn(&LinkStats) -> &AtomicU64;
-    let counters: [(Atom, Counter); 9] = [
+    let counters: [(Atom, Counter); 13] = [
         (atoms::batches(), |l| &l.batches),
         (atoms::requests(), |l| &l.requests),
         (atoms::bytes(), |l| &l.bytes),
@@ -376,6 +391,10 @@ fn peer_stats<'a>(env: Env<'a>, peer: ResourceArc<PeerRes>) -> NifResult<Term<'a
         (atoms::disconnects(), |l| &l.disconnects),
         (atoms::stalls(), |l| &l.stalls),
         (atoms::fragmented(), |l| &l.fragmented),
+        (atoms::inbound_frames(), |l| &l.inbound.frames),
+        (atoms::inbound_answered(), |l| &l.inbound.answered),
+        (atoms::inbound_ignored(), |l| &l.inbound.ignored),
+        (atoms::inbound_malformed(), |l| &l.inbound.malformed),
     ];
     let per_link: Vec<Term> = links
         .iter()

@@ -1,0 +1,102 @@
+//! Helpers shared by the integration tests: a private epmd per test, node
+//! names that do not collide, and a C-node identity registered with it.
+#![allow(dead_code)]
+
+use ecall_dist::{Identity, IdentityConfig};
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::process::{Child, Command};
+
+pub const COOKIE: &str = "ecall_test_cookie";
+pub const WAIT: Duration = Duration::from_secs(30);
+
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+pub fn host() -> String {
+    let h = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap();
+    h.trim().split('.').next().unwrap().to_string()
+}
+
+pub fn unique(prefix: &str) -> String {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static N: AtomicU32 = AtomicU32::new(0);
+    format!(
+        "{prefix}_{}_{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// A private epmd, killed on drop.
+pub struct Epmd {
+    pub port: u16,
+    _child: Child,
+}
+
+impl Epmd {
+    pub async fn start() -> Epmd {
+        let port = free_port();
+        let child = Command::new("epmd")
+            .args(["-port", &port.to_string(), "-address", "127.0.0.1"])
+            .kill_on_drop(true)
+            .spawn()
+            .expect("epmd on PATH (make deps installs Erlang)");
+        // Ready when it answers a names request.
+        let t0 = std::time::Instant::now();
+        while epmd_names(port).await.is_none() {
+            assert!(t0.elapsed() < WAIT, "epmd did not start");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        Epmd {
+            port,
+            _child: child,
+        }
+    }
+}
+
+pub async fn epmd_names(port: u16) -> Option<Vec<(String, u16)>> {
+    let stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .ok()?;
+    erl_dist::epmd::EpmdClient::new(tokio_util::compat::TokioAsyncReadCompatExt::compat(stream))
+        .get_names()
+        .await
+        .ok()
+}
+
+pub async fn identity(epmd: &Epmd, cookie: &str, tick: Duration) -> Arc<Identity> {
+    Identity::start(IdentityConfig {
+        node: format!("{}@{}", unique("rust_ecall"), host()),
+        cookie: cookie.into(),
+        tick,
+        handshake_timeout: Duration::from_secs(10),
+        epmd_port: epmd.port,
+    })
+    .await
+    .expect("identity starts")
+}
+
+/// Every corpus file with the verdict its name asks for.
+pub fn corpus() -> Vec<(String, Vec<u8>)> {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/corpus/inbound");
+    let mut files: Vec<(String, Vec<u8>)> = std::fs::read_dir(&dir)
+        .expect("corpus folder")
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "bin"))
+        .map(|p| {
+            let name = p.file_name().unwrap().to_string_lossy().into_owned();
+            (name, std::fs::read(&p).unwrap())
+        })
+        .collect();
+    files.sort();
+    assert!(files.len() >= 20, "corpus has {} files", files.len());
+    files
+}

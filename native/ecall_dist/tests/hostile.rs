@@ -1,0 +1,186 @@
+//! Hostile peers against a real C-node identity: a real epmd, real TCP on
+//! loopback, the real distribution handshake (erl_dist's client side, under
+//! a made-up node name that has the cookie), then crafted frames.
+//!
+//! The rule under test: a malformed or oversized input closes the one
+//! connection it came on (counted), and everything else goes on; a
+//! well-formed but deep or long term is read and ignored without closing.
+
+mod common;
+
+use common::{corpus, identity, unique, Epmd, COOKIE, WAIT};
+use ecall_dist::inbound::{self, MAX_INCOMING_FRAME};
+use ecall_dist::Identity;
+use erl_dist::handshake::{ClientSideHandshake, HandshakeStatus};
+use erl_dist::node::{Creation, LocalNode};
+use proptest::prelude::*;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio_util::compat::TokioAsyncReadCompatExt;
+
+/// Connects to `id` as `evil@localhost` and finishes the handshake.
+async fn connect(id: &Identity, cookie: &str) -> TcpStream {
+    let stream = TcpStream::connect(("127.0.0.1", id.port())).await.unwrap();
+    let mut local = LocalNode::new(
+        format!("{}@localhost", unique("evil")).parse().unwrap(),
+        Creation::new(1),
+    );
+    local.flags = ecall_dist::cnode::flags();
+    let mut hs = ClientSideHandshake::new(stream.compat(), local, cookie);
+    let status = hs
+        .execute_send_name(erl_dist::LOWEST_DISTRIBUTION_PROTOCOL_VERSION)
+        .await
+        .expect("send_name");
+    assert_eq!(status, HandshakeStatus::Ok);
+    let (stream, _) = hs.execute_rest(true).await.expect("handshake");
+    stream.into_inner()
+}
+
+async fn send_body(s: &mut TcpStream, body: &[u8]) {
+    let mut f = (body.len() as u32).to_be_bytes().to_vec();
+    f.extend_from_slice(body);
+    s.write_all(&f).await.unwrap();
+}
+
+/// The next frame the C-node sends that is not a tick, or `None` if it
+/// closed the connection.
+async fn next_frame(s: &mut TcpStream) -> Option<Vec<u8>> {
+    let mut buf = Vec::new();
+    loop {
+        match tokio::time::timeout(WAIT, inbound::read_frame(s, &mut buf)).await {
+            Err(_) => panic!("the C-node neither answered nor closed"),
+            Ok(Ok(false)) => continue,
+            Ok(Ok(true)) => return Some(buf),
+            Ok(Err(_)) => return None,
+        }
+    }
+}
+
+fn is_auth() -> Vec<u8> {
+    corpus()
+        .into_iter()
+        .find(|(n, _)| n == "answer-is_auth.bin")
+        .unwrap()
+        .1
+}
+
+/// Still serving: a fresh connection gets its ping answered.
+async fn answers_ping(id: &Identity) {
+    let mut s = connect(id, COOKIE).await;
+    send_body(&mut s, &is_auth()).await;
+    assert!(next_frame(&mut s).await.is_some(), "no answer to is_auth");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_corpus_case_over_a_real_connection() {
+    let epmd = Epmd::start().await;
+    let id: Arc<Identity> = identity(&epmd, COOKIE, Duration::from_secs(1)).await;
+    let mut closes = 0;
+    for (name, body) in corpus() {
+        let mut s = connect(&id, COOKIE).await;
+        send_body(&mut s, &body).await;
+        if name.starts_with("close-") {
+            closes += 1;
+            assert_eq!(next_frame(&mut s).await, None, "{name}: connection kept");
+        } else {
+            if name.starts_with("ignore-") {
+                // Nothing comes back for it; the connection still answers.
+                send_body(&mut s, &is_auth()).await;
+            }
+            assert!(next_frame(&mut s).await.is_some(), "{name}: no answer");
+        }
+        assert_eq!(id.inbound.malformed.load(Relaxed), closes, "{name}");
+    }
+    answers_ping(&id).await;
+}
+
+/// A frame length over the bound closes the connection before anything is
+/// buffered: 0xFFFFFFFF would have been a 4 GiB allocation.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oversized_frame_lengths_close_the_connection() {
+    let epmd = Epmd::start().await;
+    let id = identity(&epmd, COOKIE, Duration::from_secs(1)).await;
+    for len in [u32::MAX, MAX_INCOMING_FRAME as u32 + 1] {
+        let mut s = connect(&id, COOKIE).await;
+        s.write_all(&len.to_be_bytes()).await.unwrap();
+        s.write_all(&[112, 131, 106]).await.unwrap();
+        assert_eq!(next_frame(&mut s).await, None, "{len}");
+    }
+    assert_eq!(id.inbound.malformed.load(Relaxed), 2);
+    answers_ping(&id).await;
+}
+
+/// A nested term the size of the one that killed the node, then a ping on
+/// the same connection: ignored, and the connection is still served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deep_terms_are_ignored_and_the_connection_stays() {
+    let epmd = Epmd::start().await;
+    let id = identity(&epmd, COOKIE, Duration::from_secs(1)).await;
+    let mut s = connect(&id, COOKIE).await;
+    // {net_kernel, C-node} ! [[[...]]] nested 200,000 levels (1 MB), the
+    // largest that fits a frame.
+    let mut body = is_auth();
+    let ctl_end = body.iter().rposition(|&b| b == 131).unwrap();
+    body.truncate(ctl_end);
+    body.push(131);
+    let depth = (MAX_INCOMING_FRAME - body.len() - 16) / 6;
+    body.extend(std::iter::repeat_n([108u8, 0, 0, 0, 1], depth).flatten());
+    body.push(106);
+    body.extend(std::iter::repeat_n(106u8, depth));
+    assert!(body.len() <= MAX_INCOMING_FRAME);
+    send_body(&mut s, &body).await;
+    send_body(&mut s, &is_auth()).await;
+    assert!(next_frame(&mut s).await.is_some());
+    assert_eq!(id.inbound.ignored.load(Relaxed), 1);
+    assert_eq!(id.inbound.malformed.load(Relaxed), 0);
+}
+
+/// Random bytes where a handshake should be: refused and counted, the
+/// listener goes on. Each connection ends its input so that the C-node
+/// sees the end at once instead of waiting for its handshake deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn random_handshakes_are_refused() {
+    let epmd = Epmd::start().await;
+    let id = identity(&epmd, COOKIE, Duration::from_secs(1)).await;
+    let handle = tokio::runtime::Handle::current();
+    let cases = 64;
+    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig::with_cases(cases));
+    let port = id.port();
+    let n = std::sync::atomic::AtomicU32::new(0);
+    tokio::task::block_in_place(|| {
+        runner
+            .run(&prop::collection::vec(any::<u8>(), 0..300), |bytes| {
+                handle.block_on(async {
+                    let mut s = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+                    // A plausible start half the time: a send_name length.
+                    if n.fetch_add(1, Relaxed) & 1 == 0 {
+                        let _ = s.write_all(&(bytes.len() as u16).to_be_bytes()).await;
+                    }
+                    let _ = s.write_all(&bytes).await;
+                    let _ = s.shutdown().await;
+                    let mut sink = Vec::new();
+                    let r = tokio::time::timeout(WAIT, s.read_to_end(&mut sink)).await;
+                    assert!(r.is_ok(), "the C-node held a broken handshake open");
+                });
+                Ok(())
+            })
+            .unwrap();
+    });
+    let tried = u64::from(n.load(Relaxed));
+    // Refusals are counted when the handshake task ends, just after the
+    // socket closes: wait for the count, bounded.
+    let t0 = std::time::Instant::now();
+    while id.refused.load(Relaxed) < tried {
+        assert!(
+            t0.elapsed() < WAIT,
+            "{} of {tried} refusals counted",
+            id.refused.load(Relaxed)
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(id.accepted.load(Relaxed), 0);
+    answers_ping(&id).await;
+}
