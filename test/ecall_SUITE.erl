@@ -510,9 +510,13 @@ full_budget_blocks_without_loss(_Config) ->
     end,
     {ok, Stats} = ecall:stats(C),
     ct:pal("budget test: ~p", [Stats]),
+    %% The budget was hit and nothing was dropped for it. (The writer's
+    %% `requests' and `queued_bytes' are updated just after a write returns,
+    %% which can be after the collector has every message: not asserted.)
     ?assert(maps:get(full, Stats) > 0),
-    ?assertEqual(Total, maps:get(requests, Stats)),
-    ?assertEqual(0, maps:get(queued_bytes, Stats)),
+    ?assertEqual(Total, maps:get(pushed, Stats)),
+    ?assertEqual(0, maps:get(dropped, Stats)),
+    ?assertEqual(0, maps:get(overflow_drops, Stats)),
     ok = ecall:disconnect(C),
     peer:stop(Peer).
 
