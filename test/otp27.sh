@@ -4,7 +4,7 @@
 # Debian 13 ships OTP 27, built against a newer libc than this Debian 12
 # machine has, so the packages are unpacked (not installed) into a cache
 # outside the clone, and the emulator's binaries are pointed at the unpacked
-# loader and libraries (see ../shared/DESIGN.md). The cache makes every run
+# loader and libraries with patchelf. The cache makes every run
 # after the first free of downloads. Progress goes to stderr.
 set -euo pipefail
 
