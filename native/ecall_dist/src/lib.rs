@@ -6,12 +6,18 @@
 //! 1. [`cnode::Identity::start`] registers a hidden node name such as
 //!    `a_ecall_1@host` with the local epmd and accepts connections (it
 //!    answers `is_auth`, so `net_adm:ping/1` works, and ticks).
-//! 2. [`link::Peer::open`] makes the lock-sharded queues for one remote node
-//!    and one link per identity; each link does the real handshake with the
-//!    peer's cookie, then writes what its shards hold as `{batch, Requests}`
-//!    messages to the peer's receiver pool.
-//! 3. [`link::Peer::push`] is the hot path: one short critical section, no
-//!    thread wake-up when the writer is already busy.
+//! 2. [`peer::Peer::open`] makes the lock-sharded queues ([`shard`]) for one
+//!    remote node, under one byte budget, and starts one [`link`] per
+//!    identity; each link does the real handshake with the peer's cookie,
+//!    then writes what its shards hold as `{batch, Requests}` messages to
+//!    the peer's receiver pool, reconnecting with backoff when the
+//!    connection ends.
+//! 3. [`peer::Peer::push`] is the hot path: one short critical section, no
+//!    thread wake-up when the link's writer is already busy.
+//! 4. The link's writer takes whole batches, rewrites them for the atom
+//!    cache ([`atom_cache`]), sends single large messages in fragments
+//!    ([`fragment`]), and writes with a stall deadline ([`io`]). What the
+//!    peer sends back is read and checked by [`inbound`].
 //!
 //! Frames are spliced ([`etf::BatchHeader`]): request bytes encoded once by
 //! the caller are never decoded into terms here. On links where the peer
@@ -25,12 +31,16 @@
 pub mod atom_cache;
 pub mod cnode;
 pub mod etf;
+pub mod fragment;
 pub mod inbound;
+pub mod io;
 pub mod link;
+pub mod peer;
 pub mod shard;
 
 pub use cnode::{Identity, IdentityConfig};
-pub use link::{LinkEvents, Peer, PeerConfig, Push};
+pub use link::LinkEvents;
+pub use peer::{Peer, PeerConfig, Push};
 pub use shard::BatchCaps;
 
 /// Errors of the C-node.

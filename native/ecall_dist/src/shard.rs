@@ -85,9 +85,7 @@ impl Shard {
     /// Appends one element (external format without the version byte).
     ///
     /// `under_lock` runs while the shard lock is held, after the element is
-    /// in; the push path uses it to read the writer's "sleeping" flag so
-    /// that no wake-up can be lost (the writer re-checks the shards under
-    /// the same locks after raising that flag).
+    /// in (the sleeping-writer protocol: `may_sleep` in `link/writer.rs`).
     pub fn push<R>(&self, element: &[u8], under_lock: impl FnOnce() -> R) -> R {
         let mut g = self.lock();
         let header_len = self.header.len();

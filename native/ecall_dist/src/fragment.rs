@@ -1,0 +1,144 @@
+//! Large messages in fragments (`DFLAG_FRAGMENTS`).
+//!
+//! A single message larger than [`FRAGMENT`] goes out in pieces of that
+//! size, one per writer pass, so that other shards' batches are written
+//! between them instead of waiting behind it. Fragments are sent straight
+//! from the message's batch buffer (no copy): fragment headers are written
+//! in front of slices of it.
+
+use crate::atom_cache;
+use crate::shard::Frame;
+use std::ops::Range;
+
+/// A single message larger than this goes out in fragments of this size,
+/// so that other shards' batches are written between them instead of
+/// waiting behind it.
+pub const FRAGMENT: usize = 64 * 1024;
+
+/// A large message going out one fragment per writer pass. Its terms keep
+/// their atoms as text (a fragment may declare no cache entries), so it has
+/// no ordering ties to the atom cache.
+pub(crate) struct InFlight {
+    /// The shard it came from (whose next batches wait: per-caller order).
+    pub(crate) shard: usize,
+    /// The batch that holds it.
+    pub(crate) frame: Frame,
+    seq: u64,
+    /// The message's terms without their version bytes: two ranges of
+    /// `frame.bytes` (control, payload).
+    ranges: [Range<usize>; 2],
+    /// Term bytes already sent.
+    sent: usize,
+    /// Fragments still to send, this one included.
+    pub(crate) left: u64,
+}
+
+impl InFlight {
+    /// The terms of a plain frame (`<len:4> 112 131 control 131 payload`)
+    /// without their version bytes, or `None` if it is not one.
+    pub(crate) fn ranges(bytes: &[u8]) -> Option<[Range<usize>; 2]> {
+        if bytes.get(4..6)? != [112, 131] {
+            return None;
+        }
+        let control_end = atom_cache::term_end(bytes, 6)?;
+        if bytes.get(control_end) != Some(&131) {
+            return None;
+        }
+        Some([6..control_end, control_end + 1..bytes.len()])
+    }
+
+    /// Message `seq` of `shard`, whose terms are `ranges` of `frame`.
+    pub(crate) fn new(shard: usize, frame: Frame, seq: u64, ranges: [Range<usize>; 2]) -> InFlight {
+        let total = ranges[0].len() + ranges[1].len();
+        InFlight {
+            shard,
+            frame,
+            seq,
+            ranges,
+            sent: 0,
+            left: total.div_ceil(FRAGMENT) as u64,
+        }
+    }
+
+    /// Appends the next fragment's header to `headers` and returns the byte
+    /// ranges of its data.
+    pub(crate) fn next(&mut self, headers: &mut Vec<Vec<u8>>) -> Vec<Range<usize>> {
+        let total = self.ranges[0].len() + self.ranges[1].len();
+        let len = FRAGMENT.min(total - self.sent);
+        let first = self.sent == 0;
+        let mut h = Vec::with_capacity(24);
+        let frame_len = (2 + 16 + usize::from(first) + len) as u32;
+        h.extend_from_slice(&frame_len.to_be_bytes());
+        h.extend_from_slice(&[131, if first { 69 } else { 70 }]);
+        h.extend_from_slice(&self.seq.to_be_bytes());
+        h.extend_from_slice(&self.left.to_be_bytes());
+        if first {
+            // No atom cache references.
+            h.push(0);
+        }
+        headers.push(h);
+        let mut data = Vec::with_capacity(2);
+        let (mut from, mut want) = (self.sent, len);
+        for r in &self.ranges {
+            if from >= r.len() {
+                from -= r.len();
+                continue;
+            }
+            let take = want.min(r.len() - from);
+            data.push(r.start + from..r.start + from + take);
+            want -= take;
+            from = 0;
+            if want == 0 {
+                break;
+            }
+        }
+        self.sent += len;
+        self.left -= 1;
+        data
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::etf::BatchHeader;
+    use crate::shard::{BatchCaps, Shard};
+
+    #[test]
+    fn fragments_cover_the_terms_and_count_down() {
+        let header = BatchHeader::new("a_ecall_1@h", 1, "ecall_rx_1");
+        let shard = Shard::new(&header, BatchCaps::default());
+        let big = vec![7u8; 3 * FRAGMENT + 5];
+        let mut element = vec![109];
+        element.extend_from_slice(&(big.len() as u32).to_be_bytes());
+        element.extend_from_slice(&big);
+        shard.push(&element, || ());
+        let frame = shard.take().unwrap();
+        let ranges = InFlight::ranges(&frame.bytes).unwrap();
+        let expect: Vec<u8> = ranges
+            .iter()
+            .flat_map(|r| frame.bytes[r.clone()].to_vec())
+            .collect();
+        let mut f = InFlight::new(0, frame, 9, ranges);
+        assert_eq!(f.left, 4);
+        let (mut headers, mut got) = (Vec::new(), Vec::new());
+        while f.left > 0 {
+            let left = f.left;
+            let data = f.next(&mut headers);
+            let h = headers.last().unwrap();
+            let len: usize = data.iter().map(|r| r.len()).sum();
+            assert_eq!(
+                u32::from_be_bytes(h[..4].try_into().unwrap()) as usize,
+                h.len() - 4 + len
+            );
+            assert_eq!(h[5], if left == 4 { 69 } else { 70 });
+            assert_eq!(u64::from_be_bytes(h[6..14].try_into().unwrap()), 9);
+            assert_eq!(u64::from_be_bytes(h[14..22].try_into().unwrap()), left);
+            for r in data {
+                got.extend_from_slice(&f.frame.bytes[r]);
+            }
+        }
+        assert_eq!(got, expect);
+        assert!(InFlight::ranges(&[0, 0, 0, 1, 131]).is_none());
+    }
+}

@@ -1,0 +1,115 @@
+//! The task of one link: connect, run, report, back off, again.
+
+use super::writer::LinkWriter;
+use super::{Ended, LinkEvents};
+use crate::cnode::{self, Identity};
+use crate::inbound;
+use crate::peer::Peer;
+use crate::Error;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+/// Runs link `k` of `peer` under identity `id` until the peer closes (or
+/// is dropped) or the peer node turns out to have restarted.
+pub(crate) async fn link_task(
+    peer: Arc<Peer>,
+    k: usize,
+    id: Arc<Identity>,
+    events: Arc<dyn LinkEvents>,
+) {
+    let mut backoff = peer.config.backoff_min;
+    let cancel = peer.cancel.clone();
+    // Only the weak side is kept across waits so that a peer nobody holds
+    // any more can be dropped (which closes it).
+    let weak = Arc::downgrade(&peer);
+    drop(peer);
+    loop {
+        let Some(peer) = weak.upgrade() else { return };
+        if peer.is_closed() {
+            return;
+        }
+        let attempt = tokio::time::timeout(
+            id.handshake_timeout(),
+            cnode::connect(&id, &peer.config.node, &peer.config.cookie),
+        );
+        let result = tokio::select! {
+            _ = cancel.cancelled() => return,
+            r = attempt => r,
+        };
+        let result = result.map(|r| r.and_then(|c| peer.same_incarnation(c.creation).map(|_| c)));
+        let reason = match result {
+            Ok(Err(Error::Restarted)) => {
+                peer.links[k]
+                    .stats
+                    .disconnects
+                    .fetch_add(1, Ordering::Relaxed);
+                let reason = Error::Restarted.to_string();
+                tracing::warn!(peer = peer.node(), link = k, reason, "link stopped");
+                events.down(k, &reason);
+                return;
+            }
+            Ok(Ok(conn)) => {
+                backoff = peer.config.backoff_min;
+                let ls = &peer.links[k].stats;
+                ls.connects.fetch_add(1, Ordering::Relaxed);
+                peer.stats.links_up.fetch_add(1, Ordering::Relaxed);
+                ls.up.store(true, Ordering::Relaxed);
+                events.up(k);
+                let ended = connected(&peer, k, &id, conn).await;
+                peer.links[k].stats.up.store(false, Ordering::Relaxed);
+                peer.stats.links_up.fetch_sub(1, Ordering::Relaxed);
+                if ended.stalled {
+                    // A peer that does not drain will not drain what is
+                    // queued either: release it now (counted as dropped)
+                    // instead of holding the budget, and the callers
+                    // waiting for room, until the node is declared down.
+                    peer.drop_link_queue(k);
+                }
+                ended.why
+            }
+            Ok(Err(Error::Alive)) => {
+                events.alive(k, id.node());
+                "peer still holds our previous connection".to_string()
+            }
+            Ok(Err(e)) => e.to_string(),
+            Err(_) => "handshake timed out".to_string(),
+        };
+        if peer.is_closed() {
+            return;
+        }
+        peer.links[k]
+            .stats
+            .disconnects
+            .fetch_add(1, Ordering::Relaxed);
+        tracing::warn!(peer = peer.node(), link = k, reason, "link down");
+        events.down(k, &reason);
+        drop(peer);
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            _ = tokio::time::sleep(backoff) => {}
+        }
+        let Some(peer) = weak.upgrade() else { return };
+        backoff = (backoff * 2).min(peer.config.backoff_max);
+    }
+}
+
+/// Runs one connected link until it fails or the peer closes; returns why.
+async fn connected(peer: &Arc<Peer>, k: usize, id: &Identity, conn: cnode::Connected) -> Ended {
+    let (mut rd, wr) = conn.stream.into_split();
+    let (ctl_tx, ctl_rx) = tokio::sync::mpsc::channel::<Vec<u8>>(16);
+    let reading = Arc::clone(peer);
+    let reader = tokio::spawn(async move {
+        let stats = &reading.links[k].stats.inbound;
+        inbound::read_loop(&mut rd, ctl_tx, stats).await.to_string()
+    });
+    LinkWriter::new(
+        Arc::clone(peer),
+        k,
+        wr,
+        id.tick(),
+        conn.atom_cache,
+        conn.fragments,
+    )
+    .run(reader, ctl_rx)
+    .await
+}

@@ -1,0 +1,322 @@
+//! The writing half of a connected link.
+
+use super::{Ended, LinkShared};
+use crate::atom_cache::OutCache;
+use crate::fragment::{InFlight, FRAGMENT};
+use crate::inbound;
+use crate::io::write_with_deadline;
+use crate::peer::Peer;
+use crate::shard::Frame;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::AsyncWriteExt;
+use tokio::net::tcp::OwnedWriteHalf;
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+/// Writes what link `k`'s shards hold, the reader's answers and ticks to one
+/// connection, until it fails or the peer closes.
+///
+/// How frames leave: as built, or rewritten for the connection's atom
+/// cache, large ones in fragments.
+pub(super) struct LinkWriter {
+    peer: Arc<Peer>,
+    k: usize,
+    wr: OwnedWriteHalf,
+    /// Write at least this often.
+    tick: Duration,
+    /// Deadline of one socket write ([`crate::io::STALL_PIECE`]).
+    deadline: Option<Duration>,
+    /// The connection's atom cache, if both sides use it.
+    cache: Option<OutCache>,
+    /// Whether large messages go in fragments.
+    fragments: bool,
+    /// Frames rewritten through the cache, for one write.
+    scratch: Vec<u8>,
+    /// Sequence id of the last fragmented message.
+    seq: u64,
+    /// Messages going out in fragments.
+    inflight: Vec<InFlight>,
+}
+
+impl LinkWriter {
+    /// The writer of link `k` on a connection whose write half is `wr`.
+    pub(super) fn new(
+        peer: Arc<Peer>,
+        k: usize,
+        wr: OwnedWriteHalf,
+        tick: Duration,
+        atom_cache: bool,
+        fragments: bool,
+    ) -> LinkWriter {
+        let deadline = peer.config.stall_timeout;
+        LinkWriter {
+            peer,
+            k,
+            wr,
+            tick,
+            deadline,
+            cache: atom_cache.then(OutCache::default),
+            // Fragments need the distribution header, which comes with the
+            // atom cache.
+            fragments: atom_cache && fragments,
+            scratch: Vec::new(),
+            seq: 0,
+            inflight: Vec::new(),
+        }
+    }
+
+    /// Writes until the connection fails, the `reader` ends or the peer
+    /// closes; `ctl` carries the reader's answers. Then stops the reader,
+    /// shuts the socket down and returns why.
+    pub(super) async fn run(
+        mut self,
+        mut reader: JoinHandle<String>,
+        mut ctl: mpsc::Receiver<Vec<u8>>,
+    ) -> Ended {
+        let why = self.serve(&mut reader, &mut ctl).await;
+        reader.abort();
+        let _ = self.wr.shutdown().await;
+        why
+    }
+
+    async fn serve(
+        &mut self,
+        reader: &mut JoinHandle<String>,
+        ctl_rx: &mut mpsc::Receiver<Vec<u8>>,
+    ) -> Ended {
+        let peer = Arc::clone(&self.peer);
+        let link = &peer.links[self.k];
+        let ls = &link.stats;
+        let mine: Vec<usize> = peer.shards_of_link(self.k).collect();
+        let mut frames: Vec<(usize, Frame)> = Vec::with_capacity(mine.len());
+        let mut done: Vec<(usize, Frame)> = Vec::with_capacity(mine.len());
+        let mut last_write = Instant::now();
+        loop {
+            if peer.is_closed() {
+                return "closed".into();
+            }
+            if reader.is_finished() {
+                return reader
+                    .await
+                    .unwrap_or_else(|e| format!("reader: {e}"))
+                    .into();
+            }
+            while let Ok(ctl) = ctl_rx.try_recv() {
+                if let Err(e) = self.write(&[&ctl]).await {
+                    return e;
+                }
+            }
+            frames.extend(
+                mine.iter()
+                    .filter(|&&s| !self.busy(s))
+                    .filter_map(|&s| peer.shards[s].take().map(|f| (s, f))),
+            );
+            if !frames.is_empty() || !self.inflight.is_empty() {
+                let result = self.pass(&mut frames, &mut done).await;
+                if result.is_err() {
+                    self.abandon(&mut frames);
+                }
+                // Written batches count; on error, the rest is lost. Either
+                // way their bytes go back to the budget.
+                let (n, b) = tally(&done);
+                ls.batches.fetch_add(done.len() as u64, Ordering::Relaxed);
+                ls.requests.fetch_add(n, Ordering::Relaxed);
+                for (s, f) in done.drain(..) {
+                    peer.shards[s].recycle(f.bytes);
+                }
+                if let Err(e) = result {
+                    let (lost, lb) = tally(&frames);
+                    frames.clear();
+                    ls.dropped.fetch_add(lost, Ordering::Relaxed);
+                    peer.release(b + lb);
+                    return e;
+                }
+                peer.release(b);
+                last_write = Instant::now();
+                continue;
+            }
+            if !may_sleep(&peer, link, &mine) {
+                continue;
+            }
+            let tick_at = last_write + self.tick;
+            tokio::select! {
+                _ = link.notify.notified() => {}
+                _ = peer.cancel.cancelled() => {}
+                ctl = ctl_rx.recv() => {
+                    if let Some(ctl) = ctl {
+                        if let Err(e) = self.write(&[&ctl]).await {
+                            return e;
+                        }
+                    }
+                }
+                r = &mut *reader => return r.unwrap_or_else(|e| format!("reader: {e}")).into(),
+                _ = tokio::time::sleep_until(tick_at) => {
+                    if let Err(e) = write_with_deadline(ls, &mut self.wr, &[&inbound::TICK], self.deadline).await {
+                        return e;
+                    }
+                    last_write = Instant::now();
+                }
+            }
+            link.sleeping.store(false, Ordering::Relaxed);
+        }
+    }
+
+    /// Writes plain frames (`<len> 112 ...`), through the cache if the
+    /// connection has one (control messages: never fragmented).
+    async fn write(&mut self, frames: &[&[u8]]) -> Result<(), Ended> {
+        let ls = &self.peer.links[self.k].stats;
+        let Some(cache) = self.cache.as_mut() else {
+            return write_with_deadline(ls, &mut self.wr, frames, self.deadline).await;
+        };
+        self.scratch.clear();
+        let hits = cache.hits;
+        for f in frames {
+            cache.encode(&f[5..], &mut self.scratch);
+        }
+        self.peer
+            .stats
+            .cached_atoms
+            .fetch_add(cache.hits - hits, Ordering::Relaxed);
+        let r = write_with_deadline(ls, &mut self.wr, &[&self.scratch], self.deadline).await;
+        self.trim();
+        r
+    }
+
+    /// Whether `shard` has a message going out in fragments (its next
+    /// batches wait: per-caller order).
+    fn busy(&self, shard: usize) -> bool {
+        self.inflight.iter().any(|i| i.shard == shard)
+    }
+
+    /// One writer pass: the batches taken now (`frames`, emptied) and one
+    /// fragment of each message in flight, in one write. Batches that are
+    /// completely written move to `done`. On error, `frames` holds the
+    /// batches of this pass that were not written (for the accounting).
+    async fn pass(
+        &mut self,
+        frames: &mut Vec<(usize, Frame)>,
+        done: &mut Vec<(usize, Frame)>,
+    ) -> Result<(), Ended> {
+        let ls = &self.peer.links[self.k].stats;
+        let Some(cache) = self.cache.as_mut() else {
+            let slices: Vec<&[u8]> = frames.iter().map(|(_, f)| f.bytes.as_slice()).collect();
+            let r = write_with_deadline(ls, &mut self.wr, &slices, self.deadline).await;
+            if r.is_ok() {
+                done.append(frames);
+            }
+            return r;
+        };
+        self.scratch.clear();
+        let hits = cache.hits;
+        let mut whole = Vec::with_capacity(frames.len());
+        for (shard, frame) in frames.drain(..) {
+            // Only single large messages go in fragments: they carry
+            // their atoms as text, which costs the receiver a lookup per
+            // atom; a big batch of small messages is better off whole,
+            // through the atom cache.
+            if self.fragments && frame.count == 1 && frame.bytes.len() > FRAGMENT {
+                if let Some(ranges) = InFlight::ranges(&frame.bytes) {
+                    self.seq += 1;
+                    ls.fragmented.fetch_add(1, Ordering::Relaxed);
+                    self.inflight
+                        .push(InFlight::new(shard, frame, self.seq, ranges));
+                    continue;
+                }
+            }
+            cache.encode(&frame.bytes[5..], &mut self.scratch);
+            whole.push((shard, frame));
+        }
+        self.peer
+            .stats
+            .cached_atoms
+            .fetch_add(cache.hits - hits, Ordering::Relaxed);
+        // One fragment of every message in flight, after the whole batches.
+        let mut headers = Vec::with_capacity(self.inflight.len());
+        let data: Vec<Vec<std::ops::Range<usize>>> = self
+            .inflight
+            .iter_mut()
+            .map(|f| f.next(&mut headers))
+            .collect();
+        let mut slices: Vec<&[u8]> = Vec::with_capacity(1 + 3 * self.inflight.len());
+        slices.push(&self.scratch);
+        for ((f, h), ranges) in self.inflight.iter().zip(&headers).zip(&data) {
+            slices.push(h);
+            for r in ranges {
+                slices.push(&f.frame.bytes[r.clone()]);
+            }
+        }
+        let r = write_with_deadline(ls, &mut self.wr, &slices, self.deadline).await;
+        drop(slices);
+        self.trim();
+        if r.is_err() {
+            *frames = whole;
+            return r;
+        }
+        done.append(&mut whole);
+        let mut i = 0;
+        while i < self.inflight.len() {
+            if self.inflight[i].left == 0 {
+                let f = self.inflight.swap_remove(i);
+                done.push((f.shard, f.frame));
+            } else {
+                i += 1;
+            }
+        }
+        Ok(())
+    }
+
+    /// After a failed write: every message in flight is lost too.
+    fn abandon(&mut self, frames: &mut Vec<(usize, Frame)>) {
+        frames.extend(self.inflight.drain(..).map(|f| (f.shard, f.frame)));
+    }
+
+    fn trim(&mut self) {
+        // Do not let one huge batch pin its memory in the scratch buffer.
+        if self.scratch.capacity() > 1 << 20 {
+            self.scratch = Vec::new();
+        }
+    }
+}
+
+/// The writer's side of the sleeping-writer protocol: called when a pass
+/// found nothing to write; returns whether the writer may now wait for
+/// [`LinkShared::notify`].
+///
+/// The protocol, which is what makes a push cheap:
+///
+/// 1. The writer raises `sleeping` (`SeqCst`), then looks at each of its
+///    shards once more, under the shard's lock ([`Shard::is_empty`]). If
+///    one holds anything it lowers the flag and makes another pass.
+/// 2. A push appends to its shard and, still under the shard's lock, reads
+///    `sleeping` (the `under_lock` closure of [`Shard::push`]). Only if the
+///    flag is up does it swap it down and notify; a busy writer (flag down)
+///    costs a push nothing but that load.
+///
+/// No wake-up is lost: the push's append and the writer's re-check of that
+/// shard are ordered by the shard's lock. If the re-check comes first, the
+/// push runs after it and sees the flag up, so it notifies (and `Notify`
+/// keeps the permit if the writer is not waiting yet); if the push comes
+/// first, the re-check sees the element and the writer does not sleep. A
+/// spurious wake-up (a permit left by a push whose element the writer had
+/// already taken) only costs an empty pass.
+///
+/// [`Shard::is_empty`]: crate::shard::Shard::is_empty
+/// [`Shard::push`]: crate::shard::Shard::push
+fn may_sleep(peer: &Peer, link: &LinkShared, mine: &[usize]) -> bool {
+    link.sleeping.store(true, Ordering::SeqCst);
+    if mine.iter().any(|&s| !peer.shards[s].is_empty()) {
+        link.sleeping.store(false, Ordering::Relaxed);
+        return false;
+    }
+    true
+}
+
+/// Requests and element bytes in `frames`.
+fn tally(frames: &[(usize, Frame)]) -> (u64, usize) {
+    frames.iter().fold((0, 0), |(n, b), (_, f)| {
+        (n + u64::from(f.count), b + f.payload)
+    })
+}

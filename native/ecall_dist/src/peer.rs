@@ -1,0 +1,458 @@
+//! A peer: the shards that hold requests for one remote node, the byte
+//! budget that bounds them, and the callers waiting for room.
+//!
+//! A peer owns one [link](crate::link) per C-node identity; each link
+//! carries every `links`-th shard (shard `s` goes on link `s % links`).
+//!
+//! - A push appends to the caller's shard and wakes the shard's link writer
+//!   only if that writer is asleep; a busy writer finds the request on its
+//!   next pass (the sleeping-writer protocol: `may_sleep` in
+//!   `link/writer.rs`).
+//! - Memory: the element bytes queued for the peer are accounted in one
+//!   budget. Past it, a push is refused with [`Push::Full`]; the caller may
+//!   then wait for room ([`Peer::wait_room`]), and is woken in arrival order
+//!   as writes free room.
+//! - A link reaped as stalled gives back what its shards hold
+//!   ([`Peer::drop_link_queue`]); other links' shards are untouched.
+//! - [`Peer::close`] stops the links, drops what is queued (counted in
+//!   `dropped`) and releases every caller waiting for room.
+
+use crate::cnode::Identity;
+use crate::etf::BatchHeader;
+use crate::link::{self, LinkEvents, LinkShared, LinkStats};
+use crate::shard::{BatchCaps, Shard};
+use crate::Error;
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+/// Settings of one peer.
+#[derive(Debug, Clone)]
+pub struct PeerConfig {
+    /// Remote node name, `b@host`.
+    pub node: String,
+    /// Cookie for that node.
+    pub cookie: String,
+    /// Registered names of the receiver pool on the peer.
+    pub receivers: Vec<String>,
+    /// Number of shards.
+    pub shards: usize,
+    /// Batch caps.
+    pub caps: BatchCaps,
+    /// Byte budget for everything queued for the peer.
+    pub max_queue_bytes: usize,
+    /// Deadline of one socket write; `None` disables it.
+    pub stall_timeout: Option<Duration>,
+    /// First reconnect delay; doubles up to `backoff_max`.
+    pub backoff_min: Duration,
+    /// Longest reconnect delay.
+    pub backoff_max: Duration,
+}
+
+/// Result of a push.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Push {
+    /// Queued.
+    Queued,
+    /// Over the byte budget: nothing was queued.
+    Full,
+    /// The peer is closed: nothing was queued.
+    Closed,
+}
+
+/// Counters of one peer (per-link counters are in [`LinkStats`]; see
+/// [`Peer::link_stats`]). All monotonic except the gauges noted.
+#[derive(Debug, Default)]
+pub struct PeerStats {
+    /// Requests accepted by [`Peer::push`].
+    pub pushed: AtomicU64,
+    /// Requests dropped when the peer closed.
+    pub dropped: AtomicU64,
+    /// Pushes refused for want of room.
+    pub full: AtomicU64,
+    /// Callers that waited for room ([`Peer::wait_room`]).
+    pub waits: AtomicU64,
+    /// Pushes that had to wake a sleeping link writer.
+    pub wakes: AtomicU64,
+    /// Requests dropped by the overflow policy (counted by the caller
+    /// through [`Peer::note_overflow_drop`]).
+    pub overflow_drops: AtomicU64,
+    /// Atoms sent as atom cache references instead of text.
+    pub cached_atoms: AtomicU64,
+    /// Gauge: element bytes queued now.
+    pub queued_bytes: AtomicUsize,
+    /// Gauge: links connected now.
+    pub links_up: AtomicUsize,
+}
+
+type Waiter = (usize, Box<dyn FnOnce(bool) + Send>);
+
+/// See the module docs.
+pub struct Peer {
+    pub(crate) config: PeerConfig,
+    pub(crate) shards: Box<[Shard]>,
+    pub(crate) links: Box<[LinkShared]>,
+    waiters: Mutex<VecDeque<Waiter>>,
+    waiting: AtomicUsize,
+    pub(crate) cancel: CancellationToken,
+    /// Creation of the peer at the first connection (0 until then).
+    creation: AtomicU32,
+    /// Counters.
+    pub stats: PeerStats,
+}
+
+impl std::fmt::Debug for Peer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Peer")
+            .field("node", &self.config.node)
+            .finish()
+    }
+}
+
+impl Peer {
+    /// Makes the shards and starts one link per identity on `rt`.
+    pub fn open(
+        rt: &tokio::runtime::Handle,
+        identities: &[Arc<Identity>],
+        config: PeerConfig,
+        events: Arc<dyn LinkEvents>,
+    ) -> Result<Arc<Peer>, Error> {
+        if identities.is_empty() || config.receivers.is_empty() || config.shards == 0 {
+            return Err(Error::Config(
+                "need at least one identity, receiver and shard".into(),
+            ));
+        }
+        let from: Vec<(String, u32)> = identities
+            .iter()
+            .map(|id| (id.node().to_string(), id.creation().get()))
+            .collect();
+        let peer = Arc::new(Peer::new(config, &from));
+        for (k, id) in identities.iter().enumerate() {
+            rt.spawn(link::link_task(peer.clone(), k, id.clone(), events.clone()));
+        }
+        Ok(peer)
+    }
+
+    /// The shards and links of a peer, with no link task running: batches
+    /// of link `k` come from node `from[k]` (name, creation).
+    fn new(config: PeerConfig, from: &[(String, u32)]) -> Peer {
+        let nlinks = from.len();
+        let shards = (0..config.shards)
+            .map(|s| {
+                let (node, creation) = &from[s % nlinks];
+                let to = &config.receivers[s % config.receivers.len()];
+                Shard::new(&BatchHeader::new(node, *creation, to), config.caps)
+            })
+            .collect();
+        let links = (0..nlinks).map(|_| LinkShared::default()).collect();
+        Peer {
+            config,
+            shards,
+            links,
+            waiters: Mutex::new(VecDeque::new()),
+            waiting: AtomicUsize::new(0),
+            cancel: CancellationToken::new(),
+            creation: AtomicU32::new(0),
+            stats: PeerStats::default(),
+        }
+    }
+
+    /// Remote node name.
+    pub fn node(&self) -> &str {
+        &self.config.node
+    }
+
+    /// Number of shards.
+    pub fn shard_count(&self) -> usize {
+        self.shards.len()
+    }
+
+    /// Number of links.
+    pub fn link_count(&self) -> usize {
+        self.links.len()
+    }
+
+    /// The link that carries shard `shard % shard_count`.
+    pub fn link_of_shard(&self, shard: usize) -> usize {
+        (shard % self.shards.len()) % self.links.len()
+    }
+
+    /// The shards that link `k` carries, in order.
+    pub(crate) fn shards_of_link(&self, k: usize) -> impl Iterator<Item = usize> {
+        (k..self.shards.len()).step_by(self.links.len())
+    }
+
+    /// Counters of link `k`.
+    pub fn link_stats(&self, k: usize) -> Option<&LinkStats> {
+        self.links.get(k).map(|l| &l.stats)
+    }
+
+    /// Counts a request that the caller's overflow policy dropped.
+    pub fn note_overflow_drop(&self) {
+        self.stats.overflow_drops.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Whether link `k` is connected now.
+    pub fn link_up(&self, k: usize) -> bool {
+        self.links
+            .get(k)
+            .is_some_and(|l| l.stats.up.load(Ordering::Relaxed))
+    }
+
+    /// Whether [`Peer::close`] was called.
+    pub fn is_closed(&self) -> bool {
+        self.cancel.is_cancelled()
+    }
+
+    /// Queues one element (external format without the version byte) on
+    /// shard `shard % shard_count`.
+    ///
+    /// `admitted` is for a caller that was just woken by [`Peer::wait_room`]:
+    /// room was set aside for it, so it neither queues behind later waiters
+    /// nor is refused again.
+    pub fn push(&self, shard: usize, element: &[u8], admitted: bool) -> Push {
+        self.push_with(shard, element.len(), admitted, |s, under_lock| {
+            s.push(element, under_lock)
+        })
+    }
+
+    /// [`Peer::push`] for a large element given in pieces (as
+    /// `term_to_iovec` gives it, version byte already stripped): it becomes
+    /// a batch of its own, built outside the shard lock.
+    pub fn push_alone(&self, shard: usize, parts: &[&[u8]], admitted: bool) -> Push {
+        let len = parts.iter().map(|p| p.len()).sum();
+        self.push_with(shard, len, admitted, |s, under_lock| {
+            s.push_alone(parts, under_lock)
+        })
+    }
+
+    fn push_with(
+        &self,
+        shard: usize,
+        len: usize,
+        admitted: bool,
+        push: impl FnOnce(&Shard, &dyn Fn() -> bool) -> bool,
+    ) -> Push {
+        if self.cancel.is_cancelled() {
+            return Push::Closed;
+        }
+        let st = &self.stats;
+        // Callers already waiting for room go first: no barging.
+        if !admitted
+            && (self.waiting.load(Ordering::Relaxed) > 0
+                || st.queued_bytes.load(Ordering::Relaxed) + len > self.config.max_queue_bytes)
+        {
+            st.full.fetch_add(1, Ordering::Relaxed);
+            return Push::Full;
+        }
+        st.queued_bytes.fetch_add(len, Ordering::Relaxed);
+        let shard = shard % self.shards.len();
+        let link = &self.links[self.link_of_shard(shard)];
+        // The push side of the sleeping-writer protocol: `may_sleep` in link/writer.rs.
+        let wake = push(&self.shards[shard], &|| {
+            link.sleeping.load(Ordering::Relaxed)
+        });
+        if wake && link.sleeping.swap(false, Ordering::AcqRel) {
+            st.wakes.fetch_add(1, Ordering::Relaxed);
+            link.notify.notify_one();
+        }
+        st.pushed.fetch_add(1, Ordering::Relaxed);
+        Push::Queued
+    }
+
+    /// After [`Push::Full`]: registers `wake`, to be called with `true` once
+    /// `size` bytes may fit (callers are woken in the order they came) or
+    /// with `false` if the peer closes. Returns `false`, without
+    /// registering, if there is room already.
+    pub fn wait_room(&self, size: usize, wake: Box<dyn FnOnce(bool) + Send>) -> bool {
+        let mut w = self.waiters.lock().unwrap_or_else(|p| p.into_inner());
+        if self.cancel.is_cancelled() {
+            drop(w);
+            wake(false);
+            return true;
+        }
+        let queued = self.stats.queued_bytes.load(Ordering::Acquire);
+        // Room now, or nothing queued at all (a request larger than the
+        // whole budget goes alone; with nothing queued no write would ever
+        // wake it).
+        if w.is_empty() && (queued + size <= self.config.max_queue_bytes || queued == 0) {
+            return false;
+        }
+        w.push_back((size, wake));
+        self.waiting.store(w.len(), Ordering::Relaxed);
+        self.stats.waits.fetch_add(1, Ordering::Relaxed);
+        true
+    }
+
+    /// Gives `bytes` back to the budget and wakes, in order, the waiters
+    /// that now fit.
+    pub(crate) fn release(&self, bytes: usize) {
+        let queued = self.stats.queued_bytes.fetch_sub(bytes, Ordering::AcqRel) - bytes;
+        if self.waiting.load(Ordering::Relaxed) == 0 {
+            return;
+        }
+        let mut woken = Vec::new();
+        {
+            let mut w = self.waiters.lock().unwrap_or_else(|p| p.into_inner());
+            let mut room = self.config.max_queue_bytes.saturating_sub(queued);
+            // Wake in order while the next waiter fits; always wake one when
+            // nothing is queued, so that an oversized request still goes.
+            while let Some((size, _)) = w.front() {
+                if *size > room && !(queued == 0 && woken.is_empty()) {
+                    break;
+                }
+                room = room.saturating_sub(*size);
+                woken.push(w.pop_front().map(|(_, f)| f));
+            }
+            self.waiting.store(w.len(), Ordering::Relaxed);
+        }
+        for f in woken.into_iter().flatten() {
+            f(true);
+        }
+    }
+
+    /// Records the peer's creation at the first connection; refuses a
+    /// different one later.
+    pub(crate) fn same_incarnation(&self, creation: u32) -> Result<(), Error> {
+        match self
+            .creation
+            .compare_exchange(0, creation, Ordering::AcqRel, Ordering::Acquire)
+        {
+            Ok(_) => Ok(()),
+            Err(known) if known == creation || creation == 0 => Ok(()),
+            Err(_) => Err(Error::Restarted),
+        }
+    }
+
+    /// Drops what the shards of link `k` hold (counted in `dropped`) and
+    /// gives its bytes back to the budget, waking callers waiting for room.
+    pub(crate) fn drop_link_queue(&self, k: usize) {
+        let (mut n, mut b) = (0u64, 0usize);
+        for s in self.shards_of_link(k) {
+            let (sn, sb) = self.shards[s].clear();
+            n += sn;
+            b += sb as usize;
+        }
+        self.links[k].stats.dropped.fetch_add(n, Ordering::Relaxed);
+        self.release(b);
+    }
+
+    /// Stops the links, drops what is queued and releases every waiter.
+    pub fn close(&self) {
+        if self.cancel.is_cancelled() {
+            return;
+        }
+        self.cancel.cancel();
+        for s in self.shards.iter() {
+            let (n, b) = s.clear();
+            self.stats.dropped.fetch_add(n, Ordering::Relaxed);
+            self.stats
+                .queued_bytes
+                .fetch_sub(b as usize, Ordering::AcqRel);
+        }
+        let waiters: Vec<_> = {
+            let mut w = self.waiters.lock().unwrap_or_else(|p| p.into_inner());
+            self.waiting.store(0, Ordering::Relaxed);
+            w.drain(..).collect()
+        };
+        for (_, f) in waiters {
+            f(false);
+        }
+    }
+}
+
+impl Drop for Peer {
+    fn drop(&mut self) {
+        self.close();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn test_peer(budget: usize) -> Peer {
+        Peer::new(
+            PeerConfig {
+                node: "b@h".into(),
+                cookie: "c".into(),
+                receivers: vec!["ecall_rx_1".into()],
+                shards: 1,
+                caps: BatchCaps::default(),
+                max_queue_bytes: budget,
+                stall_timeout: None,
+                backoff_min: Duration::from_millis(1),
+                backoff_max: Duration::from_millis(1),
+            },
+            &[("a_ecall_1@h".into(), 1)],
+        )
+    }
+
+    /// Callers waiting for room are admitted in the order they came, only as
+    /// many as the freed room holds (no herd), and later callers queue
+    /// behind them even when they would fit.
+    #[test]
+    fn waiters_are_admitted_in_order_without_a_herd() {
+        let peer = test_peer(1000);
+        let element: Vec<u8> = [109u8, 0, 0, 1, 0xf0]
+            .into_iter()
+            .chain(std::iter::repeat_n(7, 0x1f0))
+            .collect();
+        assert_eq!(element.len(), 501);
+        assert_eq!(peer.push(0, &element, false), Push::Queued);
+        assert_eq!(peer.push(0, &element, false), Push::Full);
+        let woken = Arc::new(Mutex::new(Vec::new()));
+        let seen = |w: &Arc<Mutex<Vec<(&'static str, bool)>>>| {
+            w.lock().unwrap_or_else(|p| p.into_inner()).clone()
+        };
+        for name in ["first", "second", "third"] {
+            let w = woken.clone();
+            assert!(peer.wait_room(
+                500,
+                Box::new(move |room| w
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push((name, room)))
+            ));
+        }
+        // A small request that would fit still queues behind the waiters.
+        assert_eq!(peer.push(0, &[97, 1], false), Push::Full);
+        // The writer writes the queued batch: the whole budget is free,
+        // room for two waiters of 500, not three.
+        let frame = peer.shards[0].take().unwrap();
+        peer.release(frame.payload);
+        assert_eq!(seen(&woken), [("first", true), ("second", true)]);
+        assert_eq!(peer.push(0, &element[..500], true), Push::Queued);
+        assert_eq!(peer.push(0, &element[..500], true), Push::Queued);
+        let frame = peer.shards[0].take().unwrap();
+        peer.release(frame.payload);
+        assert_eq!(
+            seen(&woken),
+            [("first", true), ("second", true), ("third", true)]
+        );
+        assert_eq!(peer.stats.waits.load(Ordering::Relaxed), 3);
+    }
+
+    /// Closing releases every waiter, with no room.
+    #[test]
+    fn close_releases_waiters() {
+        let peer = test_peer(10);
+        let big = [109, 0, 0, 0, 8, 1, 2, 3, 4, 5, 6, 7, 8];
+        // Larger than the whole budget, nothing queued: it may go alone.
+        assert_eq!(peer.push(0, &big, false), Push::Full);
+        assert!(!peer.wait_room(13, Box::new(|_| ())));
+        assert_eq!(peer.push(0, &big, true), Push::Queued);
+        // Behind something queued, it waits.
+        assert_eq!(peer.push(0, &big, false), Push::Full);
+        let woken = Arc::new(Mutex::new(Vec::new()));
+        let w = woken.clone();
+        assert!(peer.wait_room(
+            13,
+            Box::new(move |room| w.lock().unwrap_or_else(|p| p.into_inner()).push(room))
+        ));
+        peer.close();
+        assert_eq!(*woken.lock().unwrap_or_else(|p| p.into_inner()), [false]);
+    }
+}
