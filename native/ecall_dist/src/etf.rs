@@ -5,9 +5,76 @@
 //! element bytes behind a fixed header. Only the constant parts of a frame
 //! (control tuple, `{batch, [...]}` head, list tail) are written by this
 //! module.
+//!
+//! # Frames
+//!
+//! Every frame on a connection starts with its length ([`FRAME_LEN`] bytes,
+//! big-endian, not counting itself); a frame of length 0 is a tick. A batch
+//! frame, as a shard builds it ([`BatchHeader`]), is a plain distribution
+//! message: the pass-through byte, then two whole external terms, each with
+//! its version byte.
+//!
+//! ```text
+//! 0          4     5 = PLAIN_TERMS
+//! +----------+-----+-------------------------+--------------------------------------------+
+//! |  len:32  | 112 | 131 {6, From, '', To}   | 131 {batch, [<count:32> elements... 106]}  |
+//! +----------+-----+-------------------------+--------------------------------------------+
+//!            |<--------------------------------- len ------------------------------------>|
+//!
+//! control  = 131 104 4  97 6  <From: 88 pid>  <'': 119 0>  <To: 119 n name>
+//! payload  = 131 104 2  <batch: 119 5 "batch">  108 <count:32>  element ... 106
+//! element  = one caller's term_to_binary output without its version byte
+//! ```
+//!
+//! The tags are [`PASS_THROUGH`] (112), [`VERSION`] (131),
+//! [`SMALL_TUPLE_EXT`] (104), [`SMALL_INTEGER_EXT`] (97), [`REG_SEND`] (6),
+//! [`NEW_PID_EXT`] (88), [`SMALL_ATOM_UTF8_EXT`] (119), [`LIST_EXT`] (108)
+//! and [`NIL_EXT`] (106). The length and the count are written when the
+//! batch is sealed ([`BatchHeader::seal`]).
+//!
+//! # The distribution-header form
+//!
+//! On a connection that negotiated the atom cache, the writer rewrites each
+//! plain frame ([`crate::atom_cache`]): the pass-through byte and the
+//! version bytes go, a distribution header declares the atom cache
+//! references, and atoms in the terms become two-byte references.
+//!
+//! ```text
+//! 0          4     5    6     7
+//! +----------+-----+----+-----+----------------+-----------+---------+---------+
+//! |  len:32  | 131 | 68 | N:8 | flags          | refs      | control | payload |
+//! +----------+-----+----+-----+----------------+-----------+---------+---------+
+//!                              N/2+1 bytes:     N entries:  terms without version
+//!                              a nibble per     index, and  bytes; an atom may be
+//!                              ref, one for     length and  82 <i> (the ith ref)
+//!                              long atoms       text if new
+//! (N = 0: no flags, no refs)
+//! ```
+//!
+//! A single large message may instead go in fragments ([`crate::fragment`]),
+//! the first with a header of its own ([`DIST_FRAG_HEADER`]), the others
+//! with [`DIST_FRAG_CONT`]; `frag id` counts down to 1:
+//!
+//! ```text
+//! +----------+-----+----+---------+------------+-----+-------+------+------------------+
+//! |  len:32  | 131 | 69 | seq:64  | frag id:64 | N:8 | flags | refs | control payload… |
+//! +----------+-----+----+---------+------------+-----+-------+------+------------------+
+//! +----------+-----+----+---------+------------+-------------------+
+//! |  len:32  | 131 | 70 | seq:64  | frag id:64 | …payload          |
+//! +----------+-----+----+---------+------------+-------------------+
+//! ```
 
 // ---- Frame and header bytes -------------------------------------------
 
+/// Bytes of the length that starts every frame (big-endian, not counting
+/// itself; 0 is a tick).
+pub const FRAME_LEN: usize = 4;
+/// Where the terms of a plain frame start: after the length and
+/// [`PASS_THROUGH`], at the control term's version byte.
+pub const PLAIN_TERMS: usize = FRAME_LEN + 1;
+/// Bytes of a fragment header after the frame length, up to its atom cache
+/// part: `131 69|70 <seq:64> <frag id:64>`.
+pub const FRAG_HEADER: usize = 2 + 8 + 8;
 /// `VERSION_MAGIC` that starts every external term.
 pub const VERSION: u8 = 131;
 /// Pass-through byte that starts a distribution message without a header.

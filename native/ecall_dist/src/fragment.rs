@@ -7,6 +7,7 @@
 //! in front of slices of it.
 
 use crate::atom_cache;
+use crate::etf::{self, FRAG_HEADER, FRAME_LEN, PLAIN_TERMS};
 use crate::shard::Frame;
 use std::ops::Range;
 
@@ -34,17 +35,18 @@ pub(crate) struct InFlight {
 }
 
 impl InFlight {
-    /// The terms of a plain frame (`<len:4> 112 131 control 131 payload`)
+    /// The terms of a plain frame (`<len:32> 112 131 control 131 payload`)
     /// without their version bytes, or `None` if it is not one.
     pub(crate) fn ranges(bytes: &[u8]) -> Option<[Range<usize>; 2]> {
-        if bytes.get(4..6)? != [112, 131] {
+        if bytes.get(FRAME_LEN..PLAIN_TERMS + 1)? != [etf::PASS_THROUGH, etf::VERSION] {
             return None;
         }
-        let control_end = atom_cache::term_end(bytes, 6)?;
-        if bytes.get(control_end) != Some(&131) {
+        let control = PLAIN_TERMS + 1;
+        let control_end = atom_cache::term_end(bytes, control)?;
+        if bytes.get(control_end) != Some(&etf::VERSION) {
             return None;
         }
-        Some([6..control_end, control_end + 1..bytes.len()])
+        Some([control..control_end, control_end + 1..bytes.len()])
     }
 
     /// Message `seq` of `shard`, whose terms are `ranges` of `frame`.
@@ -66,14 +68,21 @@ impl InFlight {
         let total = self.ranges[0].len() + self.ranges[1].len();
         let len = FRAGMENT.min(total - self.sent);
         let first = self.sent == 0;
-        let mut h = Vec::with_capacity(24);
-        let frame_len = (2 + 16 + usize::from(first) + len) as u32;
+        // See the fragment diagram in `etf`. The first fragment's header
+        // declares no atom cache references (N = 0: no flags, no refs).
+        let refs = usize::from(first);
+        let mut h = Vec::with_capacity(FRAME_LEN + FRAG_HEADER + refs);
+        let frame_len = (FRAG_HEADER + refs + len) as u32;
         h.extend_from_slice(&frame_len.to_be_bytes());
-        h.extend_from_slice(&[131, if first { 69 } else { 70 }]);
+        let kind = if first {
+            etf::DIST_FRAG_HEADER
+        } else {
+            etf::DIST_FRAG_CONT
+        };
+        h.extend_from_slice(&[etf::VERSION, kind]);
         h.extend_from_slice(&self.seq.to_be_bytes());
         h.extend_from_slice(&self.left.to_be_bytes());
         if first {
-            // No atom cache references.
             h.push(0);
         }
         headers.push(h);
@@ -109,7 +118,7 @@ mod tests {
         let header = BatchHeader::new("a_ecall_1@h", 1, "ecall_rx_1");
         let shard = Shard::new(&header, BatchCaps::default());
         let big = vec![7u8; 3 * FRAGMENT + 5];
-        let mut element = vec![109];
+        let mut element = vec![etf::BINARY_EXT];
         element.extend_from_slice(&(big.len() as u32).to_be_bytes());
         element.extend_from_slice(&big);
         shard.push(&element, || ());
@@ -127,18 +136,25 @@ mod tests {
             let data = f.next(&mut headers);
             let h = headers.last().unwrap();
             let len: usize = data.iter().map(|r| r.len()).sum();
+            let (len_field, rest) = h.split_at(FRAME_LEN);
             assert_eq!(
-                u32::from_be_bytes(h[..4].try_into().unwrap()) as usize,
-                h.len() - 4 + len
+                u32::from_be_bytes(len_field.try_into().unwrap()) as usize,
+                rest.len() + len
             );
-            assert_eq!(h[5], if left == 4 { 69 } else { 70 });
-            assert_eq!(u64::from_be_bytes(h[6..14].try_into().unwrap()), 9);
-            assert_eq!(u64::from_be_bytes(h[14..22].try_into().unwrap()), left);
+            let kind = if left == 4 {
+                etf::DIST_FRAG_HEADER
+            } else {
+                etf::DIST_FRAG_CONT
+            };
+            assert_eq!(rest[..2], [etf::VERSION, kind]);
+            assert_eq!(u64::from_be_bytes(rest[2..10].try_into().unwrap()), 9);
+            assert_eq!(u64::from_be_bytes(rest[10..18].try_into().unwrap()), left);
+            assert_eq!(rest.len(), FRAG_HEADER + usize::from(left == 4));
             for r in data {
                 got.extend_from_slice(&f.frame.bytes[r]);
             }
         }
         assert_eq!(got, expect);
-        assert!(InFlight::ranges(&[0, 0, 0, 1, 131]).is_none());
+        assert!(InFlight::ranges(&[0, 0, 0, 1, etf::VERSION]).is_none());
     }
 }

@@ -1,6 +1,6 @@
 //! Socket writes with a stall deadline.
 //!
-//! A link writes with [`write_with_deadline`]: every buffer, in order, in as
+//! A link writes with `write_with_deadline`: every buffer, in order, in as
 //! few vectored writes as the socket allows, and a deadline that reaps a
 //! peer that stopped draining without cutting off one that is merely slow.
 

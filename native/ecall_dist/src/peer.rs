@@ -1,7 +1,7 @@
 //! A peer: the shards that hold requests for one remote node, the byte
 //! budget that bounds them, and the callers waiting for room.
 //!
-//! A peer owns one [link](crate::link) per C-node identity; each link
+//! A peer owns one link ([`crate::link`]) per C-node identity; each link
 //! carries every `links`-th shard (shard `s` goes on link `s % links`).
 //!
 //! - A push appends to the caller's shard and wakes the shard's link writer
@@ -13,7 +13,7 @@
 //!   then wait for room ([`Peer::wait_room`]), and is woken in arrival order
 //!   as writes free room.
 //! - A link reaped as stalled gives back what its shards hold
-//!   ([`Peer::drop_link_queue`]); other links' shards are untouched.
+//!   (`Peer::drop_link_queue`); other links' shards are untouched.
 //! - [`Peer::close`] stops the links, drops what is queued (counted in
 //!   `dropped`) and releases every caller waiting for room.
 
@@ -372,6 +372,7 @@ impl Drop for Peer {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::etf::{BINARY_EXT, SMALL_INTEGER_EXT};
 
     fn test_peer(budget: usize) -> Peer {
         Peer::new(
@@ -396,7 +397,7 @@ mod tests {
     #[test]
     fn waiters_are_admitted_in_order_without_a_herd() {
         let peer = test_peer(1000);
-        let element: Vec<u8> = [109u8, 0, 0, 1, 0xf0]
+        let element: Vec<u8> = [BINARY_EXT, 0, 0, 1, 0xf0]
             .into_iter()
             .chain(std::iter::repeat_n(7, 0x1f0))
             .collect();
@@ -418,7 +419,7 @@ mod tests {
             ));
         }
         // A small request that would fit still queues behind the waiters.
-        assert_eq!(peer.push(0, &[97, 1], false), Push::Full);
+        assert_eq!(peer.push(0, &[SMALL_INTEGER_EXT, 1], false), Push::Full);
         // The writer writes the queued batch: the whole budget is free,
         // room for two waiters of 500, not three.
         let frame = peer.shards[0].take().unwrap();
@@ -439,7 +440,7 @@ mod tests {
     #[test]
     fn close_releases_waiters() {
         let peer = test_peer(10);
-        let big = [109, 0, 0, 0, 8, 1, 2, 3, 4, 5, 6, 7, 8];
+        let big = [BINARY_EXT, 0, 0, 0, 8, 1, 2, 3, 4, 5, 6, 7, 8];
         // Larger than the whole budget, nothing queued: it may go alone.
         assert_eq!(peer.push(0, &big, false), Push::Full);
         assert!(!peer.wait_room(13, Box::new(|_| ())));

@@ -2,6 +2,7 @@
 
 use super::{Ended, LinkShared};
 use crate::atom_cache::OutCache;
+use crate::etf::PLAIN_TERMS;
 use crate::fragment::{InFlight, FRAGMENT};
 use crate::inbound;
 use crate::io::write_with_deadline;
@@ -174,7 +175,7 @@ impl LinkWriter {
         self.scratch.clear();
         let hits = cache.hits;
         for f in frames {
-            cache.encode(&f[5..], &mut self.scratch);
+            cache.encode(&f[PLAIN_TERMS..], &mut self.scratch);
         }
         self.peer
             .stats
@@ -226,7 +227,7 @@ impl LinkWriter {
                     continue;
                 }
             }
-            cache.encode(&frame.bytes[5..], &mut self.scratch);
+            cache.encode(&frame.bytes[PLAIN_TERMS..], &mut self.scratch);
             whole.push((shard, frame));
         }
         self.peer
