@@ -149,16 +149,16 @@ large() ->
 
 large_point(B, Variant) ->
     Big = binary:copy(<<"L">>, 10000000),
-    Peer = ecall_conn:peer(B),
+    {ecall_transport_nif, Peer} = ecall_conn:peer(B),
     Sink = erpc:call(B, erlang, spawn, [?MODULE, big_sink, [self(), 10]]),
     Ticks = erpc:call(B, erlang, spawn, [?MODULE, tick_sink, []]),
-    MyLink = ecall_nif:caller_link(Peer),
+    MyLink = ecall_transport_nif:caller_link(Peer),
     Probe = spawn(fun() -> probe(erlang:monotonic_time(microsecond), 0) end),
     Ticker = same_link_ticker(Peer, MyLink, Ticks, Variant),
     Send = case Variant of
                %% The path every message took before large ones got theirs:
                %% encoded and copied by the NIF on the caller's scheduler.
-               ecall_inline -> fun(M) -> ok = ecall_request:push(Peer, {send, Sink, M}) end;
+               ecall_inline -> fun(M) -> ok = ecall_transport_nif:push(Peer, {send, Sink, M}) end;
                ecall -> fun(M) -> ecall:send(Sink, M) end;
                native -> fun(M) -> Sink ! M end
            end,
@@ -186,7 +186,7 @@ probe(Last, Max) ->
 same_link_ticker(Peer, Link, To, Variant) ->
     Self = self(),
     Pid = spawn(fun() ->
-                        Self ! {link, self(), ecall_nif:caller_link(Peer)},
+                        Self ! {link, self(), ecall_transport_nif:caller_link(Peer)},
                         receive go -> tick(To, Variant) end
                 end),
     receive {link, Pid, L} -> ok end,
@@ -315,18 +315,11 @@ deliver(To, Msg) ->
     To ! Msg,
     ok.
 
-%% Starts ecall here and node B (a peer of this node) running ecall.
+%% Starts ecall here and node B (a peer of this node) running ecall, with
+%% this module on its path; the node helper is the test suites' own.
 start_b() ->
     {ok, _} = application:ensure_all_started(ecall),
-    {ok, Peer, B} = peer:start_link(#{name => peer:random_name(bench_b),
-                                      args => ?NODE_ARGS ++ code_args(),
-                                      wait_boot => 60000}),
-    {ok, _} = erpc:call(B, application, ensure_all_started, [ecall]),
-    {Peer, B}.
-
-code_args() ->
-    ["-pa", filename:dirname(code:which(ecall)),
-     "-pa", filename:dirname(code:which(?MODULE))].
+    ecall_test_nodes:start_peer(?NODE_ARGS, [?MODULE]).
 
 %% Three sub-maps of ten atom fields (the article's payload; its size in
 %% ETF is printed at the start of a run), or with ECALL_BENCH_PAYLOAD=binary

@@ -12,7 +12,8 @@ cd "$(dirname "$0")/.."
 
 out=_build/bench
 mkdir -p "$out"
-erlc -o "$out" bench/ecall_bench.erl
+# The node helper is shared with the Common Test suites.
+erlc -o "$out" -I test bench/ecall_bench.erl test/ecall_test_nodes.erl
 # shellcheck disable=SC2086
 erl -sname "bench_a_$$" +sbwt none +sbwtdcpu none +sbwtdio none +P 4000000 ${ECALL_BENCH_ERL_FLAGS:-} \
     -noinput -pa _build/default/lib/ecall/ebin -pa "$out" \

@@ -22,11 +22,6 @@
 
 -type dest() :: pid() | reference() | atom() | {atom(), node()}.
 
-%% Binary messages from this size on take the large-message path: encoded
-%% by term_to_iovec/1 (the binary is referenced, not copied) and copied
-%% into a batch of their own on a dirty scheduler, so that no normal
-%% scheduler is held for the copy.
--define(LARGE, 65536).
 -type call_result() :: {ok, term()} | {error, term()}.
 -export_type([dest/0, call_result/0]).
 
@@ -59,31 +54,13 @@ send_remote(Node, Dest, To, Msg) ->
     case ecall_conn:peer(Node) of
         undefined ->
             To ! Msg;
-        {erlang, Pool} ->
-            ecall_proxy:pick(Pool) ! {do, {send, Dest, Msg}},
-            Msg;
-        Peer when is_binary(Msg), byte_size(Msg) >= ?LARGE ->
-            case ecall_request:push_iovec(Peer, erlang:term_to_iovec({send, Dest, Msg})) of
+        {Mod, State} ->
+            case Mod:send(State, Dest, Msg) of
                 ok -> Msg;
                 closed -> To ! Msg;
+                %% A send has no error to return: under `error' as under
+                %% `drop' the message is dropped and counted.
                 overload -> Msg
-            end;
-        Peer ->
-            case ecall_nif:send(Peer, Dest, Msg) of
-                ok ->
-                    Msg;
-                closed ->
-                    To ! Msg;
-                {full, _} ->
-                    %% Over the byte budget: the overflow policy decides,
-                    %% as for any request.
-                    case ecall_request:push(Peer, {send, Dest, Msg}) of
-                        ok -> Msg;
-                        closed -> To ! Msg;
-                        %% A send has no error to return: under `error' as
-                        %% under `drop' the message is dropped and counted.
-                        overload -> Msg
-                    end
             end
     end.
 
@@ -330,10 +307,12 @@ connect(Node) when is_atom(Node) ->
         true ->
             case usable() of
                 ok ->
-                    Timeout = ecall_config:get(connect_timeout),
+                    %% The connection process answers every waiter within
+                    %% `connect_timeout' (it stops then, and its terminate
+                    %% answers `{error, timeout}'), so no second timer here.
                     case ecall_conn_sup:start_conn(Node) of
-                        {ok, Pid} -> ecall_conn:await(Pid, Timeout + 1000);
-                        {error, {already_started, Pid}} -> ecall_conn:await(Pid, Timeout + 1000);
+                        {ok, Pid} -> ecall_conn:await(Pid);
+                        {error, {already_started, Pid}} -> ecall_conn:await(Pid);
                         {error, Reason} -> {error, Reason}
                     end;
                 {error, _} = E ->
@@ -401,15 +380,15 @@ stats() ->
     #{peers => Peers,
       identities => Ids,
       receivers => #{batches => counters:get(C, 1), requests => counters:get(C, 2),
-                     malformed => counters:get(C, 3), dead_letters => counters:get(C, 4)}}.
+                     malformed => counters:get(C, 3), dead_letters => counters:get(C, 4),
+                     spawn_failed => counters:get(C, 5)}}.
 
 %% @doc Counters of the connection to `Node'.
 -spec stats(node()) -> {ok, map()} | {error, not_connected}.
 stats(Node) when is_atom(Node) ->
     case ecall_conn:peer(Node) of
         undefined -> {error, not_connected};
-        {erlang, Pool} -> {ok, ecall_proxy:stats(Pool)};
-        Peer -> {ok, (ecall_nif:peer_stats(Peer))#{transport => nif}}
+        {Mod, State} -> {ok, Mod:stats(State)}
     end;
 stats(Node) ->
     erlang:error(badarg, [Node]).

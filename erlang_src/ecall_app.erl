@@ -6,7 +6,13 @@
 
 -spec start(application:start_type(), term()) -> {ok, pid()} | {error, term()}.
 start(_Type, _Args) ->
-    ecall_sup:start_link().
+    %% Every setting is checked here, once: a typo or a bad value stops the
+    %% start with an error naming the key instead of failing later inside a
+    %% caller's send.
+    case ecall_config:validate() of
+        ok -> ecall_sup:start_link();
+        {error, _} = Error -> Error
+    end.
 
 -spec stop(term()) -> ok.
 stop(_State) ->

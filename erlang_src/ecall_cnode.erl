@@ -15,7 +15,10 @@
 -include_lib("kernel/include/logger.hrl").
 
 -define(KEY, {ecall, cnode}).
--define(START_TIMEOUT, 15000).
+%% How long registering the identities with epmd may take (not a handshake:
+%% the handshake deadline of each connection is the `handshake_timeout'
+%% setting).
+-define(REGISTER_TIMEOUT, 15000).
 
 -spec start_link() -> {ok, pid()} | {error, term()}.
 start_link() ->
@@ -70,10 +73,11 @@ start_identities() ->
                      || K <- lists:seq(1, ecall_config:links())],
             Cookie = atom_to_binary(erlang:get_cookie()),
             Ref = make_ref(),
-            ok = ecall_nif:cnode_start(Nodes, Cookie, tick_ms(), ?START_TIMEOUT, epmd_port(), Ref),
+            ok = ecall_nif:cnode_start(Nodes, Cookie, tick_ms(),
+                                       ecall_config:get(handshake_timeout), epmd_port(), Ref),
             receive
                 {ecall_cnode, Ref, Result} -> Result
-            after ?START_TIMEOUT ->
+            after ?REGISTER_TIMEOUT ->
                 {error, timeout}
             end;
         {true, Why} ->
@@ -104,16 +108,16 @@ tick_ms() ->
     max(100, Ticktime * 1000 div 4).
 
 -spec handle_call(term(), gen_server:from(), map()) -> {reply, {error, badarg}, map()}.
-handle_call(_Req, _From, State) ->
-    {reply, {error, badarg}, State}.
+handle_call(Req, _From, State) ->
+    {reply, {error, badarg}, ecall_log:unexpected_in(?MODULE, {call, Req}, State)}.
 
 -spec handle_cast(term(), map()) -> {noreply, map()}.
-handle_cast(_Msg, State) ->
-    {noreply, State}.
+handle_cast(Msg, State) ->
+    {noreply, ecall_log:unexpected_in(?MODULE, {cast, Msg}, State)}.
 
 -spec handle_info(term(), map()) -> {noreply, map()}.
-handle_info(_Info, State) ->
-    {noreply, State}.
+handle_info(Info, State) ->
+    {noreply, ecall_log:unexpected_in(?MODULE, {info, Info}, State)}.
 
 -spec terminate(term(), map()) -> ok.
 terminate(_Reason, _State) ->

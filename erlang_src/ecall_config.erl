@@ -1,42 +1,104 @@
 %% @private
-%% Application environment with defaults and checks in one place.
+%% The application environment: every key with its type and default in one
+%% table ({@link spec/0}), checked once when the application starts
+%% ({@link validate/0}: an unknown key or a bad value stops the start with an
+%% error naming the key) and read with {@link get/1}.
+%%
+%% get/1 checks the one key it reads as well: the environment can be changed
+%% at run time (application:set_env/3), and a bad value set then must fail
+%% where it is read, with the same error, not somewhere later.
 -module(ecall_config).
 
 -compile({no_auto_import, [get/1]}).
--export([get/1, links/0, shards/0, receivers/0, peer_opts/0]).
+-export([spec/0, validate/0, get/1, links/0, shards/0, receivers/0, peer_opts/0]).
 
--spec get(atom()) -> term().
-get(Key) ->
-    case application:get_env(ecall, Key) of
-        {ok, V} -> check(Key, V);
-        undefined -> default(Key)
+-type check() :: pos_integer | non_neg_integer | boolean | {one_of, [atom()]}
+               | {pos_integer_or, atom()}.
+-type error() :: {bad_config, atom(), term()} | {unknown_config_key, atom()}.
+-export_type([error/0]).
+
+%% Key => {Check, Default, What it is}. The README's configuration table is
+%% this table.
+-spec spec() -> #{atom() => {check(), term(), string()}}.
+spec() ->
+    #{links => {pos_integer, 2,
+                "C-node links (and identities) per peer"},
+      shards => {{pos_integer_or, schedulers}, schedulers,
+                 "queues per peer (schedulers: one per scheduler)"},
+      receivers => {{pos_integer_or, schedulers}, schedulers,
+                    "receiver workers on this node (schedulers: one per scheduler)"},
+      max_batch_count => {pos_integer, 1000,
+                          "most requests in one batch"},
+      max_batch_bytes => {pos_integer, 1048576,
+                          "most bytes in one batch"},
+      max_queue_bytes => {pos_integer, 67108864,
+                          "byte budget of one peer's queues"},
+      overflow => {{one_of, [block, error, drop]}, block,
+                   "what a full budget does to a caller"},
+      stall_timeout => {non_neg_integer, 30000,
+                        "ms a link may take for a bounded piece of a write before "
+                        "it is reaped; 0: never"},
+      connect_timeout => {pos_integer, 10000,
+                          "ms ecall:connect/1 waits for every link to be up"},
+      handshake_timeout => {pos_integer, 5000,
+                            "ms one link's connection attempt (epmd, TCP, handshake) may take"},
+      backoff_min => {pos_integer, 100,
+                      "ms before the first reconnect attempt of a link"},
+      backoff_max => {pos_integer, 5000,
+                      "most ms between reconnect attempts (doubling from backoff_min)"},
+      discovery => {boolean, true,
+                    "connect to every node that runs ecall (pg group)"},
+      transport => {{one_of, [nif, erlang]}, nif,
+                    "nif: Rust C-node links; erlang: the pure-Erlang proxies"}}.
+
+%% @doc Checks every key set for the application: `ok', or the first
+%% problem found (keys in alphabetical order).
+-spec validate() -> ok | {error, error()}.
+validate() ->
+    Spec = spec(),
+    Env = lists:sort(application:get_all_env(ecall)),
+    try
+        _ = [case maps:find(Key, Spec) of
+                 {ok, {Check, _, _}} -> check(Key, Check, Value);
+                 error -> throw({unknown_config_key, Key})
+             end || {Key, Value} <- Env],
+        check_backoff(get(backoff_min), get(backoff_max))
+    catch
+        throw:Error -> {error, Error};
+        error:{bad_config, _, _} = Error -> {error, Error}
     end.
 
--spec default(atom()) -> term().
-default(links) -> 2;
-default(shards) -> 0;
-default(receivers) -> 0;
-default(max_batch_count) -> 1000;
-default(max_batch_bytes) -> 1048576;
-default(max_queue_bytes) -> 67108864;
-default(stall_timeout) -> 30000;
-default(connect_timeout) -> 10000;
-default(backoff_min) -> 100;
-default(backoff_max) -> 5000;
-default(discovery) -> true;
-default(overflow) -> block;
-default(transport) -> nif.
+-spec check_backoff(pos_integer(), pos_integer()) -> ok.
+check_backoff(Min, Max) when Max >= Min -> ok;
+check_backoff(_Min, Max) -> erlang:error({bad_config, backoff_max, Max}).
 
--spec check(atom(), term()) -> term().
-check(discovery, V) when is_boolean(V) -> V;
-check(overflow, V) when V =:= block; V =:= error; V =:= drop -> V;
-check(transport, V) when V =:= nif; V =:= erlang -> V;
-check(Key, V) when is_integer(V), V >= 0, Key =/= overflow, Key =/= transport,
-                   Key =/= links, Key =/= max_batch_count, Key =/= max_batch_bytes,
-                   Key =/= max_queue_bytes, Key =/= connect_timeout ->
-    V;
-check(_Key, V) when is_integer(V), V > 0 -> V;
-check(Key, V) ->
+%% @doc The value of `Key', or its default. Raises `{bad_config, Key,
+%% Value}' for a bad value and `{unknown_config_key, Key}' for a key that
+%% is not in the table.
+-spec get(atom()) -> term().
+get(Key) ->
+    case maps:find(Key, spec()) of
+        {ok, {Check, Default, _}} ->
+            case application:get_env(ecall, Key) of
+                {ok, V} -> check(Key, Check, V);
+                undefined -> Default
+            end;
+        error ->
+            erlang:error({unknown_config_key, Key})
+    end.
+
+-spec check(atom(), check(), term()) -> term().
+check(_Key, pos_integer, V) when is_integer(V), V > 0 -> V;
+check(_Key, non_neg_integer, V) when is_integer(V), V >= 0 -> V;
+check(_Key, boolean, V) when is_boolean(V) -> V;
+check(_Key, {pos_integer_or, Word}, Word) -> Word;
+check(Key, {pos_integer_or, _}, V) -> check(Key, pos_integer, V);
+check(Key, {one_of, Allowed}, V) ->
+    case lists:member(V, Allowed) of
+        true -> V;
+        false -> erlang:error({bad_config, Key, V})
+    end;
+check(Key, _Check, V) ->
     erlang:error({bad_config, Key, V}).
 
 -spec links() -> pos_integer().
@@ -48,8 +110,8 @@ shards() -> or_schedulers(get(shards)).
 -spec receivers() -> pos_integer().
 receivers() -> or_schedulers(get(receivers)).
 
--spec or_schedulers(non_neg_integer()) -> pos_integer().
-or_schedulers(0) -> erlang:system_info(schedulers);
+-spec or_schedulers(pos_integer() | schedulers) -> pos_integer().
+or_schedulers(schedulers) -> erlang:system_info(schedulers);
 or_schedulers(N) -> N.
 
 %% @doc Options map for ecall_nif:peer_open/6.

@@ -11,26 +11,34 @@
 %%   returns then, or `{error, timeout}' after `connect_timeout';
 %% - a link that goes down is logged and reconnects by itself in Rust; what
 %%   its shards hold waits (within the byte budget) and goes out after;
-%% - `nodedown', `ecall:disconnect/1' or a crash unpublishes the peer and
-%%   closes it: queued requests are dropped and counted, blocked senders are
-%%   released, and later sends use native distribution.
+%% - `nodedown', `ecall:disconnect/1', the exit of a process the transport
+%%   linked to this one (a proxy of the pure-Erlang transport) or a crash
+%%   unpublishes the peer and closes it: queued requests are dropped and
+%%   counted, blocked senders are released, and later sends use native
+%%   distribution.
+%%
+%% Links are numbered from 1 in logs, as the C-node identities are named
+%% (`<node>_ecall_1'); the messages from Rust carry 0-based indexes.
 -module(ecall_conn).
 -behaviour(gen_server).
 
--export([start_link/1, name/1, await/2, peer/1, watcher/2, info/1, stop/1, transport/0]).
+-export([start_link/1, name/1, await/1, peer/1, watcher/2, info/1, stop/1, transport/0]).
 -export([init/1, handle_continue/2, handle_call/3, handle_cast/2, handle_info/2, terminate/2]).
 
 -include_lib("kernel/include/logger.hrl").
 
 -record(st, {
     node :: node(),
-    peer :: ecall_nif:peer() | {erlang, ecall_proxy:pool()} | undefined,
+    %% The transport, as published once every link is up.
+    peer :: ecall_transport:t() | undefined,
     links = 0 :: non_neg_integer(),
     %% Link index -> its watcher, while the link is up.
     up = #{} :: #{non_neg_integer() => pid()},
     published = false :: boolean(),
     waiting = [] :: [gen_server:from()],
-    down_logged = #{} :: #{non_neg_integer() => true}
+    down_logged = #{} :: #{non_neg_integer() => true},
+    %% Messages nobody expects: the first is logged, all are counted.
+    unexpected = 0 :: non_neg_integer()
 }).
 
 -spec name(node()) -> atom().
@@ -56,9 +64,9 @@ transport() ->
         _ -> erlang
     end.
 
-%% @doc The published peer of `Node', for the send path: a NIF peer, or
-%% `{erlang, Pool}' for the pure-Erlang transport.
--spec peer(node()) -> ecall_nif:peer() | {erlang, ecall_proxy:pool()} | undefined.
+%% @doc The published transport of `Node', for the send path:
+%% `{Module, State}' (see ecall_transport), or `undefined'.
+-spec peer(node()) -> ecall_transport:t() | undefined.
 peer(Node) ->
     persistent_term:get({ecall_peer, Node}, undefined).
 
@@ -66,14 +74,16 @@ peer(Node) ->
 start_link(Node) ->
     gen_server:start_link({local, name(Node)}, ?MODULE, Node, []).
 
-%% @doc Waits until every link is up.
--spec await(pid(), timeout()) -> ok | {error, term()}.
-await(Pid, Timeout) ->
+%% @doc Waits until every link is up. No timeout here: the connection
+%% process answers every waiter within `connect_timeout' (it stops then,
+%% and terminate/2 answers `{error, timeout}'); if it dies, the call's
+%% monitor answers.
+-spec await(pid()) -> ok | {error, term()}.
+await(Pid) ->
     try
-        gen_server:call(Pid, await, Timeout)
+        gen_server:call(Pid, await, infinity)
     catch
-        exit:{timeout, _} -> {error, timeout};
-        exit:{Reason, _} -> {error, Reason}
+        exit:{Reason, _} -> {error, reason(Reason)}
     end.
 
 -spec info(pid()) -> map().
@@ -97,35 +107,31 @@ handle_continue(open, #st{node = Node} = St) ->
     Timeout = ecall_config:get(connect_timeout),
     erlang:send_after(Timeout, self(), connect_timeout),
     case open(transport(), Node, Timeout) of
-        {ok, {erlang, _} = Peer, 0} ->
-            %% No links to wait for: usable at once.
-            {noreply, maybe_publish(St#st{peer = Peer, links = 0})};
         {ok, Peer, Links} ->
-            {noreply, St#st{peer = Peer, links = Links}};
+            %% The pure-Erlang transport has no links to wait for: it is
+            %% usable at once.
+            {noreply, maybe_publish(St#st{peer = Peer, links = Links})};
         {error, Reason} ->
             {stop, {shutdown, Reason}, St}
     end.
 
--spec open(nif | erlang, node(), timeout()) ->
-          {ok, ecall_nif:peer() | {erlang, ecall_proxy:pool()}, non_neg_integer()}
-          | {error, term()}.
+-spec open(nif | erlang, node(), timeout()) -> {ok, ecall_transport:t(), non_neg_integer()}
+                                             | {error, term()}.
 open(Transport, Node, Timeout) ->
-    case {Transport, ecall_cnode:cnode()} of
-        {nif, {error, _} = E} ->
-            E;
-        {_, CNodeResult} ->
-            try erpc:call(Node, ecall_receiver_sup, names, [], Timeout) of
-                Receivers when Transport =:= erlang ->
-                    {ok, {erlang, ecall_proxy:start_pool(Node, Receivers)}, 0};
-                Receivers ->
-                    {ok, CNode} = CNodeResult,
-                    Cookie = atom_to_binary(erlang:get_cookie(Node)),
-                    {ok, Peer} = ecall_nif:peer_open(CNode, atom_to_binary(Node), Cookie,
-                                                     Receivers, self(), ecall_config:peer_opts()),
-                    {ok, Peer, length(ecall_nif:cnode_info(CNode))}
-            catch
-                Class:Reason -> {error, {no_ecall_on_peer, {Class, Reason}}}
+    Mod = case Transport of
+              nif -> ecall_transport_nif;
+              erlang -> ecall_proxy
+          end,
+    %% The peer's receiver names, over plain distribution (control plane).
+    try erpc:call(Node, ecall_receiver_sup, names, [], Timeout) of
+        Receivers ->
+            case Mod:open(Node, Receivers) of
+                {ok, State, Links} -> {ok, {Mod, State}, Links};
+                {error, _} = E -> E
             end
+    catch
+        error:{erpc, noconnection} -> {error, noconnection};
+        Class:Reason -> {error, {no_ecall_on_peer, {Class, Reason}}}
     end.
 
 -spec handle_call(term(), gen_server:from(), #st{}) -> {reply, term(), #st{}} | {noreply, #st{}}.
@@ -133,14 +139,16 @@ handle_call(await, _From, #st{published = true} = St) ->
     {reply, ok, St};
 handle_call(await, From, #st{waiting = W} = St) ->
     {noreply, St#st{waiting = [From | W]}};
-handle_call(info, _From, #st{node = Node, up = Up, links = L, published = P} = St) ->
-    {reply, #{node => Node, links => L, links_up => map_size(Up), published => P}, St};
-handle_call(_Req, _From, St) ->
-    {reply, {error, badarg}, St}.
+handle_call(info, _From, #st{node = Node, up = Up, links = L, published = P,
+                              unexpected = U} = St) ->
+    {reply, #{node => Node, links => L, links_up => map_size(Up), published => P,
+              unexpected_messages => U}, St};
+handle_call(Req, _From, St) ->
+    {reply, {error, badarg}, unexpected({call, Req}, St)}.
 
 -spec handle_cast(term(), #st{}) -> {noreply, #st{}}.
-handle_cast(_Msg, St) ->
-    {noreply, St}.
+handle_cast(Msg, St) ->
+    {noreply, unexpected({cast, Msg}, St)}.
 
 -spec handle_info(term(), #st{}) -> {noreply, #st{}} | {stop, term(), #st{}}.
 handle_info({ecall_link, K, up}, #st{up = Up, down_logged = DL} = St0) ->
@@ -155,7 +163,7 @@ handle_info({ecall_link, K, up}, #st{up = Up, down_logged = DL} = St0) ->
 handle_info({ecall_link, K, {down, Reason}}, #st{up = Up, down_logged = DL} = St) ->
     %% Log the first failure of a streak, not every retry.
     case maps:is_key(K, DL) of
-        false -> ?LOG_WARNING("ecall: link ~b to ~p down: ~ts", [K + 1, St#st.node, Reason]);
+        false -> ?LOG_WARNING("ecall: link ~b to ~p down: ~p", [K + 1, St#st.node, Reason]);
         true -> ok
     end,
     release(St#st.node, K, maps:get(K, Up, undefined), {link_down, Reason}),
@@ -172,8 +180,20 @@ handle_info(connect_timeout, St) ->
     {noreply, St};
 handle_info({nodedown, Node}, #st{node = Node} = St) ->
     {stop, {shutdown, nodedown}, St};
-handle_info(_Info, St) ->
-    {noreply, St}.
+handle_info({'EXIT', _Watcher, {link_down, _}}, St) ->
+    %% A link watcher we ended ourselves (release/4).
+    {noreply, St};
+handle_info({'EXIT', Pid, Reason}, St) ->
+    %% A process of the transport (a proxy): sends would go on to a dead
+    %% process and be lost. Close, so that they use `!' instead.
+    ?LOG_WARNING("ecall: transport process ~p to ~p exited: ~p", [Pid, St#st.node, Reason]),
+    {stop, {shutdown, {transport_down, Reason}}, St};
+handle_info(Info, St) ->
+    {noreply, unexpected({info, Info}, St)}.
+
+-spec unexpected(term(), #st{}) -> #st{}.
+unexpected(What, #st{unexpected = N, node = Node} = St) ->
+    St#st{unexpected = ecall_log:unexpected({?MODULE, Node}, What, N)}.
 
 -spec maybe_publish(#st{}) -> #st{}.
 maybe_publish(#st{published = false, links = L, up = Up, node = Node, peer = Peer} = St)
@@ -208,14 +228,11 @@ terminate(Reason, #st{node = Node, peer = Peer, published = P, waiting = W, up =
     close(Peer, reason(Reason)),
     ok.
 
--spec close(ecall_nif:peer() | {erlang, ecall_proxy:pool()} | undefined, term()) -> ok.
+-spec close(ecall_transport:t() | undefined, term()) -> ok.
 close(undefined, _Why) ->
     ok;
-close({erlang, Pool}, Why) ->
-    %% Callers waiting on calls monitor the proxies: they see this reason.
-    ecall_proxy:stop(Pool, Why);
-close(Peer, _Why) ->
-    ecall_nif:peer_close(Peer).
+close({Mod, State}, Why) ->
+    Mod:close(State, Why).
 
 -spec reason(term()) -> term().
 reason({shutdown, R}) -> R;

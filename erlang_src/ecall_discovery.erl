@@ -35,8 +35,11 @@ init([]) ->
 handle_info({Ref, join, ?GROUP, Pids}, #{ref := Ref} = St) ->
     connect_all(Pids),
     {noreply, St};
-handle_info(_Info, St) ->
-    {noreply, St}.
+handle_info({Ref, leave, ?GROUP, _Pids}, #{ref := Ref} = St) ->
+    %% Their connection processes see `nodedown' on their own.
+    {noreply, St};
+handle_info(Info, St) ->
+    {noreply, ecall_log:unexpected_in(?MODULE, {info, Info}, St)}.
 
 -spec connect_all([pid()]) -> ok.
 connect_all(Pids) ->
@@ -53,9 +56,9 @@ connect(Node) ->
     end.
 
 -spec handle_call(term(), gen_server:from(), map()) -> {reply, {error, badarg}, map()}.
-handle_call(_Req, _From, St) ->
-    {reply, {error, badarg}, St}.
+handle_call(Req, _From, St) ->
+    {reply, {error, badarg}, ecall_log:unexpected_in(?MODULE, {call, Req}, St)}.
 
 -spec handle_cast(term(), map()) -> {noreply, map()}.
-handle_cast(_Msg, St) ->
-    {noreply, St}.
+handle_cast(Msg, St) ->
+    {noreply, ecall_log:unexpected_in(?MODULE, {cast, Msg}, St)}.

@@ -5,7 +5,9 @@
 -module(ecall_log).
 -behaviour(gen_server).
 
--export([start_link/0]).
+-export([start_link/0, unexpected/3, unexpected_in/3]).
+
+-include_lib("kernel/include/logger.hrl").
 -export([init/1, handle_call/3, handle_cast/2, handle_info/2, terminate/2]).
 
 -spec start_link() -> {ok, pid()} | {error, term()}.
@@ -30,20 +32,38 @@ rank(Level) when Level =:= notice; Level =:= info -> 3;
 rank(debug) -> 4;
 rank(all) -> 5.
 
--spec handle_info(term(), #{}) -> {noreply, #{}}.
+-spec handle_info(term(), map()) -> {noreply, map()}.
 handle_info({ecall_log, Level, Target, Text}, St) ->
     logger:log(Level, "~ts", [Text], #{domain => [ecall, rust], rust_target => Target}),
     {noreply, St};
-handle_info(_Other, St) ->
-    {noreply, St}.
+handle_info(Other, St) ->
+    {noreply, unexpected_in(?MODULE, {info, Other}, St)}.
 
--spec handle_call(term(), gen_server:from(), #{}) -> {reply, {error, badarg}, #{}}.
-handle_call(_Req, _From, St) ->
-    {reply, {error, badarg}, St}.
+-spec handle_call(term(), gen_server:from(), map()) -> {reply, {error, badarg}, map()}.
+handle_call(Req, _From, St) ->
+    {reply, {error, badarg}, unexpected_in(?MODULE, {call, Req}, St)}.
 
--spec handle_cast(term(), #{}) -> {noreply, #{}}.
-handle_cast(_Msg, St) ->
-    {noreply, St}.
+-spec handle_cast(term(), map()) -> {noreply, map()}.
+handle_cast(Msg, St) ->
+    {noreply, unexpected_in(?MODULE, {cast, Msg}, St)}.
+
+%% @doc For ecall's processes: logs an unexpected message `What' if it is
+%% the first one `Who' got (`Seen' is how many came before) and returns
+%% the new count. Later ones are only counted, so that a stray sender
+%% cannot flood the log.
+-spec unexpected(term(), term(), non_neg_integer()) -> pos_integer().
+unexpected(Who, What, 0) ->
+    ?LOG_WARNING("ecall: ~p got an unexpected message (logged once, later ones counted): ~0P",
+                 [Who, What, 30], #{domain => [ecall]}),
+    1;
+unexpected(_Who, _What, Seen) ->
+    Seen + 1.
+
+%% @doc unexpected/3 for a process whose state is a map: the count is its
+%% key `unexpected'.
+-spec unexpected_in(atom(), term(), map()) -> map().
+unexpected_in(Who, What, St) ->
+    St#{unexpected => unexpected(Who, What, maps:get(unexpected, St, 0))}.
 
 -spec terminate(term(), #{}) -> ok.
 terminate(_Reason, _St) ->

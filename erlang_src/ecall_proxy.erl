@@ -1,8 +1,8 @@
 %% @private
-%% The pure-Erlang transport: the original ecall design, kept as the
-%% fallback when the NIF cannot load (and selectable with the application
-%% env `transport', `erlang' or `nif') and as the reference the benchmark
-%% compares against.
+%% The pure-Erlang transport (see ecall_transport): the original ecall
+%% design, kept as the fallback when the NIF cannot load (and selectable
+%% with the application env `transport', `erlang' or `nif') and as the
+%% reference the benchmark compares against.
 %%
 %% Per peer, one proxy per receiver worker of the peer. A caller picks its
 %% proxy by hashing its pid (so per-caller order holds) and hands it the
@@ -15,32 +15,51 @@
 %% Not bounded: under sustained overload the proxies' mailboxes grow, as
 %% in the article. The NIF transport has the byte budget.
 -module(ecall_proxy).
+-behaviour(ecall_transport).
 
--export([start_pool/2, pick/1, stats/1, stop/2, init/4]).
+-export([open/2, send/3, push/2, reply_monitor/1, stats/1, close/2]).
+-export([init/4]).
 
 -record(pool, {proxies :: tuple(), counters :: counters:counters_ref()}).
 -opaque pool() :: #pool{}.
 -export_type([pool/0]).
 
-%% @doc Starts one proxy per receiver name of `Node', linked to the caller.
--spec start_pool(node(), [binary()]) -> pool().
-start_pool(Node, Receivers) ->
+%% @doc Starts one proxy per receiver name of `Node', linked to the caller
+%% (the connection process, which stops when a proxy dies). No links to
+%% wait for: usable at once.
+-spec open(node(), [binary()]) -> {ok, pool(), 0}.
+open(Node, Receivers) ->
     C = counters:new(2, [write_concurrency]),
     Max = ecall_config:get(max_batch_count),
     Proxies = [proc_lib:spawn_opt(?MODULE, init, [{binary_to_atom(R), Node}, C, Max, self()],
                                   [link, {message_queue_data, off_heap}])
                || R <- Receivers],
-    #pool{proxies = list_to_tuple(Proxies), counters = C}.
+    {ok, #pool{proxies = list_to_tuple(Proxies), counters = C}, 0}.
 
-%% @doc The calling process's proxy.
+-spec send(pool(), pid() | reference() | atom(), term()) -> ok.
+send(Pool, Dest, Msg) ->
+    push(Pool, {send, Dest, Msg}).
+
+-spec push(pool(), ecall_transport:request()) -> ok.
+push(Pool, Request) ->
+    pick(Pool) ! {do, Request},
+    ok.
+
+%% The proxy is linked to the connection: it goes down with it, and the
+%% connection goes down with it.
+-spec reply_monitor(pool()) -> {ok, reference()}.
+reply_monitor(Pool) ->
+    {ok, monitor(process, pick(Pool), [{alias, reply_demonitor}])}.
+
+%% The calling process's proxy (per-caller order).
 -spec pick(pool()) -> pid().
 pick(#pool{proxies = P}) ->
     element(erlang:phash2(self(), tuple_size(P)) + 1, P).
 
 %% @doc Stops the proxies; what they hold is dropped. Processes monitoring
 %% them see `Why'.
--spec stop(pool(), term()) -> ok.
-stop(#pool{proxies = P}, Why) ->
+-spec close(pool(), term()) -> ok.
+close(#pool{proxies = P}, Why) ->
     Reason = case Why of
                  normal -> connection_closed;
                  _ -> Why

@@ -1,23 +1,33 @@
 %% @private
-%% One receiver worker: replays each `{batch, Requests}' in order:
-%% `{send, To, Msg}' is `To ! Msg', `{cast, M, F, A}' spawns M:F(A...) and
-%% `{call, Alias, M, F, A}' spawns a process that applies it and sends the
-%% reply to `Alias' (ecall_request:run_call/4).
+%% One receiver worker: replays each `{batch, Requests}' in order (see
+%% ecall_transport:request()): `{send, To, Msg}' is `To ! Msg', `{cast, M,
+%% F, A}' spawns M:F(A...) and `{call, Alias, M, F, A}' spawns a process
+%% that applies it and sends the reply to `Alias' (ecall_request:run_call/4).
 %%
-%% A plain receive loop rather than a gen_server: the loop is the hot path
-%% on the receiving node. The mailbox is off_heap, so a backlog of batches
-%% never enters garbage collection (and OTP 25's parallel signal buffers are
-%% available). A malformed element is counted and skipped; it never kills
-%% the worker.
+%% A special process (proc_lib + sys) rather than a gen_server: the loop is
+%% the hot path on the receiving node. It answers system messages, so
+%% `sys:get_state/1', `sys:suspend/1' and release handling work. It does not
+%% trap exits: when its supervisor goes, it goes with the same reason.
+%%
+%% The mailbox is off_heap, so a backlog of batches never enters garbage
+%% collection (and OTP 25's parallel signal buffers are available). Nothing
+%% a peer sends kills the worker: a malformed element is counted and
+%% skipped; a cast or call that cannot be spawned (the process table is
+%% full) is counted, and the call is answered `{badrpc, system_limit}'.
 -module(ecall_receiver).
 
 -export([start_link/1, name/1, init/2]).
+-export([system_continue/3, system_terminate/4, system_get_state/1,
+         system_replace_state/2, system_code_change/4]).
 
 %% Counter indexes (see ecall_receiver_sup:init/1).
 -define(BATCHES, 1).
 -define(REQUESTS, 2).
 -define(MALFORMED, 3).
 -define(DEAD, 4).
+-define(SPAWN_FAILED, 5).
+
+-record(state, {parent :: pid(), counters :: counters:counters_ref(), index :: pos_integer()}).
 
 -spec name(pos_integer()) -> atom().
 name(I) ->
@@ -32,18 +42,21 @@ start_link(I) ->
 init(Parent, I) ->
     true = register(name(I), self()),
     proc_lib:init_ack(Parent, {ok, self()}),
-    loop(ecall_receiver_sup:counters()).
+    loop(#state{parent = Parent, counters = ecall_receiver_sup:counters(), index = I}).
 
--spec loop(counters:counters_ref()) -> no_return().
-loop(C) ->
+-spec loop(#state{}) -> no_return().
+loop(#state{counters = C, parent = Parent} = S) ->
     receive
         {batch, Requests} when is_list(Requests) ->
             counters:add(C, ?BATCHES, 1),
-            replay(Requests, C, 0);
+            replay(Requests, C, 0),
+            loop(S);
+        {system, From, Request} ->
+            sys:handle_system_msg(Request, From, Parent, ?MODULE, [], S);
         _Other ->
-            counters:add(C, ?MALFORMED, 1)
-    end,
-    loop(C).
+            counters:add(C, ?MALFORMED, 1),
+            loop(S)
+    end.
 
 -spec replay(list(), counters:counters_ref(), non_neg_integer()) -> ok.
 replay([{send, To, Msg} | Rest], C, N) when is_pid(To); is_reference(To) ->
@@ -57,11 +70,14 @@ replay([{send, To, Msg} | Rest], C, N) when is_atom(To) ->
     end,
     replay(Rest, C, N + 1);
 replay([{cast, M, F, A} | Rest], C, N) when is_atom(M), is_atom(F), is_list(A) ->
-    _ = spawn(ecall_request, run_cast, [M, F, A]),
+    _ = spawn_or_count(C, ecall_request, run_cast, [M, F, A]),
     replay(Rest, C, N + 1);
 replay([{call, Alias, M, F, A} | Rest], C, N)
   when is_reference(Alias), is_atom(M), is_atom(F), is_list(A) ->
-    _ = spawn(ecall_request, run_call, [Alias, M, F, A]),
+    case spawn_or_count(C, ecall_request, run_call, [Alias, M, F, A]) of
+        ok -> ok;
+        {error, Why} -> ecall:send(Alias, {Alias, {badrpc, Why}})
+    end,
     replay(Rest, C, N + 1);
 replay([], C, N) ->
     counters:add(C, ?REQUESTS, N);
@@ -71,3 +87,42 @@ replay([_Bad | Rest], C, N) ->
 replay(_Improper, C, N) ->
     counters:add(C, ?MALFORMED, 1),
     counters:add(C, ?REQUESTS, N).
+
+%% spawn/3 raises system_limit when the process table is full: counted, and
+%% the rest of the batch goes on.
+-spec spawn_or_count(counters:counters_ref(), module(), atom(), list()) ->
+          ok | {error, system_limit}.
+spawn_or_count(C, M, F, A) ->
+    try spawn(M, F, A) of
+        _Pid -> ok
+    catch
+        error:system_limit ->
+            counters:add(C, ?SPAWN_FAILED, 1),
+            {error, system_limit}
+    end.
+
+%%--------------------------------------------------------------------
+%% sys callbacks
+
+-spec system_continue(pid(), [sys:dbg_opt()], #state{}) -> no_return().
+system_continue(_Parent, _Debug, S) ->
+    loop(S).
+
+-spec system_terminate(term(), pid(), [sys:dbg_opt()], #state{}) -> no_return().
+system_terminate(Reason, _Parent, _Debug, _S) ->
+    exit(Reason).
+
+-spec system_get_state(#state{}) -> {ok, map()}.
+system_get_state(#state{index = I, parent = P}) ->
+    {ok, #{index => I, name => name(I), parent => P}}.
+
+-spec system_replace_state(fun((map()) -> map()), #state{}) -> {ok, map(), #state{}}.
+system_replace_state(StateFun, S) ->
+    {ok, State} = system_get_state(S),
+    %% Nothing here is replaceable: the state is derived from the index.
+    _ = StateFun(State),
+    {ok, State, S}.
+
+-spec system_code_change(#state{}, module(), term(), term()) -> {ok, #state{}}.
+system_code_change(S, _Module, _OldVsn, _Extra) ->
+    {ok, S}.

@@ -14,8 +14,9 @@ start_link() ->
 -spec init([]) -> {ok, {supervisor:sup_flags(), [supervisor:child_spec()]}}.
 init([]) ->
     N = ecall_config:receivers(),
-    %% Shared counters: batches, requests, malformed, dead letters.
-    persistent_term:put({ecall, rx_counters}, counters:new(4, [write_concurrency])),
+    %% Shared counters: batches, requests, malformed, dead letters, spawns
+    %% that failed (system_limit).
+    persistent_term:put({ecall, rx_counters}, counters:new(5, [write_concurrency])),
     persistent_term:put({ecall, rx_names}, [ecall_receiver:name(I) || I <- lists:seq(1, N)]),
     Workers = [#{id => I, start => {ecall_receiver, start_link, [I]}}
                || I <- lists:seq(1, N)],

@@ -1,0 +1,122 @@
+%% @private
+%% The NIF transport (see ecall_transport): the calling process encodes its
+%% request once in the Rust NIF and pushes it into its shard of the peer's
+%% queues; C-node links write what each shard holds as one `{batch,
+%% Requests}' message.
+%%
+%% When the peer's byte budget is full the `overflow' policy decides:
+%% `block' waits for room (callers are admitted in arrival order), `error'
+%% and `drop' give up at once (`overload', counted in `overflow_drops').
+-module(ecall_transport_nif).
+-behaviour(ecall_transport).
+
+-export([open/2, send/3, push/2, reply_monitor/1, stats/1, close/2]).
+-export([caller_link/1]).
+
+%% Binary messages from this size on take the large-message path: encoded
+%% by term_to_iovec/1 (the binary is referenced, not copied) and copied
+%% into a batch of their own on a dirty scheduler, so that no normal
+%% scheduler is held for the copy.
+-define(LARGE, 65536).
+
+-opaque state() :: {node(), ecall_nif:peer()}.
+-export_type([state/0]).
+
+-spec open(node(), [binary()]) -> {ok, state(), pos_integer()} | {error, term()}.
+open(Node, Receivers) ->
+    case ecall_cnode:cnode() of
+        {ok, CNode} ->
+            Cookie = atom_to_binary(erlang:get_cookie(Node)),
+            {ok, Peer} = ecall_nif:peer_open(CNode, atom_to_binary(Node), Cookie,
+                                             Receivers, self(), ecall_config:peer_opts()),
+            {ok, {Node, Peer}, length(ecall_nif:cnode_info(CNode))};
+        {error, _} = E ->
+            E
+    end.
+
+-spec send(state(), pid() | reference() | atom(), term()) -> ecall_transport:push_result().
+send({_, Peer}, Dest, Msg) when is_binary(Msg), byte_size(Msg) >= ?LARGE ->
+    push_iovec(Peer, erlang:term_to_iovec({send, Dest, Msg}));
+send({_, Peer}, Dest, Msg) ->
+    %% The common case: the NIF builds {send, Dest, Msg} as it encodes.
+    case ecall_nif:send(Peer, Dest, Msg) of
+        {full, _} -> push_peer(Peer, {send, Dest, Msg});
+        Result -> Result
+    end.
+
+-spec push(state(), ecall_transport:request()) -> ecall_transport:push_result().
+push({_, Peer}, Request) ->
+    push_peer(Peer, Request).
+
+-spec push_peer(ecall_nif:peer(), ecall_transport:request()) -> ecall_transport:push_result().
+push_peer(Peer, Request) ->
+    push_with(Peer, fun(Admitted) -> ecall_nif:push(Peer, Request, Admitted) end).
+
+%% A large request already encoded by term_to_iovec/1: queued as a batch of
+%% its own, copied on a dirty scheduler.
+-spec push_iovec(ecall_nif:peer(), [binary()]) -> ecall_transport:push_result().
+push_iovec(Peer, IoVec) ->
+    push_with(Peer, fun(Admitted) -> ecall_nif:push_iovec(Peer, IoVec, Admitted) end).
+
+-type pusher() :: fun((boolean()) -> ok | closed | {full, non_neg_integer()}).
+
+-spec push_with(ecall_nif:peer(), pusher()) -> ecall_transport:push_result().
+push_with(Peer, Push) ->
+    case Push(false) of
+        {full, Size} ->
+            case ecall_config:get(overflow) of
+                block ->
+                    wait_room(Peer, Size, Push);
+                _ErrorOrDrop ->
+                    ok = ecall_nif:overflow_drop(Peer),
+                    overload
+            end;
+        Result ->
+            Result
+    end.
+
+-spec wait_room(ecall_nif:peer(), non_neg_integer(), pusher()) -> ok | closed.
+wait_room(Peer, Size, Push) ->
+    Ref = make_ref(),
+    case ecall_nif:wait_room(Peer, Size, Ref) of
+        retry ->
+            admitted(Push);
+        wait ->
+            receive
+                {ecall_room, Ref, true} -> admitted(Push);
+                {ecall_room, Ref, false} -> closed
+            end
+    end.
+
+-spec admitted(pusher()) -> ok | closed.
+admitted(Push) ->
+    case Push(true) of
+        ok -> ok;
+        _ -> closed
+    end.
+
+%% One local monitor gives both the reply alias and prompt failure: it
+%% watches the process that stands for the link carrying this caller's
+%% requests, which exits when that link or the whole connection goes down.
+%% Nothing per call crosses the network but the request itself.
+-spec reply_monitor(state()) -> {ok, reference()} | closed.
+reply_monitor({Node, Peer}) ->
+    case ecall_conn:watcher(Node, ecall_nif:caller_link(Peer)) of
+        undefined -> closed;
+        Watcher -> {ok, monitor(process, Watcher, [{alias, reply_demonitor}])}
+    end.
+
+%% @doc The link (0-based) that carries the calling process's requests.
+-spec caller_link(state()) -> non_neg_integer().
+caller_link({_, Peer}) ->
+    ecall_nif:caller_link(Peer).
+
+-spec stats(state()) -> map().
+stats({_, Peer}) ->
+    (ecall_nif:peer_stats(Peer))#{transport => nif}.
+
+-spec close(state(), term()) -> ok.
+close({_, Peer}, _Why) ->
+    %% Callers waiting on replies monitor the link watchers, which the
+    %% connection process ends with the reason.
+    ecall_nif:peer_close(Peer).
