@@ -309,13 +309,23 @@ pub struct Connected {
 }
 
 /// Client side of the handshake with `peer` (`name@host`), under `me`.
+///
+/// Errors: [`Error::Epmd`] for anything about the peer's epmd (its socket
+/// included), [`Error::NotRegistered`], [`Error::Io`] only for the TCP
+/// connection to the peer itself, [`Error::Handshake`] and [`Error::Alive`].
 pub async fn connect(me: &Identity, peer: &str, cookie: &str) -> Result<Connected, Error> {
     let name: NodeName = peer
         .parse()
         .map_err(|e| Error::BadName(format!("{peer}: {e}")))?;
     let epmd = TcpStream::connect((name.host(), me.config.epmd_port))
         .await
-        .map_err(Error::io("connect to the peer's epmd"))?;
+        .map_err(|e| {
+            Error::Epmd(format!(
+                "connect to {}:{}: {e}",
+                name.host(),
+                me.config.epmd_port
+            ))
+        })?;
     let entry = EpmdClient::new(epmd.compat())
         .get_node(name.name())
         .await

@@ -4,7 +4,7 @@
 //! few vectored writes as the socket allows, and a deadline that reaps a
 //! peer that stopped draining without cutting off one that is merely slow.
 
-use crate::link::{Ended, LinkStats};
+use crate::link::{LinkDown, LinkStats};
 use std::io::IoSlice;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -22,27 +22,22 @@ pub const STALL_PIECE: usize = 256 * 1024;
 const MAX_SLICES: usize = 64;
 
 /// Writes `bufs` with [`write_all_vectored`] and counts the write in `ls`;
-/// a missed deadline is counted as a stall and ends the link as stalled.
+/// a missed deadline is counted as a stall and ends the link as
+/// [`LinkDown::Stalled`].
 pub(crate) async fn write_with_deadline<W: AsyncWrite + Unpin>(
     ls: &LinkStats,
     wr: &mut W,
     bufs: &[&[u8]],
     deadline: Option<Duration>,
-) -> Result<(), Ended> {
+) -> Result<(), LinkDown> {
     let total: usize = bufs.iter().map(|b| b.len()).sum();
     match write_all_vectored(wr, bufs, deadline).await {
         Ok(()) => {}
         Err(None) => {
             ls.stalls.fetch_add(1, Ordering::Relaxed);
-            return Err(Ended {
-                why: format!(
-                    "stalled: {STALL_PIECE} bytes of a {total}-byte write not taken within {:?}",
-                    deadline.unwrap_or_default()
-                ),
-                stalled: true,
-            });
+            return Err(LinkDown::Stalled);
         }
-        Err(Some(e)) => return Err(format!("write: {e}").into()),
+        Err(Some(e)) => return Err(LinkDown::Write(e.kind())),
     }
     ls.writes.fetch_add(1, Ordering::Relaxed);
     ls.bytes.fetch_add(total as u64, Ordering::Relaxed);
@@ -229,7 +224,7 @@ mod tests {
 
         let ls = LinkStats::default();
         let r = write_with_deadline(&ls, &mut w, &[b"abc"], Some(deadline)).await;
-        assert!(r.is_err_and(|e| e.stalled));
+        assert_eq!(r, Err(LinkDown::Stalled));
         assert_eq!(ls.stalls.load(Ordering::Relaxed), 1);
         assert_eq!(ls.writes.load(Ordering::Relaxed), 0);
 

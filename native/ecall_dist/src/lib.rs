@@ -39,7 +39,7 @@ pub mod peer;
 pub mod shard;
 
 pub use cnode::{Identity, IdentityConfig};
-pub use link::LinkEvents;
+pub use link::{LinkDown, LinkEvents};
 pub use peer::{Peer, PeerConfig, Push};
 pub use shard::BatchCaps;
 

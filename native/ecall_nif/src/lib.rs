@@ -13,7 +13,10 @@
 #![deny(missing_docs)]
 #![warn(clippy::all)]
 
-use ecall_dist::{BatchCaps, Identity, IdentityConfig, LinkEvents, Peer, PeerConfig, Push};
+use ecall_dist::link::posix_name;
+use ecall_dist::{
+    BatchCaps, Identity, IdentityConfig, LinkDown, LinkEvents, Peer, PeerConfig, Push,
+};
 use rustler::env::OwnedEnv;
 use rustler::types::tuple::make_tuple;
 use rustler::{Atom, Binary, Encoder, Env, LocalPid, NifResult, Resource, ResourceArc, Term};
@@ -30,6 +33,9 @@ mod atoms {
         pushed, batches, requests, bytes, writes, dropped, connects, disconnects,
         stalls, cached_atoms, queued_bytes, links_up, overflow_waits, overflow_drops, per_link, fragmented, wakes, closed_drops, links, shards, accepted, refused,
         node, creation, port, inbound_frames, inbound_answered, inbound_ignored, inbound_malformed,
+        // Link-down reasons (see `down_reason`).
+        stalled, restarted, peer_closed, not_registered, handshake_timeout,
+        read, write, connect, malformed, epmd, handshake, other,
     }
 }
 
@@ -171,13 +177,61 @@ impl LinkEvents for Events {
     fn up(&self, link: usize) {
         self.tell(link, |env| atoms::up().encode(env));
     }
-    fn down(&self, link: usize, reason: &str) {
-        let reason = reason.to_string();
-        self.tell(link, move |env| (atoms::down(), reason).encode(env));
+    fn down(&self, link: usize, reason: &LinkDown) {
+        let reason = reason.clone();
+        self.tell(link, move |env| {
+            (atoms::down(), down_reason(env, &reason)).encode(env)
+        });
     }
     fn alive(&self, link: usize, node: &str) {
         let node = node.to_string();
         self.tell(link, move |env| (atoms::alive(), node).encode(env));
+    }
+}
+
+/// The Erlang term of a link-down reason, as sent in
+/// `{ecall_link, K, {down, Reason}}`:
+///
+/// ```text
+/// Reason = closed              % the peer was closed (peer_close/1)
+///        | stalled             % a write missed stall_timeout; the link's
+///                              % queue was dropped
+///        | restarted           % the peer node has a new creation; the
+///                              % link stopped for good
+///        | alive               % the peer still holds our previous
+///                              % connection ({alive, OurNode} came first)
+///        | peer_closed         % the peer closed the socket
+///        | not_registered      % the peer's epmd does not know its name
+///        | handshake_timeout   % no connection within the handshake time
+///        | {read, Posix}       % reading the socket failed
+///        | {write, Posix}      % writing the socket failed
+///        | {connect, Posix}    % the TCP connection to the peer failed
+///        | {malformed, frame_too_large | unknown_frame_kind
+///                    | bad_distribution_header | bad_term}
+///        | {epmd, binary()}    % the peer's epmd failed (text)
+///        | {handshake, binary()}  % the handshake failed (text; a wrong
+///                                 % cookie shows up here)
+/// Posix  = econnreset | epipe | econnrefused | econnaborted | enotconn
+///        | etimedout | ehostunreach | enetunreach | eaddrnotavail
+///        | eaddrinuse | enomem | other
+/// ```
+fn down_reason<'a>(env: Env<'a>, reason: &LinkDown) -> Term<'a> {
+    // Atoms named by ecall_dist (errno names, malformed-frame names).
+    let named = |name: &str| Atom::from_str(env, name).unwrap_or_else(|_| atoms::other());
+    match reason {
+        LinkDown::Closed => atoms::closed().encode(env),
+        LinkDown::Stalled => atoms::stalled().encode(env),
+        LinkDown::Restarted => atoms::restarted().encode(env),
+        LinkDown::Alive => atoms::alive().encode(env),
+        LinkDown::PeerClosed => atoms::peer_closed().encode(env),
+        LinkDown::NotRegistered => atoms::not_registered().encode(env),
+        LinkDown::HandshakeTimeout => atoms::handshake_timeout().encode(env),
+        LinkDown::Read(k) => (atoms::read(), named(posix_name(*k))).encode(env),
+        LinkDown::Write(k) => (atoms::write(), named(posix_name(*k))).encode(env),
+        LinkDown::Connect(k) => (atoms::connect(), named(posix_name(*k))).encode(env),
+        LinkDown::Malformed(m) => (atoms::malformed(), named(m.as_str())).encode(env),
+        LinkDown::Epmd(s) => (atoms::epmd(), s.as_str()).encode(env),
+        LinkDown::Handshake(s) => (atoms::handshake(), s.as_str()).encode(env),
     }
 }
 
@@ -194,7 +248,8 @@ struct PeerOpts {
 }
 
 /// Opens the shards and links towards `node`; link events go to `owner` as
-/// `{ecall_link, Index, up | {down, Reason} | {alive, OurNode}}`.
+/// `{ecall_link, Index, up | {down, Reason} | {alive, OurNode}}` (Index
+/// 0-based; Reason: see `down_reason`).
 #[rustler::nif]
 fn peer_open(
     cnode: ResourceArc<CNode>,

@@ -13,7 +13,7 @@
 //! deadline. The first connection records the peer's creation. A later
 //! connection to a different creation means the peer node restarted under
 //! the same name: it has none of our receivers yet, so the link stops there
-//! for good (reason "restarted") and leaves the decision to its owner. If
+//! for good ([`LinkDown::Restarted`]) and leaves the decision to its owner. If
 //! the peer still holds our previous connection, the owner is told
 //! ([`LinkEvents::alive`]) so that it can ask the peer to drop it, and the
 //! attempt counts as failed.
@@ -62,7 +62,10 @@
 //! reported. During a backoff the link task holds its peer only weakly, so
 //! a peer that nobody else holds is dropped then, which closes it.
 
-use crate::inbound::InboundStats;
+use crate::inbound::{InboundStats, Malformed, ReadEnd};
+use crate::io::STALL_PIECE;
+use crate::Error;
+use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU64};
 use tokio::sync::Notify;
 
@@ -76,7 +79,7 @@ pub trait LinkEvents: Send + Sync + 'static {
     /// Link `link` is connected.
     fn up(&self, link: usize);
     /// Link `link` lost its connection, or failed to make one.
-    fn down(&self, link: usize, reason: &str);
+    fn down(&self, link: usize, reason: &LinkDown);
     /// The peer still holds a connection under link `link`'s node name.
     fn alive(&self, link: usize, node: &str);
 }
@@ -120,25 +123,178 @@ pub(crate) struct LinkShared {
     pub(crate) stats: LinkStats,
 }
 
-/// Why a connected link ended.
-#[derive(Debug)]
-pub(crate) struct Ended {
-    pub(crate) why: String,
-    /// A write missed its deadline: the peer is not draining.
-    pub(crate) stalled: bool,
+/// Why a link went down, or why an attempt to connect it failed: what
+/// [`LinkEvents::down`] reports. `Display` gives the text for logs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LinkDown {
+    /// We closed it: the peer was closed.
+    Closed,
+    /// A write missed its deadline: the peer is not draining. What the
+    /// link's shards hold was dropped.
+    Stalled,
+    /// The peer node restarted under the same name (a new creation); the
+    /// link stopped for good.
+    Restarted,
+    /// The peer still holds our previous connection under this name.
+    Alive,
+    /// The peer closed the connection (end of file on read).
+    PeerClosed,
+    /// Reading from the socket failed.
+    Read(io::ErrorKind),
+    /// Writing to the socket failed.
+    Write(io::ErrorKind),
+    /// The peer sent a malformed frame.
+    Malformed(Malformed),
+    /// The TCP connection to the peer could not be made.
+    Connect(io::ErrorKind),
+    /// The peer's epmd could not be reached or failed to answer (or the
+    /// peer's name is not `name@host`, so there is no epmd to ask).
+    Epmd(String),
+    /// The peer's epmd does not know its name.
+    NotRegistered,
+    /// The distribution handshake failed (a wrong cookie shows up here).
+    Handshake(String),
+    /// The attempt did not finish within the handshake deadline.
+    HandshakeTimeout,
 }
 
-impl From<String> for Ended {
-    fn from(why: String) -> Self {
-        Ended {
-            why,
-            stalled: false,
+impl LinkDown {
+    /// Whether a write missed its deadline: a peer that does not drain
+    /// will not drain what is queued either, so the link releases it.
+    pub fn is_stalled(&self) -> bool {
+        matches!(self, LinkDown::Stalled)
+    }
+
+    /// Why a connection's reader stopped.
+    pub(crate) fn from_read(end: ReadEnd) -> LinkDown {
+        match end {
+            ReadEnd::Io(e) if e.kind() == io::ErrorKind::UnexpectedEof => LinkDown::PeerClosed,
+            ReadEnd::Io(e) => LinkDown::Read(e.kind()),
+            ReadEnd::Malformed(m) => LinkDown::Malformed(m),
+            // Only after the writer stopped, whose reason is the one kept.
+            ReadEnd::WriterGone => LinkDown::Closed,
+        }
+    }
+
+    /// Why an attempt ([`crate::cnode::connect`], then the creation check)
+    /// failed.
+    pub(crate) fn from_attempt(e: Error) -> LinkDown {
+        match e {
+            // The one socket `connect` opens itself, to the peer's port
+            // (epmd failures, its socket's included, are `Error::Epmd`).
+            Error::Io(_, e) => LinkDown::Connect(e.kind()),
+            Error::Epmd(s) => LinkDown::Epmd(s),
+            Error::NotRegistered(_) => LinkDown::NotRegistered,
+            Error::Handshake(s) => LinkDown::Handshake(s),
+            Error::Alive => LinkDown::Alive,
+            Error::Restarted => LinkDown::Restarted,
+            // A name that is not `name@host` has no epmd to ask; `connect`
+            // returns nothing else.
+            e @ (Error::BadName(_) | Error::Config(_)) => LinkDown::Epmd(e.to_string()),
         }
     }
 }
 
-impl From<&str> for Ended {
-    fn from(why: &str) -> Self {
-        why.to_string().into()
+impl std::fmt::Display for LinkDown {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            LinkDown::Closed => f.write_str("closed"),
+            LinkDown::Stalled => write!(
+                f,
+                "stalled: the peer took less than {STALL_PIECE} bytes within the write deadline"
+            ),
+            LinkDown::Restarted => {
+                f.write_str("the peer node restarted (new creation); link stopped")
+            }
+            LinkDown::Alive => f.write_str("the peer still holds our previous connection"),
+            LinkDown::PeerClosed => f.write_str("the peer closed the connection"),
+            LinkDown::Read(k) => write!(f, "read: {k}"),
+            LinkDown::Write(k) => write!(f, "write: {k}"),
+            LinkDown::Malformed(m) => write!(f, "malformed frame from the peer: {m}"),
+            LinkDown::Connect(k) => write!(f, "connect to the peer: {k}"),
+            LinkDown::Epmd(s) => write!(f, "epmd: {s}"),
+            LinkDown::NotRegistered => f.write_str("not registered with the peer's epmd"),
+            LinkDown::Handshake(s) => write!(f, "handshake: {s}"),
+            LinkDown::HandshakeTimeout => f.write_str("handshake timed out"),
+        }
+    }
+}
+
+impl std::error::Error for LinkDown {}
+
+/// The errno-style name that Erlang's `inet` gives an I/O error of this
+/// kind (`econnreset`, `epipe`, ...), or `other`.
+pub fn posix_name(kind: io::ErrorKind) -> &'static str {
+    use io::ErrorKind as K;
+    match kind {
+        K::ConnectionReset => "econnreset",
+        K::BrokenPipe => "epipe",
+        K::ConnectionRefused => "econnrefused",
+        K::ConnectionAborted => "econnaborted",
+        K::NotConnected => "enotconn",
+        K::TimedOut => "etimedout",
+        K::AddrNotAvailable => "eaddrnotavail",
+        K::AddrInUse => "eaddrinuse",
+        K::OutOfMemory => "enomem",
+        // `HostUnreachable` and `NetworkUnreachable` can be named only
+        // from Rust 1.83 (the workspace supports 1.80), but the standard
+        // library has decoded those errnos to them for longer.
+        _ => match format!("{kind:?}").as_str() {
+            "HostUnreachable" => "ehostunreach",
+            "NetworkUnreachable" => "enetunreach",
+            _ => "other",
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reader_ends_and_attempt_errors_map_to_reasons() {
+        let eof = io::Error::from(io::ErrorKind::UnexpectedEof);
+        assert_eq!(LinkDown::from_read(ReadEnd::Io(eof)), LinkDown::PeerClosed);
+        let reset = io::Error::from(io::ErrorKind::ConnectionReset);
+        assert_eq!(
+            LinkDown::from_read(ReadEnd::Io(reset)),
+            LinkDown::Read(io::ErrorKind::ConnectionReset)
+        );
+        assert_eq!(
+            LinkDown::from_read(ReadEnd::Malformed(Malformed::BadTerm)),
+            LinkDown::Malformed(Malformed::BadTerm)
+        );
+        let refused = io::Error::from(io::ErrorKind::ConnectionRefused);
+        assert_eq!(
+            LinkDown::from_attempt(Error::Io("connect to the peer", refused)),
+            LinkDown::Connect(io::ErrorKind::ConnectionRefused)
+        );
+        assert_eq!(
+            LinkDown::from_attempt(Error::NotRegistered("b@h".into())),
+            LinkDown::NotRegistered
+        );
+        assert_eq!(
+            LinkDown::from_attempt(Error::Restarted),
+            LinkDown::Restarted
+        );
+        assert!(LinkDown::Stalled.is_stalled());
+        assert!(!LinkDown::Write(io::ErrorKind::BrokenPipe).is_stalled());
+    }
+
+    #[test]
+    fn posix_names_follow_inet() {
+        assert_eq!(posix_name(io::ErrorKind::ConnectionReset), "econnreset");
+        assert_eq!(posix_name(io::ErrorKind::BrokenPipe), "epipe");
+        assert_eq!(posix_name(io::ErrorKind::OutOfMemory), "enomem");
+        assert_eq!(posix_name(io::ErrorKind::UnexpectedEof), "other");
+        // Linux errno values, decoded by the standard library.
+        #[cfg(target_os = "linux")]
+        for (errno, name) in [
+            (113, "ehostunreach"),
+            (101, "enetunreach"),
+            (111, "econnrefused"),
+        ] {
+            assert_eq!(posix_name(io::Error::from_raw_os_error(errno).kind()), name);
+        }
     }
 }

@@ -1,7 +1,7 @@
 //! The task of one link: connect, run, report, back off, again.
 
 use super::writer::LinkWriter;
-use super::{Ended, LinkEvents};
+use super::{LinkDown, LinkEvents};
 use crate::cnode::{self, Identity};
 use crate::inbound;
 use crate::peer::Peer;
@@ -43,8 +43,9 @@ pub(crate) async fn link_task(
                     .stats
                     .disconnects
                     .fetch_add(1, Ordering::Relaxed);
-                let reason = Error::Restarted.to_string();
-                tracing::warn!(peer = peer.node(), link = k, reason, "link stopped");
+                let reason = LinkDown::Restarted;
+                // Links are numbered from 1 in logs, as the identities are.
+                tracing::warn!(peer = peer.node(), link = k + 1, %reason, "link stopped");
                 events.down(k, &reason);
                 return;
             }
@@ -58,21 +59,21 @@ pub(crate) async fn link_task(
                 let ended = connected(&peer, k, &id, conn).await;
                 peer.links[k].stats.up.store(false, Ordering::Relaxed);
                 peer.stats.links_up.fetch_sub(1, Ordering::Relaxed);
-                if ended.stalled {
+                if ended.is_stalled() {
                     // A peer that does not drain will not drain what is
                     // queued either: release it now (counted as dropped)
                     // instead of holding the budget, and the callers
                     // waiting for room, until the node is declared down.
                     peer.drop_link_queue(k);
                 }
-                ended.why
+                ended
             }
             Ok(Err(Error::Alive)) => {
                 events.alive(k, id.node());
-                "peer still holds our previous connection".to_string()
+                LinkDown::Alive
             }
-            Ok(Err(e)) => e.to_string(),
-            Err(_) => "handshake timed out".to_string(),
+            Ok(Err(e)) => LinkDown::from_attempt(e),
+            Err(_) => LinkDown::HandshakeTimeout,
         };
         if peer.is_closed() {
             return;
@@ -81,7 +82,7 @@ pub(crate) async fn link_task(
             .stats
             .disconnects
             .fetch_add(1, Ordering::Relaxed);
-        tracing::warn!(peer = peer.node(), link = k, reason, "link down");
+        tracing::warn!(peer = peer.node(), link = k + 1, %reason, "link down");
         events.down(k, &reason);
         drop(peer);
         tokio::select! {
@@ -94,13 +95,13 @@ pub(crate) async fn link_task(
 }
 
 /// Runs one connected link until it fails or the peer closes; returns why.
-async fn connected(peer: &Arc<Peer>, k: usize, id: &Identity, conn: cnode::Connected) -> Ended {
+async fn connected(peer: &Arc<Peer>, k: usize, id: &Identity, conn: cnode::Connected) -> LinkDown {
     let (mut rd, wr) = conn.stream.into_split();
     let (ctl_tx, ctl_rx) = tokio::sync::mpsc::channel::<Vec<u8>>(16);
     let reading = Arc::clone(peer);
     let reader = tokio::spawn(async move {
         let stats = &reading.links[k].stats.inbound;
-        inbound::read_loop(&mut rd, ctl_tx, stats).await.to_string()
+        LinkDown::from_read(inbound::read_loop(&mut rd, ctl_tx, stats).await)
     });
     LinkWriter::new(
         Arc::clone(peer),

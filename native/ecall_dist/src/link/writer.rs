@@ -1,6 +1,6 @@
 //! The writing half of a connected link.
 
-use super::{Ended, LinkShared};
+use super::{LinkDown, LinkShared};
 use crate::atom_cache::OutCache;
 use crate::etf::PLAIN_TERMS;
 use crate::fragment::{InFlight, FRAGMENT};
@@ -74,9 +74,9 @@ impl LinkWriter {
     /// shuts the socket down and returns why.
     pub(super) async fn run(
         mut self,
-        mut reader: JoinHandle<String>,
+        mut reader: JoinHandle<LinkDown>,
         mut ctl: mpsc::Receiver<Vec<u8>>,
-    ) -> Ended {
+    ) -> LinkDown {
         let why = self.serve(&mut reader, &mut ctl).await;
         reader.abort();
         let _ = self.wr.shutdown().await;
@@ -85,9 +85,9 @@ impl LinkWriter {
 
     async fn serve(
         &mut self,
-        reader: &mut JoinHandle<String>,
+        reader: &mut JoinHandle<LinkDown>,
         ctl_rx: &mut mpsc::Receiver<Vec<u8>>,
-    ) -> Ended {
+    ) -> LinkDown {
         let peer = Arc::clone(&self.peer);
         let link = &peer.links[self.k];
         let ls = &link.stats;
@@ -97,13 +97,10 @@ impl LinkWriter {
         let mut last_write = Instant::now();
         loop {
             if peer.is_closed() {
-                return "closed".into();
+                return LinkDown::Closed;
             }
             if reader.is_finished() {
-                return reader
-                    .await
-                    .unwrap_or_else(|e| format!("reader: {e}"))
-                    .into();
+                return reader_end(reader.await);
             }
             while let Ok(ctl) = ctl_rx.try_recv() {
                 if let Err(e) = self.write(&[&ctl]).await {
@@ -153,7 +150,7 @@ impl LinkWriter {
                         }
                     }
                 }
-                r = &mut *reader => return r.unwrap_or_else(|e| format!("reader: {e}")).into(),
+                r = &mut *reader => return reader_end(r),
                 _ = tokio::time::sleep_until(tick_at) => {
                     if let Err(e) = write_with_deadline(ls, &mut self.wr, &[&inbound::TICK], self.deadline).await {
                         return e;
@@ -167,7 +164,7 @@ impl LinkWriter {
 
     /// Writes plain frames (`<len> 112 ...`), through the cache if the
     /// connection has one (control messages: never fragmented).
-    async fn write(&mut self, frames: &[&[u8]]) -> Result<(), Ended> {
+    async fn write(&mut self, frames: &[&[u8]]) -> Result<(), LinkDown> {
         let ls = &self.peer.links[self.k].stats;
         let Some(cache) = self.cache.as_mut() else {
             return write_with_deadline(ls, &mut self.wr, frames, self.deadline).await;
@@ -200,7 +197,7 @@ impl LinkWriter {
         &mut self,
         frames: &mut Vec<(usize, Frame)>,
         done: &mut Vec<(usize, Frame)>,
-    ) -> Result<(), Ended> {
+    ) -> Result<(), LinkDown> {
         let ls = &self.peer.links[self.k].stats;
         let Some(cache) = self.cache.as_mut() else {
             let slices: Vec<&[u8]> = frames.iter().map(|(_, f)| f.bytes.as_slice()).collect();
@@ -313,6 +310,16 @@ fn may_sleep(peer: &Peer, link: &LinkShared, mine: &[usize]) -> bool {
         return false;
     }
     true
+}
+
+/// Why the reader task stopped.
+fn reader_end(r: Result<LinkDown, tokio::task::JoinError>) -> LinkDown {
+    // A reader that panicked (it is never cancelled while the writer runs)
+    // is a read that failed.
+    r.unwrap_or_else(|e| {
+        tracing::error!(error = %e, "link reader failed");
+        LinkDown::Read(std::io::ErrorKind::Other)
+    })
 }
 
 /// Requests and element bytes in `frames`.
