@@ -120,6 +120,11 @@ pub struct Identity {
     pub accepted: AtomicU64,
     /// Incoming connections refused (bad cookie, bad handshake).
     pub refused: AtomicU64,
+    /// Incoming connections closed at once because
+    /// [`MAX_PENDING_HANDSHAKES`] handshakes were under way.
+    pub shed: AtomicU64,
+    /// Failed `accept` calls (each followed by a short wait).
+    pub accept_errors: AtomicU64,
     /// What peers sent on accepted connections (`malformed` counts the
     /// connections closed for it).
     pub inbound: Arc<InboundStats>,
@@ -138,13 +143,7 @@ impl Identity {
             .await
             .map_err(Error::io("listen"))?;
         let port = listener.local_addr().map_err(Error::io("listen"))?.port();
-        let epmd = TcpStream::connect(("127.0.0.1", config.epmd_port))
-            .await
-            .map_err(Error::io("connect to epmd"))?;
-        let (keep, creation) = EpmdClient::new(epmd.compat())
-            .register(NodeEntry::new_hidden(name.name(), port))
-            .await
-            .map_err(|e| Error::Epmd(format!("register {}: {e}", config.node)))?;
+        let (keep, creation) = register(&config, &name, port).await?;
         let mut local = LocalNode::new(name, creation);
         local.flags = flags();
         let id = Arc::new(Identity {
@@ -154,6 +153,8 @@ impl Identity {
             cancel: CancellationToken::new(),
             accepted: AtomicU64::new(0),
             refused: AtomicU64::new(0),
+            shed: AtomicU64::new(0),
+            accept_errors: AtomicU64::new(0),
             inbound: Arc::default(),
             _epmd: keep,
         });
@@ -202,23 +203,92 @@ impl Drop for Identity {
     }
 }
 
+/// Most incoming connections whose handshake is under way at once, per
+/// identity. A connection past that is closed at once and counted
+/// (`shed`): a flood of connections that never finish their handshake
+/// then holds at most this many sockets until the handshake deadline,
+/// instead of every file descriptor of the node.
+pub const MAX_PENDING_HANDSHAKES: usize = 64;
+
+/// Registers `name` with the local epmd; returns the connection that keeps
+/// it registered and the creation. epmd forgets a name when the connection
+/// that registered it closes, which it notices a little after the close: a
+/// node whose ecall restarts at once can find its old names still taken.
+/// Registration is retried, briefly, for that case.
+async fn register(
+    config: &IdentityConfig,
+    name: &NodeName,
+    port: u16,
+) -> Result<(Compat<TcpStream>, Creation), Error> {
+    const RETRY_FOR: Duration = Duration::from_secs(5);
+    const RETRY_EVERY: Duration = Duration::from_millis(50);
+    let t0 = tokio::time::Instant::now();
+    loop {
+        let epmd = TcpStream::connect(("127.0.0.1", config.epmd_port))
+            .await
+            .map_err(Error::io("connect to epmd"))?;
+        match EpmdClient::new(epmd.compat())
+            .register(NodeEntry::new_hidden(name.name(), port))
+            .await
+        {
+            Ok(registered) => return Ok(registered),
+            Err(e) if t0.elapsed() < RETRY_FOR => {
+                tracing::debug!(node = config.node, error = %e, "epmd refused the name; retrying");
+                tokio::time::sleep(RETRY_EVERY).await;
+            }
+            Err(e) => return Err(Error::Epmd(format!("register {}: {e}", config.node))),
+        }
+    }
+}
+
 async fn accept_loop(
     id: std::sync::Weak<Identity>,
     listener: TcpListener,
     cancel: CancellationToken,
 ) {
+    let pending = Arc::new(tokio::sync::Semaphore::new(MAX_PENDING_HANDSHAKES));
+    // After an accept error (EMFILE when the process is out of file
+    // descriptors), wait before the next accept: retrying at once spins a
+    // core and takes descriptors the rest of the node needs. Doubles up to
+    // a second, back to the start after a success (as ranch's acceptor).
+    const BACKOFF_MIN: Duration = Duration::from_millis(10);
+    let mut backoff = BACKOFF_MIN;
     loop {
         let accepted = tokio::select! {
             _ = cancel.cancelled() => return,
             a = listener.accept() => a,
         };
-        let Ok((stream, _)) = accepted else { continue };
         let Some(me) = id.upgrade() else { return };
+        let stream = match accepted {
+            Ok((stream, _)) => {
+                backoff = BACKOFF_MIN;
+                stream
+            }
+            Err(e) => {
+                me.accept_errors.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(node = me.node(), error = %e, backoff_ms = backoff.as_millis() as u64,
+                               "accept failed; waiting before the next");
+                drop(me);
+                tokio::select! {
+                    _ = cancel.cancelled() => return,
+                    _ = tokio::time::sleep(backoff) => {}
+                }
+                backoff = (backoff * 2).min(Duration::from_secs(1));
+                continue;
+            }
+        };
+        let Ok(permit) = Arc::clone(&pending).try_acquire_owned() else {
+            // Counted, not logged one by one: a flood would flood the log.
+            me.shed.fetch_add(1, Ordering::Relaxed);
+            drop(stream);
+            continue;
+        };
         let cancel = cancel.clone();
         tokio::spawn(async move {
             let _ = stream.set_nodelay(true);
             let hs =
                 tokio::time::timeout(me.handshake_timeout(), server_handshake(&me, stream)).await;
+            drop(permit);
             match hs {
                 Ok(Ok((stream, peer))) => {
                     me.accepted.fetch_add(1, Ordering::Relaxed);

@@ -127,9 +127,9 @@ async fn deep_terms_are_ignored_and_the_connection_stays() {
     body.truncate(ctl_end);
     body.push(131);
     let depth = (MAX_INCOMING_FRAME - body.len() - 16) / 6;
-    body.extend(std::iter::repeat_n([108u8, 0, 0, 0, 1], depth).flatten());
+    body.extend([108u8, 0, 0, 0, 1].repeat(depth));
     body.push(106);
-    body.extend(std::iter::repeat_n(106u8, depth));
+    body.resize(body.len() + depth, 106);
     assert!(body.len() <= MAX_INCOMING_FRAME);
     send_body(&mut s, &body).await;
     send_body(&mut s, &is_auth()).await;
@@ -182,5 +182,38 @@ async fn random_handshakes_are_refused() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     assert_eq!(id.accepted.load(Relaxed), 0);
+    answers_ping(&id).await;
+}
+
+/// Connections that never start their handshake hold at most
+/// `MAX_PENDING_HANDSHAKES` sockets: one more is closed at once (counted as
+/// shed), long before the handshake deadline; once they go, handshakes
+/// are served again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pending_handshakes_are_bounded() {
+    use ecall_dist::cnode::MAX_PENDING_HANDSHAKES;
+    let epmd = Epmd::start().await;
+    let id = identity(&epmd, COOKIE, Duration::from_secs(1)).await;
+    let mut idle = Vec::new();
+    for _ in 0..MAX_PENDING_HANDSHAKES {
+        idle.push(TcpStream::connect(("127.0.0.1", id.port())).await.unwrap());
+    }
+    let t0 = std::time::Instant::now();
+    let mut extra = TcpStream::connect(("127.0.0.1", id.port())).await.unwrap();
+    let mut sink = Vec::new();
+    let _ = tokio::time::timeout(WAIT, extra.read_to_end(&mut sink))
+        .await
+        .unwrap();
+    // The handshake deadline of these identities is 10 s.
+    assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
+    assert_eq!(id.shed.load(Relaxed), 1);
+    drop(idle);
+    // Each idle connection ends its handshake (refused) when it sees the
+    // close; then there is room again.
+    let t0 = std::time::Instant::now();
+    while id.refused.load(Relaxed) < MAX_PENDING_HANDSHAKES as u64 {
+        assert!(t0.elapsed() < WAIT, "{} refused", id.refused.load(Relaxed));
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     answers_ping(&id).await;
 }

@@ -33,6 +33,7 @@ mod atoms {
         pushed, batches, requests, bytes, writes, dropped, connects, disconnects,
         stalls, cached_atoms, queued_bytes, links_up, overflow_waits, overflow_drops, per_link, fragmented, wakes, closed_drops, links, shards, accepted, refused,
         node, creation, port, inbound_frames, inbound_answered, inbound_ignored, inbound_malformed,
+        handshakes_shed, accept_errors,
         // Link-down reasons (see `down_reason`).
         stalled, restarted, peer_closed, not_registered, handshake_timeout,
         read, write, connect, malformed, epmd, handshake, other,
@@ -143,6 +144,8 @@ fn cnode_info<'a>(env: Env<'a>, cnode: ResourceArc<CNode>) -> NifResult<Vec<Term
                 (atoms::port(), u64::from(i.port())),
                 (atoms::accepted(), i.accepted.load(Relaxed)),
                 (atoms::refused(), i.refused.load(Relaxed)),
+                (atoms::handshakes_shed(), i.shed.load(Relaxed)),
+                (atoms::accept_errors(), i.accept_errors.load(Relaxed)),
             ];
             pairs.extend(inbound_counters(&i.inbound));
             map_of(env, &pairs)?.map_put(atoms::node().encode(env), i.node().encode(env))
