@@ -1,6 +1,13 @@
 #!/usr/bin/env bash
 # Runs the two-node benchmark:
-#   bench/run.sh demo | paced [N K P] | sweep N1,N2,.. K P | large
+#   bench/run.sh demo | quick | full | paced [N K P] | sweep N1,N2,.. K P
+#                | micro | large | soak MINUTES
+# demo/quick: send, cast, call at 2,000 and 10,000 writers; full: the
+# article's sweep to 150,000 writers; paced: send at N writers, K messages
+# each, P ms apart; sweep: every operation at the writer counts given;
+# micro: push and encode costs per call; large: 10 MB messages beside small
+# ones; soak: 5,000 writers for MINUTES. Variants (ECALL_BENCH_VARIANTS,
+# comma-separated, default all): native, ecall_erlang, ecall_nif, local.
 # ECALL_BENCH_ERL_FLAGS adds emulator flags to node A (for example "+S 1").
 #
 # Node A runs the driver; it starts node B with `peer'. Both run with

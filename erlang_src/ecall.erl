@@ -361,7 +361,8 @@ nodes() ->
 %% @doc Counters: per connected peer, and of this node's receiver pool.
 %%
 %% `identities' lists this node's C-node names with the incoming connections
-%% they accepted and refused (a wrong cookie counts as refused) and what
+%% they accepted and refused (a wrong cookie counts as refused), shed
+%% (`handshakes_shed': too many handshakes under way), `accept_errors', and what
 %% those connections sent: `inbound_frames', `inbound_answered' (pings),
 %% `inbound_ignored' and `inbound_malformed' (connections closed because a
 %% frame was malformed or over the size bound).

@@ -1,9 +1,9 @@
 %% @doc Loader and stubs of the Rust NIF (crate `native/ecall_nif`).
 %%
 %% The module always loads: when the shared library cannot be loaded the
-%% reason is kept (see {@link load_error/0}) and every stub raises
-%% `nif_not_loaded', which ecall turns into a fallback to native
-%% distribution. Nothing here is part of the public API.
+%% reason is kept (see {@link load_error/0}), every stub raises
+%% `nif_not_loaded', and ecall uses the pure-Erlang transport (ecall_proxy)
+%% for its connections instead. Nothing here is part of the public API.
 -module(ecall_nif).
 
 -export([load_error/0, log_target/2, log_off/0]).
@@ -26,8 +26,8 @@ init() ->
         ok ->
             ok;
         {error, Reason} ->
-            %% Keep loading the module: callers fall back to native
-            %% distribution, and ecall_cnode logs why.
+            %% Keep loading the module: connections use the pure-Erlang
+            %% transport, and ecall_cnode logs why.
             persistent_term:put({?MODULE, load_error}, Reason),
             ok
     end.

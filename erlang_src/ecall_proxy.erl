@@ -10,7 +10,8 @@
 %% never waiting for a batch to fill; at most `max_batch_count') and sends
 %% it as one `{batch, Requests}' message over plain distribution to its
 %% receiver. Proxies are off_heap (their mailbox is the backlog) and
-%% collect garbage when idle.
+%% collect garbage before every batch (they hold nothing between batches,
+%% so it is nearly free and releases the batch just sent at once).
 %%
 %% Not bounded: under sustained overload the proxies' mailboxes grow, as
 %% in the article. The NIF transport has the byte budget.

@@ -397,10 +397,8 @@ mod tests {
     #[test]
     fn waiters_are_admitted_in_order_without_a_herd() {
         let peer = test_peer(1000);
-        let element: Vec<u8> = [BINARY_EXT, 0, 0, 1, 0xf0]
-            .into_iter()
-            .chain(std::iter::repeat_n(7, 0x1f0))
-            .collect();
+        let mut element = vec![BINARY_EXT, 0, 0, 1, 0xf0];
+        element.resize(5 + 0x1f0, 7);
         assert_eq!(element.len(), 501);
         assert_eq!(peer.push(0, &element, false), Push::Queued);
         assert_eq!(peer.push(0, &element, false), Push::Full);

@@ -1,0 +1,236 @@
+%% Connections and their edges on real nodes: cookies both ways, nodedown,
+%% a node that is not distributed, bad arguments, configuration checked at
+%% start, OTP process hygiene.
+-module(ecall_connections_SUITE).
+
+-include_lib("common_test/include/ct.hrl").
+-include_lib("stdlib/include/assert.hrl").
+-include("ecall_test.hrl").
+
+-export([all/0, suite/0, init_per_suite/1, end_per_suite/1]).
+-export([wrong_cookie_refused_incoming/1, wrong_cookie_refused_outgoing/1,
+         nodedown_closes_connection/1, not_distributed/1, bad_arguments/1,
+         bad_config_stops_start/1, receiver_answers_system_messages/1,
+         spawn_failure_is_counted_and_answered/1, restart_cycles_start_first_time/1]).
+%% Run on peers.
+-export([not_distributed_check/0, hold/1]).
+
+-import(ecall_test_nodes, [start_peer/0, start_peer/1, code_args/0]).
+
+suite() ->
+    [{timetrap, {minutes, 3}}].
+
+all() ->
+    [wrong_cookie_refused_incoming, wrong_cookie_refused_outgoing, nodedown_closes_connection,
+     not_distributed, bad_arguments, bad_config_stops_start, receiver_answers_system_messages,
+     spawn_failure_is_counted_and_answered, restart_cycles_start_first_time].
+
+init_per_suite(Config) ->
+    ?assert(is_alive()),
+    {ok, _} = application:ensure_all_started(ecall),
+    ?assertMatch({ok, _}, ecall_cnode:cnode()),
+    Config.
+
+end_per_suite(_Config) ->
+    ok = application:stop(ecall).
+
+%% A node with another cookie cannot connect to our C-node.
+wrong_cookie_refused_incoming(_Config) ->
+    {ok, Peer, _} = peer:start_link(#{connection => standard_io,
+                                   name => peer:random_name(wrong_cookie),
+                                   args => ["-setcookie", "not_the_cookie"],
+                                   wait_boot => 60000}),
+    [Id | _] = ecall:nodes(),
+    Refused0 = refused(Id),
+    ?assertEqual(pang, peer:call(Peer, net_adm, ping, [Id], 30000)),
+    ?assertEqual(Refused0 + 1, refused(Id)),
+    peer:stop(Peer).
+
+refused(Id) ->
+    #{identities := Ids} = ecall:stats(),
+    [R] = [R || #{node := N, refused := R} <- Ids, N =:= Id],
+    R.
+
+%% Our link, offered the wrong cookie, is refused by the peer, and the
+%% owner is told. (A node without ecall running, so that nothing else
+%% connects our identities to it first.)
+wrong_cookie_refused_outgoing(_Config) ->
+    {ok, Peer, C} = peer:start_link(#{name => peer:random_name(?MODULE),
+                                      args => ["-setcookie", atom_to_list(erlang:get_cookie())],
+                                      wait_boot => 60000}),
+    {ok, CNode} = ecall_cnode:cnode(),
+    {ok, P} = ecall_nif:peer_open(CNode, atom_to_binary(C), <<"wrong">>, [<<"ecall_rx_1">>],
+                                  self(), (ecall_config:peer_opts())#{backoff_min => 60000}),
+    receive
+        {ecall_link, _, {down, Reason}} ->
+            ct:pal("refused: ~p", [Reason]),
+            ?assertMatch({handshake, _}, Reason)
+    after 15000 -> ct:fail(no_refusal)
+    end,
+    ok = ecall_nif:peer_close(P),
+    ?assertEqual([], [N || N <- ecall:nodes(), lists:member(N, erpc:call(C, erlang, nodes, [hidden]))]),
+    peer:stop(Peer).
+
+%% When the peer node goes down, its connection closes promptly, and sends
+%% to it behave like `!' to a dead node.
+nodedown_closes_connection(_Config) ->
+    {Peer, C} = start_peer(),
+    ok = ecall:connect(C),
+    Conn = whereis(ecall_conn:name(C)),
+    Ref = monitor(process, Conn),
+    Remote = erpc:call(C, erlang, whereis, [init]),
+    peer:stop(Peer),
+    receive {'DOWN', Ref, process, Conn, _} -> ok after 10000 -> ct:fail(conn_still_up) end,
+    ?assertEqual({error, not_connected}, ecall:stats(C)),
+    ?assertEqual(ping, ecall:send(Remote, ping)).
+
+%% Without -sname/-name, ecall starts, says so, and send is plain `!'.
+not_distributed(_Config) ->
+    {ok, Peer, nonode@nohost} = peer:start_link(#{connection => standard_io, args => code_args(),
+                                   wait_boot => 60000}),
+    ?assertMatch({ok, _}, peer:call(Peer, application, ensure_all_started, [ecall])),
+    ?assertEqual({error, not_distributed}, peer:call(Peer, ecall_cnode, cnode, [])),
+    ?assertEqual(ok, peer:call(Peer, ?MODULE, not_distributed_check, [])),
+    peer:stop(Peer).
+
+not_distributed_check() ->
+    [] = ecall:nodes(),
+    {error, local_node} = ecall:connect(node()),
+    hi = ecall:send(self(), hi),
+    receive hi -> ok after 1000 -> lost end.
+
+%% Bad arguments raise badarg, as `!' and erpc do.
+bad_arguments(_Config) ->
+    ?assertError(badarg, ecall:send("not a pid", x)),
+    ?assertError(badarg, ecall:send({1, 2}, x)),
+    ?assertError(badarg, ecall:connect("node")),
+    ?assertError(badarg, ecall:stats(42)),
+    ?assertEqual({error, local_node}, ecall:connect(node())),
+    ?assertEqual({error, not_connected}, ecall:disconnect('nobody@nowhere')).
+
+%% Every setting is checked when the application starts: a bad value or an
+%% unknown key stops the start with an error naming the key (before, some
+%% were accepted and failed later, inside a caller's send or connect).
+bad_config_stops_start(_Config) ->
+    {ok, Peer, C} = peer:start_link(#{name => peer:random_name(?MODULE),
+                                      args => ["-setcookie", atom_to_list(erlang:get_cookie())
+                                               | code_args()],
+                                      wait_boot => 60000}),
+    ok = erpc:call(C, application, load, [ecall]),
+    Bad = [{discovery, 3}, {max_queue_bytes, -1}, {overflow, foo}, {shards, 0},
+           {stall_timeout, -5}, {max_batch_count, 0}, {transport, bar}, {connect_timeout, 0},
+           {links, 0}, {handshake_timeout, infinity}, {receivers, many}],
+    [begin
+         ok = erpc:call(C, application, set_env, [ecall, Key, Value]),
+         ?assertMatch({Key, {error, {{bad_config, Key, Value}, _}}},
+                      {Key, erpc:call(C, application, start, [ecall])}),
+         ok = erpc:call(C, application, unset_env, [ecall, Key])
+     end || {Key, Value} <- Bad],
+    ok = erpc:call(C, application, set_env, [ecall, no_such_key, 1]),
+    ?assertMatch({error, {{unknown_config_key, no_such_key}, _}},
+                 erpc:call(C, application, start, [ecall])),
+    ok = erpc:call(C, application, unset_env, [ecall, no_such_key]),
+    %% Checked across keys too.
+    ok = erpc:call(C, application, set_env, [ecall, backoff_min, 500]),
+    ok = erpc:call(C, application, set_env, [ecall, backoff_max, 100]),
+    ?assertMatch({error, {{bad_config, backoff_max, 100}, _}},
+                 erpc:call(C, application, start, [ecall])),
+    ok = erpc:call(C, application, unset_env, [ecall, backoff_max]),
+    %% Good values start.
+    ok = erpc:call(C, application, set_env, [ecall, shards, schedulers]),
+    ?assertEqual(ok, erpc:call(C, application, start, [ecall])),
+    peer:stop(Peer).
+
+%% A receiver worker is a proper special process: sys:get_state/1 answers
+%% (it used to hang: system messages were counted as malformed), and a
+%% suspended worker replays what came meanwhile once resumed.
+receiver_answers_system_messages(_Config) ->
+    Worker = whereis(ecall_rx_1),
+    ?assertMatch(#{index := 1, name := ecall_rx_1}, sys:get_state(ecall_rx_1, 5000)),
+    #{receivers := #{malformed := M0}} = ecall:stats(),
+    ok = sys:suspend(ecall_rx_1),
+    ecall_rx_1 ! {batch, [{send, self(), while_suspended}]},
+    receive while_suspended -> ct:fail(replayed_while_suspended) after 0 -> ok end,
+    ok = sys:resume(ecall_rx_1),
+    receive while_suspended -> ok after 5000 -> ct:fail(lost_while_suspended) end,
+    #{receivers := #{malformed := M1}} = ecall:stats(),
+    ?assertEqual(M0, M1),
+    ?assertEqual(Worker, whereis(ecall_rx_1)).
+
+%% A batch of casts that fills the peer's process table: the casts that
+%% cannot be spawned are counted, a call in the same batch is answered
+%% {badrpc, system_limit}, and the worker carries on (before, the bare
+%% spawn raised, the worker died and the rest of its batch was lost).
+spawn_failure_is_counted_and_answered(_Config) ->
+    %% 1,024 processes at most (the smallest table the emulator takes).
+    %% Discovery off: no connection processes start on C while its table
+    %% is full.
+    {Peer, C} = start_peer(["+P", "1024", "-ecall", "discovery", "false"]),
+    Worker = erpc:call(C, erlang, whereis, [ecall_rx_1]),
+    #{receivers := #{spawn_failed := F0}} = erpc:call(C, ecall, stats, []),
+    %% Every cast process links to Holder and waits: stopping Holder frees
+    %% the table again.
+    Holder = erpc:call(C, erlang, spawn, [fun() -> receive stop -> exit(stop) end end]),
+    Alias = alias(),
+    Casts = [{cast, ?MODULE, hold, [Holder]} || _ <- lists:seq(1, 2000)],
+    {ecall_rx_1, C} ! {batch, Casts ++ [{call, Alias, erlang, node, []},
+                                        {send, self(), after_the_call}]},
+    receive
+        {Alias, Reply} -> ?assertEqual({badrpc, system_limit}, Reply)
+    after 30000 -> ct:fail(call_not_answered)
+    end,
+    receive after_the_call -> ok after 30000 -> ct:fail(rest_of_batch_lost) end,
+    Holder ! stop,
+    %% The table has room again: erpc spawns on C.
+    #{receivers := #{spawn_failed := F1}} = wait_erpc(C, ecall, stats, []),
+    ct:pal("~b spawns failed", [F1 - F0]),
+    ?assert(F1 - F0 >= 2000 + 1 - 1024),
+    ?assertEqual(Worker, erpc:call(C, erlang, whereis, [ecall_rx_1])),
+    unalias(Alias),
+    peer:stop(Peer).
+
+%% On a peer: one of the casts above.
+hold(Holder) ->
+    link(Holder),
+    receive after infinity -> ok end.
+
+%% erpc:call/4, retried while the peer's process table is still full (the
+%% held processes exit asynchronously after Holder does).
+wait_erpc(Node, M, F, A) ->
+    try erpc:call(Node, M, F, A)
+    catch error:{erpc, system_limit} -> wait_erpc(Node, M, F, A)
+    end.
+
+%% application:stop/1 then start/1 at once, 20 times, on a node connected
+%% both ways: every start succeeds at the first try (it used to fail with
+%% cnode_start_failed ... ALIVE2_REQ while epmd still held the old names),
+%% the identities are registered again, and file descriptors and OS threads
+%% do not grow with the cycles.
+restart_cycles_start_first_time(_Config) ->
+    {Peer, C} = start_peer(),
+    ok = ecall:connect(C),
+    OsPid = erpc:call(C, os, getpid, []),
+    Cycle = fun() ->
+                    ok = erpc:call(C, application, stop, [ecall]),
+                    ?assertEqual(ok, erpc:call(C, application, start, [ecall])),
+                    ?assertEqual(ecall_config:links(), length(erpc:call(C, ecall, nodes, [])))
+            end,
+    Cycle(),
+    {Fds0, Threads0} = os_counts(OsPid),
+    [Cycle() || _ <- lists:seq(1, 20)],
+    {Fds1, Threads1} = os_counts(OsPid),
+    ct:pal("after 1 cycle: ~b fds, ~b threads; after 21: ~b fds, ~b threads",
+           [Fds0, Threads0, Fds1, Threads1]),
+    %% A leak of one per cycle would show as 20.
+    ?assert(Fds1 - Fds0 < 10),
+    ?assert(Threads1 - Threads0 < 10),
+    %% The restarted node still serves: a round trip through its links.
+    ok = erpc:call(C, ecall, connect, [node()]),
+    Self = self(),
+    hi = erpc:call(C, ecall, send, [Self, hi]),
+    receive hi -> ok after 5000 -> ct:fail(lost_after_restarts) end,
+    peer:stop(Peer).
+
+os_counts(OsPid) ->
+    Count = fun(Dir) -> {ok, L} = file:list_dir("/proc/" ++ OsPid ++ "/" ++ Dir), length(L) end,
+    {Count("fd"), Count("task")}.

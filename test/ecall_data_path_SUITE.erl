@@ -1,0 +1,223 @@
+%% The data path on two real nodes: this node (started by rebar3 ct with
+%% -sname) and node B running ecall, on OTP 25 (group otp25) and on OTP 27
+%% (group otp27: the `erl' named by ECALL_OTP27_ERL, which test/otp27.sh
+%% prepares). Every node talks to a private epmd (test/with_epmd.sh).
+-module(ecall_data_path_SUITE).
+
+-include_lib("common_test/include/ct.hrl").
+-include_lib("stdlib/include/assert.hrl").
+-include("ecall_test.hrl").
+
+-export([all/0, groups/0, suite/0, init_per_suite/1, end_per_suite/1,
+         init_per_group/2, end_per_group/2]).
+-export([exactly_once_in_order/1, large_messages_in_order/1, links_are_hidden_cnodes/1,
+         ping_cnode/1, fallback_without_link/1, names_and_aliases/1,
+         malformed_element_skipped/1, link_loss_is_reported_and_healed/1]).
+
+-import(ecall_test_nodes, [start_node/1, stop_node/1, many_callers_exactly_once/1, send_seq/2]).
+
+suite() ->
+    [{timetrap, {minutes, 5}}].
+
+all() ->
+    [{group, otp25}, {group, otp27}].
+
+groups() ->
+    DataPath = [exactly_once_in_order, large_messages_in_order, links_are_hidden_cnodes, ping_cnode,
+                fallback_without_link, names_and_aliases, malformed_element_skipped,
+                link_loss_is_reported_and_healed],
+    [{otp25, [], DataPath},
+     {otp27, [], DataPath}].
+
+init_per_suite(Config) ->
+    ?assert(is_alive()),
+    {ok, _} = application:ensure_all_started(ecall),
+    ?assertMatch({ok, _}, ecall_cnode:cnode()),
+    Config.
+
+end_per_suite(_Config) ->
+    ok = application:stop(ecall).
+
+init_per_group(otp27, Config) ->
+    Erl = os:getenv("ECALL_OTP27_ERL", ""),
+    %% A missing OTP 27 is a failure, not a skip: the README's test command
+    %% prepares it.
+    ?assert(filelib:is_regular(Erl)),
+    start_b(Config, Erl);
+init_per_group(_Group, Config) ->
+    start_b(Config, os:find_executable("erl")).
+
+end_per_group(_Group, Config) ->
+    _ = ecall:disconnect(?config(b, Config)),
+    stop_node(?config(b_node, Config)).
+
+start_b(Config, Erl) ->
+    {Node, _} = NodeRef = start_node(Erl),
+    ok = ecall:connect(Node),
+    [{b, Node}, {b_node, NodeRef} | Config].
+
+%% 100,000 messages from 1,000 callers arrive exactly once, in per-caller
+%% order, through the C-node links, in batches larger than one on average.
+exactly_once_in_order(Config) ->
+    B = ?config(b, Config),
+    {ok, S0} = ecall:stats(B),
+    #{receivers := R0} = erpc:call(B, ecall, stats, []),
+    Total = many_callers_exactly_once(B),
+    {ok, S1} = ecall:stats(B),
+    #{receivers := R1} = erpc:call(B, ecall, stats, []),
+    Requests = maps:get(requests, S1) - maps:get(requests, S0),
+    Batches = maps:get(batches, S1) - maps:get(batches, S0),
+    ct:pal("~b requests in ~b batches (~.1f per batch), ~b socket writes",
+           [Requests, Batches, Requests / max(1, Batches),
+            maps:get(writes, S1) - maps:get(writes, S0)]),
+    %% Everything went through the NIF and the links ...
+    ?assertEqual(Total, maps:get(pushed, S1) - maps:get(pushed, S0)),
+    ?assertEqual(Total, Requests),
+    ?assertEqual(0, maps:get(dropped, S1)),
+    %% ... and through B's receiver pool ...
+    ?assertEqual(Total, maps:get(requests, R1) - maps:get(requests, R0)),
+    %% ... in batches, not one message per write.
+    ?assert(Requests / Batches > 1.0).
+
+%% Large binaries take their own path (term_to_iovec, dirty copy, a batch of
+%% their own) and keep their place among the caller's small messages.
+large_messages_in_order(Config) ->
+    B = ?config(b, Config),
+    {ok, #{pushed := P0, batches := B0, fragmented := F0}} = ecall:stats(B),
+    Self = self(),
+    Sizes = [10, 2000000, 10, 65536, 65535, 10, 10000000, 10],
+    Echo = erpc:call(B, erlang, spawn,
+                     [fun() -> [receive {I, Bin} -> Self ! {I, byte_size(Bin), erlang:md5(Bin)} end
+                                || _ <- Sizes] end]),
+    Msgs = [{I, rand:bytes(Size)} || {I, Size} <- lists:zip(lists:seq(1, length(Sizes)), Sizes)],
+    [Msg = ecall:send(Echo, Msg) || Msg <- Msgs],
+    %% In arrival order, intact.
+    Got = [receive {I, Size, Md5} -> {I, Size, Md5} after 30000 -> ct:fail(lost) end
+           || _ <- Msgs],
+    ?assertEqual([{I, byte_size(Bin), erlang:md5(Bin)} || {I, Bin} <- Msgs], Got),
+    {ok, #{pushed := P1, batches := B1, fragmented := F1}} = ecall:stats(B),
+    ?assertEqual(length(Sizes), P1 - P0),
+    %% The large ones went as batches of their own, the multi-megabyte ones
+    %% (at least) in fragments.
+    ?assert(B1 - B0 >= 3),
+    ?assert(F1 - F0 >= 2).
+
+%% The links are hidden C-nodes named after this node, one per link.
+links_are_hidden_cnodes(Config) ->
+    B = ?config(b, Config),
+    Ids = ecall:nodes(),
+    ?assertEqual(ecall_config:links(), length(Ids)),
+    [?assertMatch({match, _}, re:run(atom_to_list(Id), "_ecall_[0-9]+@")) || Id <- Ids],
+    Hidden = erpc:call(B, erlang, nodes, [hidden]),
+    ?assertEqual([], Ids -- Hidden),
+    ?assertEqual([], Ids -- erpc:call(B, erlang, nodes, [connected])),
+    ?assertEqual([], [Id || Id <- Ids, lists:member(Id, erpc:call(B, erlang, nodes, []))]),
+    {ok, #{links_up := Up}} = ecall:stats(B),
+    ?assertEqual(length(Ids), Up).
+
+%% net_adm:ping/1 from the peer to a C-node answers pong.
+ping_cnode(Config) ->
+    B = ?config(b, Config),
+    [?assertEqual(pong, erpc:call(B, net_adm, ping, [Id])) || Id <- ecall:nodes()].
+
+%% Without an ecall connection, send is plain `!': same result, and nothing
+%% goes through the NIF or the peer's receiver pool.
+fallback_without_link(Config) ->
+    B = ?config(b, Config),
+    ok = ecall:disconnect(B),
+    ?assertEqual({error, not_connected}, ecall:stats(B)),
+    #{receivers := R0} = erpc:call(B, ecall, stats, []),
+    Collector = erpc:call(B, erlang, spawn, [ecall_test_nodes, collector, [self(), ?PER_CALLER]]),
+    send_seq(Collector, ?PER_CALLER),
+    receive
+        {collected, Collector, #{out_of_order := 0, total := ?PER_CALLER}} -> ok
+    after 10000 -> ct:fail(fallback_lost_messages)
+    end,
+    #{receivers := R1} = erpc:call(B, ecall, stats, []),
+    ?assertEqual(maps:get(requests, R0), maps:get(requests, R1)),
+    ok = ecall:connect(B),
+    Links = ecall_config:links(),
+    ?assertMatch({ok, #{links_up := Links}}, ecall:stats(B)).
+
+%% {Name, Node} and registered names on the peer; a name that is not
+%% registered there is counted, as `!' to it would be lost.
+names_and_aliases(Config) ->
+    B = ?config(b, Config),
+    Self = self(),
+    Name = list_to_atom("ecall_test_" ++ integer_to_list(erlang:unique_integer([positive]))),
+    Pid = erpc:call(B, erlang, spawn, [fun() -> register(Name, self()), Self ! registered,
+                                               receive M -> Self ! {got, M} end end]),
+    receive registered -> ok end,
+    ?assertEqual({hi, 1}, ecall:send({Name, B}, {hi, 1})),
+    receive {got, {hi, 1}} -> ok after 5000 -> ct:fail(name_not_delivered) end,
+    #{receivers := #{dead_letters := D0}} = erpc:call(B, ecall, stats, []),
+    Ref = monitor(process, Pid),
+    receive {'DOWN', Ref, process, Pid, _} -> ok end,
+    ecall:send({Name, B}, lost),
+    %% A marker sent after it on the same shard proves the dead letter was
+    %% processed (per-caller order).
+    Marker = erpc:call(B, erlang, spawn, [fun() -> receive M -> Self ! {marker, M} end end]),
+    ecall:send(Marker, done),
+    receive {marker, done} -> ok after 5000 -> ct:fail(marker_lost) end,
+    #{receivers := #{dead_letters := D1}} = erpc:call(B, ecall, stats, []),
+    ?assertEqual(D0 + 1, D1).
+
+%% A malformed element is counted and skipped; the worker survives and the
+%% rest of its batch is delivered.
+malformed_element_skipped(Config) ->
+    B = ?config(b, Config),
+    Worker = erpc:call(B, erlang, whereis, [ecall_rx_1]),
+    #{receivers := #{malformed := M0}} = erpc:call(B, ecall, stats, []),
+    {ecall_rx_1, B} ! {batch, [bogus, {send, self(), after_bogus}, {send, 42, x}]},
+    receive after_bogus -> ok after 5000 -> ct:fail(rest_of_batch_lost) end,
+    {ecall_rx_1, B} ! not_a_batch,
+    {ecall_rx_1, B} ! {batch, [{send, self(), sync}]},
+    receive sync -> ok after 5000 -> ct:fail(worker_gone) end,
+    ?assertEqual(Worker, erpc:call(B, erlang, whereis, [ecall_rx_1])),
+    #{receivers := #{malformed := M1}} = erpc:call(B, ecall, stats, []),
+    ?assertEqual(M0 + 3, M1).
+
+%% When the peer drops a link, the connection process hears it from Rust at
+%% once (no polling), the link comes back, and what was sent meanwhile is
+%% delivered in order.
+link_loss_is_reported_and_healed(Config) ->
+    B = ?config(b, Config),
+    Conn = whereis(ecall_conn:name(B)),
+    %% Rust's own log line reaches logger, at its level.
+    ok = logger:add_handler(ecall_test_rust_log, ecall_test_nodes, #{config => #{pid => self()}}),
+    erlang:trace(Conn, true, ['receive']),
+    [Id1 | _] = ecall:nodes(),
+    T0 = erlang:monotonic_time(millisecond),
+    true = erpc:call(B, erlang, disconnect_node, [Id1]),
+    Down = receive {trace, Conn, 'receive', {ecall_link, 0, {down, R}}} -> R
+           after 5000 -> ct:fail(no_down_event)
+           end,
+    T1 = erlang:monotonic_time(millisecond),
+    ct:pal("link 1 down after ~b ms: ~p", [T1 - T0, Down]),
+    %% The peer dropped the connection: a typed reason, not text.
+    case Down of
+        peer_closed -> ok;
+        {read, _} -> ok;
+        _ -> ct:fail({unexpected_reason, Down})
+    end,
+    %% Sends while the link is down are queued in Rust, not lost.
+    Collector = erpc:call(B, erlang, spawn, [ecall_test_nodes, collector, [self(), ?PER_CALLER]]),
+    send_seq(Collector, ?PER_CALLER),
+    receive {trace, Conn, 'receive', {ecall_link, 0, up}} -> ok
+    after 10000 -> ct:fail(no_up_event)
+    end,
+    erlang:trace(Conn, false, ['receive']),
+    ct:pal("link 1 back after ~b ms", [erlang:monotonic_time(millisecond) - T1]),
+    receive
+        {collected, Collector, Result} ->
+            ?assertMatch(#{out_of_order := 0, total := ?PER_CALLER}, Result)
+    after 10000 -> ct:fail(queued_messages_lost)
+    end,
+    {ok, #{disconnects := D}} = ecall:stats(B),
+    ?assert(D >= 1),
+    receive
+        {rust_log, warning, Text} ->
+            ?assertMatch({match, _}, re:run(Text, "link down.*link=1"))
+    after 5000 -> ct:fail(no_rust_log)
+    end,
+    ok = logger:remove_handler(ecall_test_rust_log).

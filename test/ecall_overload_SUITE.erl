@@ -1,0 +1,263 @@
+%% Overload and the stall watchdog on real nodes: the byte budget and the
+%% overflow policies, stalled peers (SIGSTOP) reaped, slow ones not. Each
+%% case starts the peers it needs, with discovery off so that only the
+%% connection made here exists.
+-module(ecall_overload_SUITE).
+
+-include_lib("common_test/include/ct.hrl").
+-include_lib("stdlib/include/assert.hrl").
+-include("ecall_test.hrl").
+
+-export([all/0, suite/0, init_per_suite/1, end_per_suite/1]).
+-export([budget_bounds_queue_and_close_releases/1, full_budget_blocks_without_loss/1,
+         stalled_peer_is_reaped/1, slow_peer_is_not_reaped/1, overload_stays_within_budget/1]).
+
+-import(ecall_test_nodes, [start_peer/1, send_payload_seq/3, flush_traces/0]).
+
+suite() ->
+    [{timetrap, {minutes, 5}}].
+
+all() ->
+    [budget_bounds_queue_and_close_releases, full_budget_blocks_without_loss,
+     stalled_peer_is_reaped, slow_peer_is_not_reaped, overload_stays_within_budget].
+
+init_per_suite(Config) ->
+    ?assert(is_alive()),
+    {ok, _} = application:ensure_all_started(ecall),
+    ?assertMatch({ok, _}, ecall_cnode:cnode()),
+    Config.
+
+end_per_suite(_Config) ->
+    ok = application:stop(ecall).
+
+%% The byte budget bounds what is queued for a peer. Against a peer whose
+%% links cannot come up, pushes fill the budget and are then refused; a
+%% refused caller waits for room and is released when the peer closes, and
+%% everything that was queued is counted as dropped.
+budget_bounds_queue_and_close_releases(_Config) ->
+    {ok, CNode} = ecall_cnode:cnode(),
+    Budget = 4096,
+    Ghost = list_to_atom("ghost_" ++ integer_to_list(erlang:unique_integer([positive]))
+                         ++ "@" ++ lists:last(string:split(atom_to_list(node()), "@"))),
+    {ok, Peer} = ecall_nif:peer_open(CNode, atom_to_binary(Ghost), <<"c">>, [<<"ecall_rx_1">>],
+                                     self(), (ecall_config:peer_opts())#{max_queue_bytes => Budget}),
+    Payload = binary:copy(<<"x">>, 500),
+    Queued = push_until_full(Peer, Payload, 0),
+    Stats = ecall_nif:peer_stats(Peer),
+    ?assert(Queued > 0),
+    ?assert(maps:get(queued_bytes, Stats) =< Budget),
+    ?assert(maps:get(queued_bytes, Stats) > Budget - 600),
+    Ref = make_ref(),
+    ?assertEqual(wait, ecall_nif:wait_room(Peer, 520, Ref)),
+    %% Later callers queue behind the waiting one even if they would fit.
+    ?assertMatch({full, _}, ecall_nif:send(Peer, self(), tiny)),
+    ok = ecall_nif:peer_close(Peer),
+    receive {ecall_room, Ref, false} -> ok after 5000 -> ct:fail(waiter_not_released) end,
+    Closed = ecall_nif:peer_stats(Peer),
+    ?assertEqual(Queued, maps:get(closed_drops, Closed)),
+    ?assertEqual(0, maps:get(queued_bytes, Closed)),
+    ?assertEqual(closed, ecall_nif:send(Peer, self(), x)).
+
+push_until_full(Peer, Payload, N) ->
+    case ecall_nif:send(Peer, self(), Payload) of
+        ok -> push_until_full(Peer, Payload, N + 1);
+        {full, _} -> N
+    end.
+
+%% With a budget of two messages and twenty concurrent senders, ecall:send/2
+%% waits for room (callers woken in order as the link writes) and nothing is
+%% lost or reordered.
+full_budget_blocks_without_loss(_Config) ->
+    Budget = 1100,
+    ok = application:set_env(ecall, max_queue_bytes, Budget),
+    %% A fresh node that does not connect back on its own, so that the
+    %% connection made here is the one with the small budget.
+    {Peer, C} = start_peer(["-ecall", "discovery", "false"]),
+    try ok = ecall:connect(C)
+    after application:unset_env(ecall, max_queue_bytes)
+    end,
+    Total = 2000,
+    Collector = erpc:call(C, erlang, spawn, [ecall_test_nodes, collector, [self(), Total]]),
+    Payload = binary:copy(<<"x">>, 500),
+    Go = make_ref(),
+    Senders = [spawn_link(fun() -> receive Go -> send_payload_seq(Collector, Payload, 100) end end)
+               || _ <- lists:seq(1, 20)],
+    [S ! Go || S <- Senders],
+    receive
+        {collected, Collector, Result} ->
+            ?assertEqual(#{total => Total, callers => 20, out_of_order => 0, last_seq_ok => 20},
+                         Result)
+    after 60000 -> ct:fail(lost_under_budget)
+    end,
+    {ok, Stats} = ecall:stats(C),
+    ct:pal("budget test: ~p", [Stats]),
+    %% The budget was hit and nothing was dropped for it. (The writer's
+    %% `requests' and `queued_bytes' are updated just after a write returns,
+    %% which can be after the collector has every message: not asserted.)
+    ?assert(maps:get(full, Stats) > 0),
+    ?assertEqual(Total, maps:get(pushed, Stats)),
+    ?assertEqual(0, maps:get(dropped, Stats)),
+    ?assertEqual(0, maps:get(overflow_drops, Stats)),
+    ok = ecall:disconnect(C),
+    peer:stop(Peer).
+
+%% A peer started with a 1 s stall timeout on our side, discovery off so
+%% that only our connection exists.
+start_stall_peer() ->
+    ok = application:set_env(ecall, stall_timeout, 1000),
+    {Peer, C} = start_peer(["-ecall", "discovery", "false"]),
+    try ok = ecall:connect(C)
+    after application:unset_env(ecall, stall_timeout)
+    end,
+    {Peer, C, erpc:call(C, os, getpid, [])}.
+
+%% A peer whose OS process is stopped (SIGSTOP) stops draining: the link
+%% is reaped within the stall timeout plus slack, what it held is dropped
+%% and counted, the budget is back to zero, and the reap is reported.
+stalled_peer_is_reaped(_Config) ->
+    {Peer, C, OsPid} = start_stall_peer(),
+    Conn = whereis(ecall_conn:name(C)),
+    Sink = erpc:call(C, erlang, spawn, [fun() -> receive never -> ok end end]),
+    erlang:trace(Conn, true, ['receive']),
+    "" = os:cmd("kill -STOP " ++ OsPid),
+    T0 = erlang:monotonic_time(millisecond),
+    try
+        %% 30 MB from one caller (one shard, one link): far more than the
+        %% loopback socket buffers hold, well within the 64 MB budget.
+        Chunk = binary:copy(<<"s">>, 100000),
+        [ecall:send(Sink, Chunk) || _ <- lists:seq(1, 300)],
+        Why = receive
+                  {trace, Conn, 'receive', {ecall_link, _, {down, W}}} -> W
+              after 10000 -> ct:fail(not_reaped)
+              end,
+        Ms = erlang:monotonic_time(millisecond) - T0,
+        ct:pal("reaped ~b ms after SIGSTOP: ~p", [Ms, Why]),
+        ?assertEqual(stalled, Why),
+        ?assert(Ms < 1000 + 3000),
+        {ok, Stats} = ecall:stats(C),
+        ct:pal("after the reap: ~p", [Stats]),
+        ?assert(maps:get(stalls, Stats) >= 1),
+        ?assert(maps:get(dropped, Stats) > 0),
+        ?assertEqual(0, maps:get(queued_bytes, Stats))
+    after
+        erlang:trace(Conn, false, ['receive']),
+        os:cmd("kill -CONT " ++ OsPid)
+    end,
+    flush_traces(),
+    peer:stop(Peer).
+
+%% The guard: a peer that is alive but slow (stopped for 600 ms, then
+%% running for 200 ms, in a cycle) keeps draining over many stall windows
+%% and is never reaped; nothing is lost.
+slow_peer_is_not_reaped(_Config) ->
+    {Peer, C, OsPid} = start_stall_peer(),
+    Total = 400,
+    Collector = erpc:call(C, erlang, spawn, [ecall_test_nodes, collector, [self(), Total]]),
+    Stutter = spawn_link(fun() -> stutter(OsPid) end),
+    Payload = binary:copy(<<"p">>, 100000),
+    Self = self(),
+    T0 = erlang:monotonic_time(millisecond),
+    %% 10 MB/s for 4 s: each stop leaves the link blocked for most of it.
+    [begin
+         {seq, Self, I, Payload} = ecall:send(Collector, {seq, Self, I, Payload}),
+         I rem 10 =:= 0 andalso timer:sleep(100)
+     end || I <- lists:seq(1, Total)],
+    receive
+        {collected, Collector, Result} ->
+            ?assertMatch(#{out_of_order := 0, total := Total}, Result)
+    after 60000 -> ct:fail(slow_peer_lost_messages)
+    end,
+    Ms = erlang:monotonic_time(millisecond) - T0,
+    unlink(Stutter),
+    Stutter ! {stop, self()},
+    receive stutter_stopped -> ok end,
+    {ok, Stats} = ecall:stats(C),
+    ct:pal("slow peer, ~b ms: ~p", [Ms, Stats]),
+    %% It spanned several stall windows ...
+    ?assert(Ms > 3000),
+    %% ... and was never taken for stalled.
+    ?assertEqual(0, maps:get(stalls, Stats)),
+    ?assertEqual(0, maps:get(disconnects, Stats)),
+    ?assertEqual(0, maps:get(dropped, Stats)),
+    peer:stop(Peer).
+
+%% Stops an OS process for 600 ms, lets it run for 200 ms, until told to
+%% stop (and leaves it running). The sleeps are the subject: a slow peer.
+stutter(OsPid) ->
+    os:cmd("kill -STOP " ++ OsPid),
+    timer:sleep(600),
+    os:cmd("kill -CONT " ++ OsPid),
+    receive
+        {stop, From} -> From ! stutter_stopped
+    after 200 ->
+        stutter(OsPid)
+    end.
+
+%% A peer that drains nothing (SIGSTOP) and senders pushing far more than
+%% it could take: what is queued never exceeds the budget, whatever the
+%% overflow policy. `error': casts and calls say {error, overload}, sends
+%% are dropped and counted; `drop': everything over is dropped and counted;
+%% `block': the sender waits, and once the peer runs again every one of its
+%% messages arrives.
+overload_stays_within_budget(_Config) ->
+    Budget = 1000000,
+    ok = application:set_env(ecall, max_queue_bytes, Budget),
+    {Peer, C} = start_peer(["-ecall", "discovery", "false"]),
+    try ok = ecall:connect(C)
+    after application:unset_env(ecall, max_queue_bytes)
+    end,
+    OsPid = erpc:call(C, os, getpid, []),
+    Sink = erpc:call(C, erlang, spawn, [fun() -> receive never -> ok end end]),
+    Total = 100,
+    Collector = erpc:call(C, erlang, spawn, [ecall_test_nodes, collector, [self(), Total]]),
+    Chunk = binary:copy(<<"o">>, 100000),
+    Within = fun() ->
+                     {ok, #{queued_bytes := Q}} = ecall:stats(C),
+                     ?assert(Q =< Budget),
+                     Q
+             end,
+    "" = os:cmd("kill -STOP " ++ OsPid),
+    try
+        %% error: 20 MB pushed, far past the socket buffers and the budget.
+        ok = application:set_env(ecall, overflow, error),
+        Casts = [begin R = ecall:cast(C, erlang, send, [Sink, Chunk]), Within(), R end
+                 || _ <- lists:seq(1, 200)],
+        ?assert(lists:member({error, overload}, Casts)),
+        %% Requests larger than the whole budget never fit: deterministic.
+        Huge = binary:copy(<<"h">>, 2 * Budget),
+        ?assertEqual(Huge, ecall:send(Sink, Huge)),
+        ?assertEqual({error, overload}, ecall:call(C, ecall_test_nodes, echo, [Huge], 1000)),
+        {ok, #{overflow_drops := D1}} = ecall:stats(C),
+        ?assert(D1 >= 3),
+        %% drop: casts look fine, and are counted.
+        ok = application:set_env(ecall, overflow, drop),
+        ?assertEqual(ok, ecall:cast(C, erlang, send, [Sink, Huge])),
+        {ok, #{overflow_drops := D2}} = ecall:stats(C),
+        ?assertEqual(D1 + 1, D2),
+        %% block: the sender waits for room ...
+        ok = application:set_env(ecall, overflow, block),
+        Self = self(),
+        1 = erlang:trace_pattern({ecall_nif, wait_room, 3}, true, [local]),
+        Sender = spawn_link(fun() -> send_payload_seq(Collector, Chunk, Total), Self ! sent end),
+        erlang:trace(Sender, true, [call]),
+        receive {trace, Sender, call, {ecall_nif, wait_room, _}} -> ok
+        after 10000 -> ct:fail(sender_did_not_wait)
+        end,
+        Within()
+    after
+        erlang:trace_pattern({ecall_nif, wait_room, 3}, false, [local]),
+        application:unset_env(ecall, overflow),
+        os:cmd("kill -CONT " ++ OsPid)
+    end,
+    %% ... and, the peer running again, nothing it sent is lost.
+    receive sent -> ok after 30000 -> ct:fail(sender_stuck) end,
+    receive
+        {collected, Collector, Result} ->
+            ?assertMatch(#{out_of_order := 0, total := Total}, Result)
+    after 30000 -> ct:fail(blocked_messages_lost)
+    end,
+    {ok, Stats} = ecall:stats(C),
+    ct:pal("overload: ~p", [Stats]),
+    ?assert(maps:get(overflow_waits, Stats) >= 1),
+    flush_traces(),
+    peer:stop(Peer).

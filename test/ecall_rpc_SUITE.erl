@@ -1,0 +1,234 @@
+%% cast, call and the multi-node patterns on real nodes: this node, B
+%% connected both ways (replies come back through B's own links), and
+%% nodes started by the cases.
+-module(ecall_rpc_SUITE).
+
+-include_lib("common_test/include/ct.hrl").
+-include_lib("stdlib/include/assert.hrl").
+-include("ecall_test.hrl").
+
+-export([all/0, suite/0, init_per_suite/1, end_per_suite/1]).
+-export([cast_through_link/1, call_results_match_fallback/1, call_timeout_no_late_reply/1,
+         link_loss_fails_its_callers_only/1, peer_killed_with_1000_calls/1,
+         unreachable_node/1, multi_node_patterns/1, rpc_bad_arguments/1]).
+
+-import(ecall_test_nodes, [start_node/1, stop_node/1, start_peer/1, flush_traces/0, connect_back/1]).
+
+suite() ->
+    [{timetrap, {minutes, 5}}].
+
+all() ->
+    [cast_through_link, call_results_match_fallback, call_timeout_no_late_reply,
+     link_loss_fails_its_callers_only, peer_killed_with_1000_calls, unreachable_node,
+     multi_node_patterns, rpc_bad_arguments].
+
+init_per_suite(Config) ->
+    ?assert(is_alive()),
+    {ok, _} = application:ensure_all_started(ecall),
+    ?assertMatch({ok, _}, ecall_cnode:cnode()),
+    {Node, _} = NodeRef = start_node(os:find_executable("erl")),
+    ok = ecall:connect(Node),
+    [{b, Node}, {b_node, NodeRef} | Config].
+
+end_per_suite(Config) ->
+    _ = ecall:disconnect(?config(b, Config)),
+    stop_node(?config(b_node, Config)),
+    ok = application:stop(ecall).
+
+cast_through_link(Config) ->
+    B = ?config(b, Config),
+    {ok, #{pushed := P0}} = ecall:stats(B),
+    ?assertEqual(ok, ecall:cast(B, ecall_test_nodes, tell, [self(), {cast, 1}])),
+    receive {cast, 1} -> ok after 5000 -> ct:fail(cast_lost) end,
+    {ok, #{pushed := P1}} = ecall:stats(B),
+    ?assertEqual(P0 + 1, P1).
+
+%% Every outcome of a call, through the links to B and through erpc to a
+%% node without an ecall connection: the same return values.
+call_results_match_fallback(Config) ->
+    B = ?config(b, Config),
+    connect_back(B),
+    {Peer, C} = start_peer(["-ecall", "discovery", "false"]),
+    ?assertEqual({error, not_connected}, ecall:stats(C)),
+    Cases = [{echo, [42], {ok, 42}},
+             {echo, [{error, x}], {error, x}},
+             {fail, [throw, thrown], {ok, thrown}},
+             {fail, [throw, {error, t}], {error, t}},
+             {fail, [error, boom], {error, {exit, boom}}},
+             {fail, [exit, bye], {error, {exit, bye}}}],
+    {ok, #{pushed := P0}} = ecall:stats(B),
+    [begin
+         ?assertEqual({F, Expected}, {F, ecall:call(B, ecall_test_nodes, F, A)}),
+         ?assertEqual({F, Expected}, {F, ecall:call(C, ecall_test_nodes, F, A, 5000)})
+     end || {F, A, Expected} <- Cases],
+    {ok, #{pushed := P1}} = ecall:stats(B),
+    ?assertEqual(length(Cases), P1 - P0),
+    peer:stop(Peer).
+
+%% A call that times out returns {error, {badrpc, timeout}}, and its reply,
+%% when it comes later, never reaches the caller's mailbox.
+call_timeout_no_late_reply(Config) ->
+    B = ?config(b, Config),
+    connect_back(B),
+    Self = self(),
+    Workers = [whereis(ecall_receiver:name(I)) || I <- lists:seq(1, ecall_config:receivers())],
+    [erlang:trace(W, true, ['receive']) || W <- Workers],
+    ?assertEqual({error, {badrpc, timeout}}, ecall:call(B, ecall_test_nodes, block, [Self], 200)),
+    Blocked = receive {blocked, P, B} -> P after 5000 -> ct:fail(not_blocked) end,
+    Blocked ! go,
+    %% The reply comes back in a batch to one of our receiver workers ...
+    W = receive
+            {trace, W0, 'receive', {batch, Elems}} when is_pid(W0) ->
+                ?assertMatch([{send, Ref, {Ref, {value, late}}}] when is_reference(Ref), Elems),
+                W0
+        after 5000 -> ct:fail(no_late_reply_batch)
+        end,
+    %% ... which has replayed it once it takes its next message.
+    W ! {batch, []},
+    receive {trace, W, 'receive', {batch, []}} -> ok after 5000 -> ct:fail(worker_stuck) end,
+    [erlang:trace(X, false, ['receive']) || X <- Workers],
+    flush_traces(),
+    receive Late -> ct:fail({late_reply, Late}) after 0 -> ok end.
+
+%% When a link goes down, the calls waiting on it return {badrpc,
+%% {link_down, _}} at once; calls on the other link are not disturbed.
+link_loss_fails_its_callers_only(Config) ->
+    B = ?config(b, Config),
+    connect_back(B),
+    {ecall_transport_nif, St} = ecall_conn:peer(B),
+    %% Three callers on each link (a caller's link follows from its pid, so
+    %% callers are started until both links have theirs).
+    #{0 := OnLink0, 1 := OnLink1} = callers_per_link(B, St, #{0 => [], 1 => []}, 3),
+    Callers = OnLink0 ++ OnLink1,
+    [C ! go || C <- Callers],
+    Blocked = [receive {blocked, P, B} -> P after 5000 -> ct:fail(not_blocked) end || _ <- Callers],
+    [Id1 | _] = ecall:nodes(),
+    true = erpc:call(B, erlang, disconnect_node, [Id1]),
+    %% Link 0 (Id1) callers fail ...
+    [receive
+         {result, C, R} -> ?assertMatch({error, {badrpc, {link_down, _}}}, R)
+     after 5000 -> ct:fail({still_waiting, C})
+     end || C <- OnLink0],
+    %% ... the others are still waiting, and get their answers once released.
+    [receive {result, C, R} -> ct:fail({early, C, R}) after 0 -> ok end || C <- OnLink1],
+    [P ! go || P <- Blocked],
+    [receive
+         {result, C, R} -> ?assertEqual({ok, late}, R)
+     after 5000 -> ct:fail({lost_call, C})
+     end || C <- OnLink1],
+    ok.
+
+%% Callers that wait for `go', then call block/1 on B; `N' on each link.
+callers_per_link(B, St, Acc, N) ->
+    case lists:all(fun(L) -> length(L) >= N end, maps:values(Acc)) of
+        true ->
+            Acc;
+        false ->
+            Self = self(),
+            C = spawn_link(fun() ->
+                                   Self ! {link, self(), ecall_transport_nif:caller_link(St)},
+                                   receive go -> ok end,
+                                   Self ! {result, self(),
+                                           ecall:call(B, ecall_test_nodes, block, [Self])}
+                           end),
+            K = receive {link, C, K0} -> K0 end,
+            case length(maps:get(K, Acc)) < N of
+                true ->
+                    callers_per_link(B, St, Acc#{K := [C | maps:get(K, Acc)]}, N);
+                false ->
+                    unlink(C),
+                    exit(C, kill),
+                    callers_per_link(B, St, Acc, N)
+            end
+    end.
+
+%% 1,000 calls outstanding on a node whose OS process is killed: every one
+%% returns {error, {badrpc, _}}, none hangs.
+peer_killed_with_1000_calls(_Config) ->
+    {_Peer, C} = start_peer([]),
+    ok = ecall:connect(C),
+    Self = self(),
+    OsPid = erpc:call(C, os, getpid, []),
+    Callers = [spawn(fun() -> Self ! {result, self(), ecall:call(C, ecall_test_nodes, block, [Self])} end)
+               || _ <- lists:seq(1, 1000)],
+    [receive {blocked, _, C} -> ok after 30000 -> ct:fail(not_blocked) end || _ <- Callers],
+    T0 = erlang:monotonic_time(millisecond),
+    os:cmd("kill -9 " ++ OsPid),
+    Results = [receive {result, P, R} -> R after 30000 -> ct:fail({hung, P}) end || P <- Callers],
+    Ms = erlang:monotonic_time(millisecond) - T0,
+    ct:pal("1000 callers returned ~b ms after the kill: ~p",
+           [Ms, lists:usort([R || {error, {badrpc, R}} <- Results])]),
+    [?assertMatch({error, {badrpc, _}}, R) || R <- Results],
+    %% The bound stated in the README.
+    ?assert(Ms < 5000).
+
+unreachable_node(_Config) ->
+    [_, Host] = string:split(atom_to_list(node()), "@"),
+    Nobody = list_to_atom("nobody@" ++ Host),
+    ?assertEqual({error, {badrpc, noconnection}}, ecall:call(Nobody, ecall_test_nodes, echo, [1])),
+    %% A cast returns ok whatever happens (as erpc:cast/4 does); what can be
+    %% checked is that it neither raised nor left a connection behind.
+    ?assertEqual(ok, ecall:cast(Nobody, ecall_test_nodes, echo, [1])),
+    ?assertEqual({error, not_connected}, ecall:stats(Nobody)),
+    ?assertEqual({error, noconnection}, ecall:connect(Nobody)).
+
+multi_node_patterns(Config) ->
+    B = ?config(b, Config),
+    connect_back(B),
+    {Peer, C} = start_peer([]),
+    ok = ecall:connect(C),
+    A = node(),
+    [_, Host] = string:split(atom_to_list(A), "@"),
+    Nobody = list_to_atom("nobody@" ++ Host),
+    Self = self(),
+    %% cast_one: the local node when listed.
+    ok = ecall:cast_one([B, A], ecall_test_nodes, tell, [Self, {one, A}]),
+    receive {one, A} -> ok after 5000 -> ct:fail(cast_one_lost) end,
+    ok = ecall:cast_one([B], erlang, send, [Self, cast_one_b]),
+    receive cast_one_b -> ok after 5000 -> ct:fail(cast_one_b_lost) end,
+    ?assertEqual({error, none_is_available}, ecall:cast_one([], ecall_test_nodes, echo, [1])),
+    %% cast_all: every node, once.
+    ok = ecall:cast_all([A, B, C], ecall_test_nodes, tell, [Self, all]),
+    ok = ecall:cast_all([A, B, C], erlang, send, [Self, {all, x}]),
+    [receive {all, x} -> ok after 5000 -> ct:fail(cast_all_lost) end || _ <- [A, B, C]],
+    [receive all -> ok after 5000 -> ct:fail(cast_all_lost) end || _ <- [A, B, C]],
+    %% call_one: local first; on to the next node after an error; badrpc
+    %% ignored unless asked for.
+    ?assertEqual({ok, {A, A}}, ecall:call_one([B, A, C], ecall_test_nodes, whoami, [])),
+    ?assertEqual({ok, {C, C}}, ecall:call_one([B, C], ecall_test_nodes, error_on, [B])),
+    ?assertEqual({error, [{B, no}]}, ecall:call_one([B], ecall_test_nodes, error_on, [B])),
+    ?assertEqual({error, none_is_available}, ecall:call_one([Nobody], ecall_test_nodes, whoami, [])),
+    ?assertEqual({error, [{Nobody, {badrpc, noconnection}}]},
+                 ecall:call_one([Nobody], ecall_test_nodes, whoami, [], true)),
+    ?assertEqual({error, none_is_available}, ecall:call_one([], ecall_test_nodes, whoami, [])),
+    %% call_any: the first {ok, _}.
+    {ok, {N1, N1}} = ecall:call_any([B, C], ecall_test_nodes, whoami, []),
+    ?assert(lists:member(N1, [B, C])),
+    ?assertEqual({ok, {B, B}}, ecall:call_any([Nobody, B], ecall_test_nodes, whoami, [])),
+    ?assertEqual({ok, {C, C}}, ecall:call_any([B, C], ecall_test_nodes, error_on, [B])),
+    ?assertEqual({error, [{B, no}]}, ecall:call_any([B, Nobody], ecall_test_nodes, error_on, [B])),
+    ?assertMatch({error, [_, _]}, ecall:call_any([B, Nobody], ecall_test_nodes, error_on, [B], true)),
+    %% call_all: every node must answer {ok, _}.
+    ?assertEqual({ok, [{A, A}, {B, B}, {C, C}]}, ecall:call_all([A, B, C], ecall_test_nodes, whoami, [])),
+    ?assertEqual({error, {B, no}}, ecall:call_all([B, C], ecall_test_nodes, error_on, [B])),
+    ?assertEqual({ok, [{B, B}]}, ecall:call_all([B, Nobody], ecall_test_nodes, whoami, [])),
+    ?assertEqual({error, {Nobody, {badrpc, noconnection}}},
+                 ecall:call_all([B, Nobody], ecall_test_nodes, whoami, [], true)),
+    ?assertEqual({error, none_is_available}, ecall:call_all([Nobody], ecall_test_nodes, whoami, [])),
+    %% call_all_wait: replies and rejects.
+    ?assertEqual({[{C, C}, {A, A}], [{B, no}]},
+                 ecall:call_all_wait([B, C, A, Nobody], ecall_test_nodes, error_on, [B])),
+    ?assertEqual({[{C, C}], [{B, no}, {Nobody, {badrpc, noconnection}}]},
+                 ecall:call_all_wait([B, C, Nobody], ecall_test_nodes, error_on, [B], true)),
+    %% No stray answers were left behind.
+    receive Stray -> ct:fail({stray, Stray}) after 0 -> ok end,
+    ok = ecall:disconnect(C),
+    peer:stop(Peer).
+
+rpc_bad_arguments(_Config) ->
+    ?assertError(badarg, ecall:cast("b", m, f, [])),
+    ?assertError(badarg, ecall:cast(b, m, f, not_a_list)),
+    ?assertError(badarg, ecall:call(b, m, "f", [])),
+    ?assertError(badarg, ecall:call(b, m, f, [], -1)),
+    ?assertError(badarg, ecall:call(b, m, f, [], soon)),
+    ?assertError(function_clause, ecall:call_all(not_a_list, m, f, [])).

@@ -1,0 +1,178 @@
+%% Nodes for the suites and the benchmark: peers on OTP 25 started with
+%% OTP's `peer', nodes from any `erl' (an OTP 27 one) that outlive the
+%% process starting them, and what runs on those nodes for the tests
+%% (collectors, echo, block, ...). Every node started here talks to the
+%% epmd named by ERL_EPMD_PORT (test/with_epmd.sh), and halts when this
+%% node goes away.
+-module(ecall_test_nodes).
+
+-include_lib("stdlib/include/assert.hrl").
+-include("ecall_test.hrl").
+
+-export([start_node/1, stop_node/1, start_peer/0, start_peer/1, start_peer/2, code_args/0,
+         many_callers_exactly_once/1, send_seq/2, send_payload_seq/3, flush_traces/0,
+         connect_back/1]).
+%% logger handler used by the suites.
+-export([log/2]).
+%% Run on peers.
+-export([collector/2, echo/1, fail/2, tell/2, whoami/0, block/1, error_on/1]).
+
+%% A node running ecall, started from the `erl' given, that outlives the
+%% process that starts it (the group's cases run in other processes). OTP's
+%% `peer' is not used here because an OTP 27 peer cannot be driven by OTP
+%% 25's `peer' module. The node halts by itself if this node goes away.
+start_node(Erl) ->
+    Owner = self(),
+    Ready = make_ref(),
+    Keeper = spawn(fun() -> keep_node(Owner, Ready, Erl) end),
+    receive
+        {Ready, Node} -> {Node, Keeper};
+        {Ready, failed, Why} -> erlang:error({node_start_failed, Why})
+    after 60000 -> erlang:error(node_start_timeout)
+    end.
+
+keep_node(Owner, Ready, Erl) ->
+    Name = peer:random_name(ecall_test),
+    register(list_to_atom(Name), self()),
+    Eval = lists:flatten(io_lib:format(
+        "{ok, _} = application:ensure_all_started(ecall), "
+        "erlang:monitor_node(~p, true), "
+        "erlang:send({~p, ~p}, {up, node()}), "
+        "receive {nodedown, _} -> erlang:halt() end.", [node(), list_to_atom(Name), node()])),
+    Port = open_port({spawn_executable, Erl},
+                     [{args, ["-sname", Name, "-setcookie", atom_to_list(erlang:get_cookie()),
+                              "-noinput", "-eval", Eval | code_args()]},
+                      exit_status, stderr_to_stdout, {line, 4096}]),
+    keep_node(Owner, Ready, Port, undefined).
+
+keep_node(Owner, Ready, Port, Node) ->
+    receive
+        {up, N} ->
+            Owner ! {Ready, N},
+            keep_node(Owner, Ready, Port, N);
+        {Port, {data, {_, Line}}} ->
+            ct:log("~p: ~ts", [Node, Line]),
+            keep_node(Owner, Ready, Port, Node);
+        {Port, {exit_status, S}} when Node =:= undefined ->
+            Owner ! {Ready, failed, {exit_status, S}};
+        {Port, {exit_status, _}} ->
+            ok;
+        {stop, From} ->
+            erpc:cast(Node, erlang, halt, []),
+            receive {Port, {exit_status, _}} -> From ! {stopped, self()} end
+    end.
+
+stop_node({_Node, Keeper}) ->
+    Ref = monitor(process, Keeper),
+    Keeper ! {stop, self()},
+    receive {'DOWN', Ref, process, Keeper, _} -> ok end.
+
+%% An OTP 25 peer running ecall, with ecall's and the tests' code on its
+%% path (and the code of `Modules'), `Extra' added to its arguments,
+%% linked to the calling process.
+start_peer() ->
+    start_peer([]).
+
+start_peer(Extra) ->
+    start_peer(Extra, []).
+
+start_peer(Extra, Modules) ->
+    Code = lists:append([["-pa", filename:dirname(code:which(M))] || M <- Modules]),
+    Args = ["-setcookie", atom_to_list(erlang:get_cookie()) | code_args() ++ Code ++ Extra],
+    {ok, Peer, Node} = peer:start_link(#{name => peer:random_name(ecall_test),
+                                         args => Args,
+                                         wait_boot => 60000}),
+    {ok, _} = erpc:call(Node, application, ensure_all_started, [ecall]),
+    {Peer, Node}.
+
+code_args() ->
+    ["-pa", filename:dirname(code:which(ecall)),
+     "-pa", filename:dirname(code:which(?MODULE))].
+
+%% ?CALLERS callers, released together, each send ?PER_CALLER numbered
+%% messages to one collector on B, which checks that every one arrived once
+%% and in each caller's order. Returns how many were sent.
+many_callers_exactly_once(B) ->
+    Total = ?CALLERS * ?PER_CALLER,
+    Collector = erpc:call(B, erlang, spawn, [?MODULE, collector, [self(), Total]]),
+    Go = make_ref(),
+    Callers = [spawn_link(fun() -> receive Go -> send_seq(Collector, ?PER_CALLER) end end)
+               || _ <- lists:seq(1, ?CALLERS)],
+    [C ! Go || C <- Callers],
+    receive
+        {collected, Collector, Result} ->
+            ?assertEqual(#{total => Total, callers => ?CALLERS,
+                           out_of_order => 0, last_seq_ok => ?CALLERS}, Result)
+    after 120000 ->
+        erlang:error({collector_timeout, erpc:call(B, erlang, process_info, [Collector, message_queue_len])})
+    end,
+    Total.
+
+send_seq(To, N) ->
+    Self = self(),
+    %% send/2 returns the message, like `!'.
+    [{seq, Self, I} = ecall:send(To, {seq, Self, I}) || I <- lists:seq(1, N)],
+    ok.
+
+%% On the peer: counts messages per caller and checks that each caller's
+%% sequence numbers arrive as 1, 2, 3, ...
+collector(Owner, Total) ->
+    collect(Owner, Total, #{}, 0, 0).
+
+collect(Owner, Total, Last, Total, Bad) ->
+    Ok = length([S || S <- maps:values(Last), S =:= ?PER_CALLER]),
+    Owner ! {collected, self(), #{total => Total, callers => map_size(Last),
+                                  out_of_order => Bad, last_seq_ok => Ok}};
+collect(Owner, Total, Last, N, Bad) ->
+    receive
+        {seq, From, Seq} ->
+            Bad1 = seq_check(Last, From, Seq, Bad),
+            collect(Owner, Total, Last#{From => Seq}, N + 1, Bad1);
+        {seq, From, Seq, _Payload} ->
+            Bad1 = seq_check(Last, From, Seq, Bad),
+            collect(Owner, Total, Last#{From => Seq}, N + 1, Bad1)
+    end.
+
+seq_check(Last, From, Seq, Bad) ->
+    case maps:get(From, Last, 0) of
+        Prev when Seq =:= Prev + 1 -> Bad;
+        _ -> Bad + 1
+    end.
+
+send_payload_seq(To, Payload, N) ->
+    Self = self(),
+    [{seq, Self, I, Payload} = ecall:send(To, {seq, Self, I, Payload}) || I <- lists:seq(1, N)],
+    ok.
+
+flush_traces() ->
+    receive {trace, _, _, _} -> flush_traces() after 0 -> ok end.
+
+%% B answers back through its own links.
+connect_back(B) ->
+    ok = erpc:call(B, ecall, connect, [node()]).
+
+%% logger handler: forwards the Rust side's events to the test process.
+log(#{level := Level, msg := {"~ts", [Text]}, meta := #{domain := [ecall, rust]}},
+    #{config := #{pid := Pid}}) ->
+    Pid ! {rust_log, Level, iolist_to_binary(Text)};
+log(_Event, _Config) ->
+    ok.
+
+echo(X) -> X.
+
+fail(error, R) -> erlang:error(R);
+fail(exit, R) -> exit(R);
+fail(throw, V) -> throw(V).
+
+tell(Pid, Msg) -> Pid ! Msg.
+
+whoami() -> node().
+
+error_on(Node) when Node =:= node() -> {error, no};
+error_on(_) -> node().
+
+%% Tells the caller it runs, then waits for `go'.
+block(Pid) ->
+    Pid ! {blocked, self(), node()},
+    receive go -> late end.
+
