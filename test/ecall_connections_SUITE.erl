@@ -26,9 +26,7 @@ all() ->
      spawn_failure_is_counted_and_answered, restart_cycles_start_first_time].
 
 init_per_suite(Config) ->
-    ?assert(is_alive()),
-    {ok, _} = application:ensure_all_started(ecall),
-    ?assertMatch({ok, _}, ecall_cnode:cnode()),
+    ok = ecall_test_nodes:start_ecall(),
     Config.
 
 end_per_suite(_Config) ->

@@ -30,9 +30,7 @@ groups() ->
      {otp27, [], DataPath}].
 
 init_per_suite(Config) ->
-    ?assert(is_alive()),
-    {ok, _} = application:ensure_all_started(ecall),
-    ?assertMatch({ok, _}, ecall_cnode:cnode()),
+    ok = ecall_test_nodes:start_ecall(),
     Config.
 
 end_per_suite(_Config) ->

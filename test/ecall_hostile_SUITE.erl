@@ -25,9 +25,7 @@ all() ->
      oversized_frame_closes_one_connection, large_message_over_link_in_fragments].
 
 init_per_suite(Config) ->
-    ?assert(is_alive()),
-    {ok, _} = application:ensure_all_started(ecall),
-    ?assertMatch({ok, _}, ecall_cnode:cnode()),
+    ok = ecall_test_nodes:start_ecall(),
     {PeerB, B} = start_peer(true),
     ok = ecall:connect(B),
     %% Without ecall: ecall's discovery would connect links to it, and its

@@ -22,9 +22,7 @@ all() ->
      stalled_peer_is_reaped, slow_peer_is_not_reaped, overload_stays_within_budget].
 
 init_per_suite(Config) ->
-    ?assert(is_alive()),
-    {ok, _} = application:ensure_all_started(ecall),
-    ?assertMatch({ok, _}, ecall_cnode:cnode()),
+    ok = ecall_test_nodes:start_ecall(),
     Config.
 
 end_per_suite(_Config) ->

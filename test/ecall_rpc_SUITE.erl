@@ -23,9 +23,7 @@ all() ->
      multi_node_patterns, rpc_bad_arguments].
 
 init_per_suite(Config) ->
-    ?assert(is_alive()),
-    {ok, _} = application:ensure_all_started(ecall),
-    ?assertMatch({ok, _}, ecall_cnode:cnode()),
+    ok = ecall_test_nodes:start_ecall(),
     {Node, _} = NodeRef = start_node(os:find_executable("erl")),
     ok = ecall:connect(Node),
     [{b, Node}, {b_node, NodeRef} | Config].

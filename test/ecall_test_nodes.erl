@@ -9,13 +9,22 @@
 -include_lib("stdlib/include/assert.hrl").
 -include("ecall_test.hrl").
 
--export([start_node/1, stop_node/1, start_peer/0, start_peer/1, start_peer/2, code_args/0,
+-export([start_ecall/0, start_node/1, stop_node/1,
+         start_peer/0, start_peer/1, start_peer/2, code_args/0,
          many_callers_exactly_once/1, send_seq/2, send_payload_seq/3, flush_traces/0,
          connect_back/1]).
 %% logger handler used by the suites.
 -export([log/2]).
 %% Run on peers.
 -export([collector/2, echo/1, fail/2, tell/2, whoami/0, block/1, error_on/1]).
+
+%% ecall on this node (the suites' init_per_suite): distributed, with its
+%% C-node identities registered.
+start_ecall() ->
+    ?assert(is_alive()),
+    {ok, _} = application:ensure_all_started(ecall),
+    ?assertMatch({ok, _}, ecall_cnode:cnode()),
+    ok.
 
 %% A node running ecall, started from the `erl' given, that outlives the
 %% process that starts it (the group's cases run in other processes). OTP's

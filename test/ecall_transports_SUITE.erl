@@ -20,8 +20,7 @@ all() ->
     [erlang_transport_data_path, nif_missing_falls_back_to_erlang, proxy_exit_closes_connection].
 
 init_per_suite(Config) ->
-    ?assert(is_alive()),
-    {ok, _} = application:ensure_all_started(ecall),
+    ok = ecall_test_nodes:start_ecall(),
     ok = application:set_env(ecall, transport, erlang),
     try
         {Node, _} = NodeRef = start_node(os:find_executable("erl")),
