@@ -233,7 +233,7 @@ impl Peer {
         shard: usize,
         len: usize,
         admitted: bool,
-        push: impl FnOnce(&Shard, &dyn Fn() -> bool) -> bool,
+        push: impl FnOnce(&Shard, &dyn Fn() -> bool) -> Option<bool>,
     ) -> Push {
         if self.cancel.is_cancelled() {
             return Push::Closed;
@@ -251,9 +251,13 @@ impl Peer {
         let shard = shard % self.shards.len();
         let link = &self.links[self.link_of_shard(shard)];
         // The push side of the sleeping-writer protocol: `may_sleep` in link/writer.rs.
-        let wake = push(&self.shards[shard], &|| {
+        let Some(wake) = push(&self.shards[shard], &|| {
             link.sleeping.load(Ordering::Relaxed)
-        });
+        }) else {
+            // Closed since the check above (close() runs concurrently).
+            st.queued_bytes.fetch_sub(len, Ordering::AcqRel);
+            return Push::Closed;
+        };
         if wake && link.sleeping.swap(false, Ordering::AcqRel) {
             st.wakes.fetch_add(1, Ordering::Relaxed);
             link.notify.notify_one();
@@ -346,7 +350,7 @@ impl Peer {
         }
         self.cancel.cancel();
         for s in self.shards.iter() {
-            let (n, b) = s.clear();
+            let (n, b) = s.close();
             self.stats.dropped.fetch_add(n, Ordering::Relaxed);
             self.stats
                 .queued_bytes

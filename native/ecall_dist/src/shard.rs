@@ -56,6 +56,10 @@ struct Inner {
     /// One spent buffer kept for reuse so that a steady stream of small
     /// batches does not allocate a fresh one each time.
     spare: Vec<u8>,
+    /// Set by [`Shard::close`]: pushes are refused from then on. Checked
+    /// under the lock, so that no push lands after the close emptied the
+    /// shard (it would never be written, nor counted).
+    closed: bool,
 }
 
 /// One shard: the queue of one group of callers towards one peer.
@@ -86,8 +90,11 @@ impl Shard {
     ///
     /// `under_lock` runs while the shard lock is held, after the element is
     /// in (the sleeping-writer protocol: `may_sleep` in `link/writer.rs`).
-    pub fn push<R>(&self, element: &[u8], under_lock: impl FnOnce() -> R) -> R {
+    pub fn push<R>(&self, element: &[u8], under_lock: impl FnOnce() -> R) -> Option<R> {
         let mut g = self.lock();
+        if g.closed {
+            return None;
+        }
         let header_len = self.header.len();
         if g.open_count > 0
             && (g.open_count >= self.caps.max_count
@@ -103,7 +110,7 @@ impl Shard {
         }
         g.open.extend_from_slice(element);
         g.open_count += 1;
-        under_lock()
+        Some(under_lock())
     }
 
     fn seal_open(&self, g: &mut Inner) {
@@ -124,7 +131,7 @@ impl Shard {
     /// byte) before the lock is taken, so that copying megabytes never
     /// holds up the other callers of this shard; under the lock it only
     /// seals the open batch (order) and appends.
-    pub fn push_alone<R>(&self, parts: &[&[u8]], under_lock: impl FnOnce() -> R) -> R {
+    pub fn push_alone<R>(&self, parts: &[&[u8]], under_lock: impl FnOnce() -> R) -> Option<R> {
         let len: usize = parts.iter().map(|p| p.len()).sum();
         let mut bytes = Vec::with_capacity(self.header.len() + len + 1);
         bytes.extend_from_slice(&self.header);
@@ -138,11 +145,14 @@ impl Shard {
             payload: len,
         };
         let mut g = self.lock();
+        if g.closed {
+            return None;
+        }
         if g.open_count > 0 {
             self.seal_open(&mut g);
         }
         g.sealed.push_back(frame);
-        under_lock()
+        Some(under_lock())
     }
 
     /// Takes the oldest batch: a sealed one if any, else the open one.
@@ -179,7 +189,17 @@ impl Shard {
     /// Drops everything queued; returns (requests, element bytes) dropped.
     pub fn clear(&self) -> (u64, u64) {
         let mut g = self.lock();
-        let header_len = self.header.len();
+        Self::clear_locked(&mut g, self.header.len())
+    }
+
+    /// [`Shard::clear`], and refuses every later push (returns `None`).
+    pub fn close(&self) -> (u64, u64) {
+        let mut g = self.lock();
+        g.closed = true;
+        Self::clear_locked(&mut g, self.header.len())
+    }
+
+    fn clear_locked(g: &mut Inner, header_len: usize) -> (u64, u64) {
         let mut n = u64::from(g.open_count);
         let mut b = if g.open_count > 0 {
             (g.open.len() - header_len) as u64
@@ -210,12 +230,25 @@ mod tests {
         )
     }
 
+    /// A push that raced with the close must not land in the emptied shard
+    /// (it would be neither written nor counted): refused under the lock.
+    #[test]
+    fn a_closed_shard_refuses_pushes() {
+        let s = shard(1000, 1 << 20);
+        s.push(&[97, 1], || ()).unwrap();
+        assert_eq!(s.close(), (1, 2));
+        assert!(s.push(&[97, 2], || ()).is_none());
+        assert!(s.push_alone(&[&[97, 3]], || ()).is_none());
+        assert!(s.take().is_none());
+        assert_eq!(s.clear(), (0, 0));
+    }
+
     #[test]
     fn takes_everything_there_in_one_batch() {
         let s = shard(1000, 1 << 20);
         assert!(s.take().is_none());
         for i in 0..5u8 {
-            s.push(&[97, i], || ());
+            s.push(&[97, i], || ()).unwrap();
         }
         let f = s.take().unwrap();
         assert_eq!(f.count, 5);
@@ -228,14 +261,14 @@ mod tests {
     fn caps_split_batches_in_order() {
         let s = shard(3, 1 << 20);
         for i in 0..7u8 {
-            s.push(&[97, i], || ());
+            s.push(&[97, i], || ()).unwrap();
         }
         let counts: Vec<u32> = std::iter::from_fn(|| s.take()).map(|f| f.count).collect();
         assert_eq!(counts, [3, 3, 1]);
 
         let s = shard(1000, 4);
         for i in 0..5u8 {
-            s.push(&[97, i], || ());
+            s.push(&[97, i], || ()).unwrap();
         }
         let counts: Vec<u32> = std::iter::from_fn(|| s.take()).map(|f| f.count).collect();
         assert_eq!(counts, [2, 2, 1]);
@@ -244,8 +277,8 @@ mod tests {
     #[test]
     fn large_elements_go_alone_and_in_order() {
         let s = shard(1000, 1 << 20);
-        s.push(&[97, 1], || ());
-        s.push_alone(&[&[109, 0, 0, 0, 2], &[7, 7]], || ());
+        s.push(&[97, 1], || ()).unwrap();
+        s.push_alone(&[&[109, 0, 0, 0, 2], &[7, 7]], || ()).unwrap();
         s.push(&[97, 3], || ());
         let counts: Vec<(u32, usize)> = std::iter::from_fn(|| s.take())
             .map(|f| (f.count, f.payload))
@@ -257,7 +290,7 @@ mod tests {
     fn clear_accounts_for_everything() {
         let s = shard(2, 1 << 20);
         for i in 0..5u8 {
-            s.push(&[97, i], || ());
+            s.push(&[97, i], || ()).unwrap();
         }
         assert_eq!(s.clear(), (5, 10));
         assert!(s.is_empty());

@@ -33,7 +33,7 @@ mod atoms {
         pushed, batches, requests, bytes, writes, dropped, connects, disconnects,
         stalls, cached_atoms, queued_bytes, links_up, overflow_waits, overflow_drops, per_link, fragmented, wakes, closed_drops, links, shards, accepted, refused,
         node, creation, port, inbound_frames, inbound_answered, inbound_ignored, inbound_malformed,
-        handshakes_shed, accept_errors,
+        handshakes_shed, accept_errors, stopped,
         // Link-down reasons (see `down_reason`).
         stalled, restarted, peer_closed, not_registered, handshake_timeout,
         read, write, connect, malformed, epmd, handshake, other,
@@ -189,6 +189,9 @@ impl LinkEvents for Events {
     fn alive(&self, link: usize, node: &str) {
         let node = node.to_string();
         self.tell(link, move |env| (atoms::alive(), node).encode(env));
+    }
+    fn stopped(&self, link: usize) {
+        self.tell(link, |env| atoms::stopped().encode(env));
     }
 }
 

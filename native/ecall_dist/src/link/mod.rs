@@ -82,6 +82,12 @@ pub trait LinkEvents: Send + Sync + 'static {
     fn down(&self, link: usize, reason: &LinkDown);
     /// The peer still holds a connection under link `link`'s node name.
     fn alive(&self, link: usize, node: &str);
+    /// The task of link `link` has ended (the peer was closed, or the peer
+    /// node restarted): it writes nothing more, and its socket, if it had
+    /// one, is shut down after everything written before. The last event
+    /// of a link. Closing a connection waits for it (per-caller order: see
+    /// the Erlang side's ecall_conn).
+    fn stopped(&self, _link: usize) {}
 }
 
 /// Counters of one link (monotonic, but `up`).

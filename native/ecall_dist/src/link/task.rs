@@ -10,13 +10,19 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 /// Runs link `k` of `peer` under identity `id` until the peer closes (or
-/// is dropped) or the peer node turns out to have restarted.
+/// is dropped) or the peer node turns out to have restarted; then says so
+/// ([`LinkEvents::stopped`]).
 pub(crate) async fn link_task(
     peer: Arc<Peer>,
     k: usize,
     id: Arc<Identity>,
     events: Arc<dyn LinkEvents>,
 ) {
+    run_link(peer, k, id, Arc::clone(&events)).await;
+    events.stopped(k);
+}
+
+async fn run_link(peer: Arc<Peer>, k: usize, id: Arc<Identity>, events: Arc<dyn LinkEvents>) {
     let mut backoff = peer.config.backoff_min;
     let cancel = peer.cancel.clone();
     // Only the weak side is kept across waits so that a peer nobody holds

@@ -11,6 +11,10 @@ use crate::shard::Frame;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
+
+/// How long a closed link waits for the peer to close its side after ours
+/// (see [`LinkWriter::run`]).
+pub const LINGER: Duration = Duration::from_secs(2);
 use tokio::io::AsyncWriteExt;
 use tokio::net::tcp::OwnedWriteHalf;
 use tokio::sync::mpsc;
@@ -70,16 +74,25 @@ impl LinkWriter {
     }
 
     /// Writes until the connection fails, the `reader` ends or the peer
-    /// closes; `ctl` carries the reader's answers. Then stops the reader,
-    /// shuts the socket down and returns why.
+    /// closes; `ctl` carries the reader's answers. Then shuts the socket
+    /// down and returns why.
+    ///
+    /// When the peer was closed on purpose the close lingers: after our
+    /// FIN the reader goes on until the peer closes its side too (it has
+    /// read everything by then), for at most [`LINGER`]. Dropping a socket
+    /// with unread input sends a reset instead, and a reset can make the
+    /// peer discard the last frames we wrote before it read them.
     pub(super) async fn run(
         mut self,
         mut reader: JoinHandle<LinkDown>,
         mut ctl: mpsc::Receiver<Vec<u8>>,
     ) -> LinkDown {
         let why = self.serve(&mut reader, &mut ctl).await;
-        reader.abort();
         let _ = self.wr.shutdown().await;
+        if matches!(why, LinkDown::Closed) && !reader.is_finished() {
+            let _ = tokio::time::timeout(LINGER, &mut reader).await;
+        }
+        reader.abort();
         why
     }
 
