@@ -22,6 +22,11 @@
 
 -type dest() :: pid() | reference() | atom() | {atom(), node()}.
 
+%% Process dictionary key: the path (`native' or `transport') this process
+%% last used to send to the node (see native/3).
+-define(LAST_PATH(Node), {'$ecall_path', Node}).
+-define(BARRIER_TIMEOUT, 5000).
+
 -type call_result() :: {ok, term()} | {error, term()}.
 -export_type([dest/0, call_result/0]).
 
@@ -53,15 +58,63 @@ send(To, Msg) ->
 send_remote(Node, Dest, To, Msg) ->
     case ecall_conn:peer(Node) of
         undefined ->
-            To ! Msg;
+            native(Node, To, Msg);
         {Mod, State} ->
+            after_native(Node),
             case Mod:send(State, Dest, Msg) of
                 ok -> Msg;
-                closed -> To ! Msg;
+                closed -> native(Node, To, Msg);
                 %% A send has no error to return: under `error' as under
                 %% `drop' the message is dropped and counted.
                 overload -> Msg
             end
+    end.
+
+%% Per-caller order across a switch of paths. A message sent by `!' travels
+%% on the node's own distribution connection; one sent through a transport
+%% travels another way (a C-node link, or a proxy's batch replayed by a
+%% receiver worker), and could overtake it, or be overtaken. So each
+%% process remembers, per node, which path it used last (process
+%% dictionary; one lookup per send), and a switch waits once:
+%%
+%% - `!' then transport: a round trip on the native connection (erpc) comes
+%%   first. The peer handles it only after everything this caller sent
+%%   before it on that connection has been delivered.
+%% - transport then `!' (the connection closed): the caller waits until the
+%%   closing connection has made sure that what it wrote has been replayed
+%%   on the peer (ecall_conn:terminate/2), at most a few seconds.
+%%
+%% Cost: one round trip per caller per switch to a transport; nothing per
+%% message beyond the lookup.
+-spec native(node(), dest(), Msg) -> Msg.
+native(Node, To, Msg) ->
+    case get(?LAST_PATH(Node)) of
+        native ->
+            ok;
+        transport ->
+            ecall_conn:await_close(Node),
+            put(?LAST_PATH(Node), native);
+        undefined ->
+            put(?LAST_PATH(Node), native)
+    end,
+    To ! Msg.
+
+-spec after_native(node()) -> ok.
+after_native(Node) ->
+    case get(?LAST_PATH(Node)) of
+        transport ->
+            ok;
+        native ->
+            %% erpc's spawn request goes on the same connection, after
+            %% this caller's earlier messages; its answer means they have
+            %% reached their receivers. A node that does not answer has no
+            %% order to keep.
+            _ = (catch erpc:call(Node, erlang, node, [], ?BARRIER_TIMEOUT)),
+            _ = put(?LAST_PATH(Node), transport),
+            ok;
+        undefined ->
+            _ = put(?LAST_PATH(Node), transport),
+            ok
     end.
 
 %% @doc Applies `M:F(A...)' on `Node' in a new process and returns `ok' at
@@ -366,7 +419,8 @@ nodes() ->
 %% those connections sent: `inbound_frames', `inbound_answered' (pings),
 %% `inbound_ignored' and `inbound_malformed' (connections closed because a
 %% frame was malformed or over the size bound).
--spec stats() -> #{peers := #{node() => map()}, receivers := map(), identities := [map()]}.
+-spec stats() -> #{peers := #{node() => map()}, receivers := map(), identities := [map()],
+                   closed_drops := non_neg_integer()}.
 stats() ->
     Peers = maps:from_list([{N, S} || #{node := N} <- connections(),
                                       {ok, S} <- [stats(N)]]),
@@ -380,6 +434,9 @@ stats() ->
           end,
     #{peers => Peers,
       identities => Ids,
+      %% Requests dropped when connections closed (their peers' own
+      %% counters are gone with them).
+      closed_drops => counters:get(ecall_conn_sup:counters(), 1),
       receivers => #{batches => counters:get(C, 1), requests => counters:get(C, 2),
                      malformed => counters:get(C, 3), dead_letters => counters:get(C, 4),
                      spawn_failed => counters:get(C, 5)}}.

@@ -22,10 +22,15 @@
 -module(ecall_conn).
 -behaviour(gen_server).
 
--export([start_link/1, name/1, await/1, peer/1, watcher/2, info/1, stop/1, transport/0]).
+-export([start_link/1, name/1, await/1, await_close/1, peer/1, watcher/2, info/1, stop/1,
+         transport/0]).
 -export([init/1, handle_continue/2, handle_call/3, handle_cast/2, handle_info/2, terminate/2]).
 
 -include_lib("kernel/include/logger.hrl").
+
+%% How long closing a connection waits for the peer to replay what was
+%% written before it (drain/2); below the 5 s shutdown of ecall_conn_sup.
+-define(DRAIN_TIMEOUT, 3000).
 
 -record(st, {
     node :: node(),
@@ -69,6 +74,20 @@ transport() ->
 -spec peer(node()) -> ecall_transport:t() | undefined.
 peer(Node) ->
     persistent_term:get({ecall_peer, Node}, undefined).
+
+%% @doc Returns when no connection to `Node' is closing: at once, or when
+%% the closing one has made sure that what its transport wrote has been
+%% replayed on the peer (see terminate/2). For callers that sent through
+%% the transport and now send by `!' (per-caller order).
+-spec await_close(node()) -> ok.
+await_close(Node) ->
+    case catch ets:lookup(ecall_links, {Node, closing}) of
+        [{_, Pid}] ->
+            Ref = monitor(process, Pid),
+            receive {'DOWN', Ref, process, Pid, _} -> ok end;
+        _ ->
+            ok
+    end.
 
 -spec start_link(node()) -> {ok, pid()} | {error, term()}.
 start_link(Node) ->
@@ -221,18 +240,50 @@ watch() ->
     receive {down, Why} -> exit(Why) end.
 
 -spec terminate(term(), #st{}) -> ok.
-terminate(Reason, #st{node = Node, peer = Peer, published = P, waiting = W, up = Up}) ->
+terminate(Reason, #st{node = Node, peer = Peer, published = P, waiting = W, up = Up,
+                      links = L}) ->
     [gen_server:reply(From, {error, reason(Reason)}) || From <- W],
+    %% Callers that sent through the transport wait for this process to
+    %% exit before they send by `!' (ecall:native/3): set before the peer
+    %% is unpublished, so that whoever finds it unpublished finds this.
+    true = ets:insert(ecall_links, {{Node, closing}, self()}),
     _ = [release(Node, K, Watcher, reason(Reason)) || {K, Watcher} <- maps:to_list(Up)],
     P andalso persistent_term:erase({ecall_peer, Node}),
-    close(Peer, reason(Reason)),
+    close(Node, Peer, reason(Reason)),
+    Peer =/= undefined andalso drain(Node, L),
+    true = ets:delete(ecall_links, {Node, closing}),
     ok.
 
--spec close(ecall_transport:t() | undefined, term()) -> ok.
-close(undefined, _Why) ->
+%% After the close: waits until every link has stopped writing (its last
+%% pass done, its socket shut down), then until the peer has replayed what
+%% came before: it waits for the links' connections to end there (a node's
+%% messages are delivered before its nodedown) and for each receiver worker
+%% to answer a system message (behind every batch in its mailbox). Bounded:
+%% a peer that does not answer in time, or is gone, has no order to keep.
+-spec drain(node(), non_neg_integer()) -> ok.
+drain(Node, Links) ->
+    Deadline = erlang:monotonic_time(millisecond) + ?DRAIN_TIMEOUT,
+    _ = [receive {ecall_link, K, stopped} -> ok
+         after max(0, Deadline - erlang:monotonic_time(millisecond)) -> ok
+         end || K <- lists:seq(0, Links - 1)],
+    Left = max(1, Deadline - erlang:monotonic_time(millisecond)),
+    _ = (catch erpc:call(Node, ecall_receiver_sup, fence, [ecall:nodes(), Left], Left + 500)),
+    ok.
+
+%% What a close drops is logged and added to the node's count
+%% (`closed_drops' in ecall:stats/0): the peer's own counters go with it.
+-spec close(node(), ecall_transport:t() | undefined, term()) -> ok.
+close(_Node, undefined, _Why) ->
     ok;
-close({Mod, State}, Why) ->
-    Mod:close(State, Why).
+close(Node, {Mod, State}, Why) ->
+    case Mod:close(State, Why) of
+        0 ->
+            ok;
+        Dropped ->
+            counters:add(ecall_conn_sup:counters(), 1, Dropped),
+            ?LOG_NOTICE("ecall: connection to ~p closed (~0p): ~b queued requests dropped",
+                        [Node, Why, Dropped], #{domain => [ecall]})
+    end.
 
 -spec reason(term()) -> term().
 reason({shutdown, R}) -> R;

@@ -57,24 +57,30 @@ reply_monitor(Pool) ->
 pick(#pool{proxies = P}) ->
     element(erlang:phash2(self(), tuple_size(P)) + 1, P).
 
-%% @doc Stops the proxies; what they hold is dropped. Processes monitoring
-%% them see `Why'.
--spec close(pool(), term()) -> ok.
+%% @doc Stops the proxies; what they hold is dropped, and returned as a
+%% count (what their mailboxes held just before). Processes monitoring them
+%% see `Why'.
+-spec close(pool(), term()) -> non_neg_integer().
 close(#pool{proxies = P}, Why) ->
     Reason = case Why of
                  normal -> connection_closed;
                  _ -> Why
              end,
+    Held = queued(P),
     _ = [begin unlink(Pid), exit(Pid, Reason) end || Pid <- tuple_to_list(P)],
-    ok.
+    Held.
+
+-spec queued(tuple()) -> non_neg_integer().
+queued(P) ->
+    lists:sum([case process_info(Pid, message_queue_len) of
+                   {message_queue_len, N} -> N;
+                   undefined -> 0
+               end || Pid <- tuple_to_list(P)]).
 
 %% @doc Counters of a pool: batches and requests sent, requests queued.
 -spec stats(pool()) -> map().
 stats(#pool{proxies = P, counters = C}) ->
-    Queued = lists:sum([case process_info(Pid, message_queue_len) of
-                            {message_queue_len, N} -> N;
-                            undefined -> 0
-                        end || Pid <- tuple_to_list(P)]),
+    Queued = queued(P),
     #{transport => erlang, batches => counters:get(C, 1), requests => counters:get(C, 2),
       queued => Queued, links => 0, links_up => 0}.
 

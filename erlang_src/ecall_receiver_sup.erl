@@ -5,7 +5,7 @@
 -module(ecall_receiver_sup).
 -behaviour(supervisor).
 
--export([start_link/0, init/1, names/0, counters/0]).
+-export([start_link/0, init/1, names/0, counters/0, fence/2]).
 
 -spec start_link() -> {ok, pid()} | {error, term()}.
 start_link() ->
@@ -30,3 +30,29 @@ names() ->
 -spec counters() -> counters:counters_ref().
 counters() ->
     persistent_term:get({ecall, rx_counters}).
+
+%% @doc Returns once everything that the C-node connections `Links' (a
+%% peer's identities, closing) delivered to this node has been replayed:
+%% their connections have ended here (a connection's messages are delivered
+%% before its nodedown) and each worker has answered a system message,
+%% which it handles after the batches before it. Called over plain
+%% distribution by a closing connection on the peer (ecall_conn). Gives up
+%% after `Timeout' ms.
+-spec fence([node()], timeout()) -> ok.
+fence(Links, Timeout) ->
+    Deadline = erlang:monotonic_time(millisecond) + Timeout,
+    %% Subscribe first, then look: a connection that ends in between is
+    %% reported, and no connection attempt is made (monitor_node/2 would
+    %% make one to a name that is not connected).
+    ok = net_kernel:monitor_nodes(true, [{node_type, hidden}]),
+    try
+        Connected = [N || N <- Links, lists:member(N, erlang:nodes(hidden))],
+        _ = [receive {nodedown, N, _} -> ok
+             after max(0, Deadline - erlang:monotonic_time(millisecond)) -> ok
+             end || N <- Connected],
+        _ = [catch sys:get_state(W, max(1, Deadline - erlang:monotonic_time(millisecond)))
+             || W <- persistent_term:get({ecall, rx_names})],
+        ok
+    after
+        net_kernel:monitor_nodes(false, [{node_type, hidden}])
+    end.

@@ -54,6 +54,6 @@
 %% Counters, as `ecall:stats/1' returns them.
 -callback stats(State :: term()) -> map().
 
-%% Stops the transport; what it holds is dropped (and counted where it
-%% can be). Callers waiting on replies see `Why'.
--callback close(State :: term(), Why :: term()) -> ok.
+%% Stops the transport; what it holds is dropped. Returns how many
+%% requests that was. Callers waiting on replies see `Why'.
+-callback close(State :: term(), Why :: term()) -> Dropped :: non_neg_integer().

@@ -115,8 +115,12 @@ caller_link({_, Peer}) ->
 stats({_, Peer}) ->
     (ecall_nif:peer_stats(Peer))#{transport => nif}.
 
--spec close(state(), term()) -> ok.
+-spec close(state(), term()) -> non_neg_integer().
 close({_, Peer}, _Why) ->
     %% Callers waiting on replies monitor the link watchers, which the
     %% connection process ends with the reason.
-    ecall_nif:peer_close(Peer).
+    ok = ecall_nif:peer_close(Peer),
+    %% What the close dropped, and what its links dropped before (failed
+    %% writes, reaps): the peer's counters go with it.
+    #{closed_drops := Closed, dropped := Lost} = ecall_nif:peer_stats(Peer),
+    Closed + Lost.
