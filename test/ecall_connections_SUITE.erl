@@ -14,7 +14,7 @@
          spawn_failure_is_counted_and_answered/1, restart_cycles_start_first_time/1,
          order_holds_across_reconnects/1]).
 %% Run on peers.
--export([not_distributed_check/0, hold/1, order_collector/2]).
+-export([not_distributed_check/0, hold/1, order_collector/2, load_loop/1]).
 
 -import(ecall_test_nodes, [start_peer/0, start_peer/1, code_args/0]).
 
@@ -201,15 +201,26 @@ wait_erpc(Node, M, F, A) ->
     catch error:{erpc, system_limit} -> wait_erpc(Node, M, F, A)
     end.
 
-%% application:stop/1 then start/1 at once, 20 times, on a node connected
-%% both ways: every start succeeds at the first try (it used to fail with
-%% cnode_start_failed ... ALIVE2_REQ while epmd still held the old names),
-%% the identities are registered again, and file descriptors and OS threads
-%% do not grow with the cycles.
+%% application:stop/1 then start/1 at once, 100 times, on a node connected
+%% both ways and sending to this node all along: every start succeeds at
+%% the first try (it used to fail with cnode_start_failed ... ALIVE2_REQ
+%% while epmd still held the old names), the identities are registered
+%% again, and file descriptors, OS threads and epmd names do not grow with
+%% the cycles.
 restart_cycles_start_first_time(_Config) ->
     {Peer, C} = start_peer(),
     ok = ecall:connect(C),
     OsPid = erpc:call(C, os, getpid, []),
+    Self = self(),
+    %% Load: a process on C that sends to this node without pause, through
+    %% whatever path is there (links, or `!' while ecall is stopped).
+    Counter = spawn_link(fun() -> count_loop(0) end),
+    Loader = erpc:call(C, erlang, spawn, [?MODULE, load_loop, [Counter]]),
+    [CName, _] = string:split(atom_to_list(C), "@"),
+    Names = fun() ->
+                    {ok, All} = erpc:call(C, erl_epmd, names, []),
+                    length([N || {N, _} <- All, lists:prefix(CName, N)])
+            end,
     Cycle = fun() ->
                     ok = erpc:call(C, application, stop, [ecall]),
                     ?assertEqual(ok, erpc:call(C, application, start, [ecall])),
@@ -217,19 +228,39 @@ restart_cycles_start_first_time(_Config) ->
             end,
     Cycle(),
     {Fds0, Threads0} = os_counts(OsPid),
-    [Cycle() || _ <- lists:seq(1, 20)],
+    Names0 = Names(),
+    [Cycle() || _ <- lists:seq(1, 100)],
     {Fds1, Threads1} = os_counts(OsPid),
-    ct:pal("after 1 cycle: ~b fds, ~b threads; after 21: ~b fds, ~b threads",
-           [Fds0, Threads0, Fds1, Threads1]),
-    %% A leak of one per cycle would show as 20.
+    Names1 = Names(),
+    exit(Loader, kill),
+    Counter ! {count, Self},
+    Got = receive {counted, N} -> N end,
+    ct:pal("after 1 cycle: ~b fds, ~b threads, ~b epmd names; after 101: ~b, ~b, ~b; "
+           "~b messages received meanwhile", [Fds0, Threads0, Names0, Fds1, Threads1, Names1, Got]),
+    %% The node and its identities: 1 + links names, before and after.
+    ?assertEqual(1 + ecall_config:links(), Names0),
+    ?assertEqual(Names0, Names1),
+    %% A leak of one per cycle would show as 100.
     ?assert(Fds1 - Fds0 < 10),
     ?assert(Threads1 - Threads0 < 10),
+    ?assert(Got > 0),
     %% The restarted node still serves: a round trip through its links.
     ok = erpc:call(C, ecall, connect, [node()]),
-    Self = self(),
     hi = erpc:call(C, ecall, send, [Self, hi]),
     receive hi -> ok after 5000 -> ct:fail(lost_after_restarts) end,
     peer:stop(Peer).
+
+%% On C: sends to `To' without pause until killed.
+load_loop(To) ->
+    ecall:send(To, load),
+    erlang:yield(),
+    load_loop(To).
+
+count_loop(N) ->
+    receive
+        load -> count_loop(N + 1);
+        {count, From} -> From ! {counted, N}
+    end.
 
 os_counts(OsPid) ->
     Count = fun(Dir) -> {ok, L} = file:list_dir("/proc/" ++ OsPid ++ "/" ++ Dir), length(L) end,
