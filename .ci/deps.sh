@@ -3,7 +3,7 @@
 # and rebar3 from Debian packages. Rust (cargo) is expected on the machine.
 set -euo pipefail
 
-pkgs=(erlang-nox erlang-dev rebar3 erlang-common-test erlang-dialyzer patchelf python3)
+pkgs=(erlang-nox erlang-dev rebar3 erlang-common-test erlang-dialyzer patchelf python3 iproute2 util-linux)
 need=()
 command -v erl >/dev/null || need+=(erlang-nox erlang-dev)
 command -v rebar3 >/dev/null || need+=(rebar3)
@@ -11,6 +11,10 @@ command -v ct_run >/dev/null || need+=(erlang-common-test)
 command -v dialyzer >/dev/null || need+=(erlang-dialyzer)
 command -v patchelf >/dev/null || need+=(patchelf)
 command -v python3 >/dev/null || need+=(python3)
+# The partition suite makes network namespaces (ip) and the EMFILE test
+# lowers a descriptor limit (prlimit).
+command -v ip >/dev/null || need+=(iproute2)
+command -v prlimit >/dev/null || need+=(util-linux)
 [ ${#need[@]} -eq 0 ] && exit 0
 
 if [ "$(id -u)" -ne 0 ]; then
