@@ -22,9 +22,9 @@
 
 -type dest() :: pid() | reference() | atom() | {atom(), node()}.
 
-%% Process dictionary key: the path (`native' or `transport') this process
-%% last used to send to the node (see native/3).
--define(LAST_PATH(Node), {'$ecall_path', Node}).
+%% Process dictionary key: the nodes this process sent to by `!' since its
+%% last send to them through a transport (see native/3).
+-define(NATIVE_SENT, '$ecall_native_sent').
 -define(BARRIER_TIMEOUT, 5000).
 
 -type call_result() :: {ok, term()} | {error, term()}.
@@ -56,10 +56,8 @@ send(To, Msg) ->
 
 -spec send_remote(node(), pid() | reference() | atom(), dest(), Msg) -> Msg.
 send_remote(Node, Dest, To, Msg) ->
-    case ecall_conn:peer(Node) of
-        undefined ->
-            native(Node, To, Msg);
-        {Mod, State} ->
+    case ecall_conn:route(Node) of
+        {Mod, State} when Mod =/= closing ->
             after_native(Node),
             case Mod:send(State, Dest, Msg) of
                 ok -> Msg;
@@ -67,54 +65,62 @@ send_remote(Node, Dest, To, Msg) ->
                 %% A send has no error to return: under `error' as under
                 %% `drop' the message is dropped and counted.
                 overload -> Msg
-            end
+            end;
+        _UndefinedOrClosing ->
+            native(Node, To, Msg)
     end.
 
 %% Per-caller order across a switch of paths. A message sent by `!' travels
 %% on the node's own distribution connection; one sent through a transport
 %% travels another way (a C-node link, or a proxy's batch replayed by a
-%% receiver worker), and could overtake it, or be overtaken. So each
-%% process remembers, per node, which path it used last (process
-%% dictionary; one lookup per send), and a switch waits once:
+%% receiver worker), and could overtake it, or be overtaken:
 %%
-%% - `!' then transport: a round trip on the native connection (erpc) comes
-%%   first. The peer handles it only after everything this caller sent
-%%   before it on that connection has been delivered.
-%% - transport then `!' (the connection closed): the caller waits until the
-%%   closing connection has made sure that what it wrote has been replayed
-%%   on the peer (ecall_conn:terminate/2), at most a few seconds.
+%% - `!' then transport: the process remembers the nodes it sent to by `!'
+%%   (process dictionary, written on that path only), and its next send to
+%%   one of them through a transport first makes a round trip on the
+%%   native connection, which the peer handles only after everything this
+%%   caller sent before it on that connection has been delivered.
+%% - transport then `!' (the connection is closing): while a connection
+%%   closes it is published as `{closing, Pid}', and a send by `!' first
+%%   waits for that process, which makes sure that what its transport
+%%   wrote has been replayed on the peer (ecall_conn:terminate/2; at most a
+%%   few seconds).
 %%
-%% Cost: one round trip per caller per switch to a transport; nothing per
-%% message beyond the lookup.
+%% Cost on the transport path: one process-dictionary read (an atom key,
+%% `undefined' for a process that never sent by `!'); one round trip per
+%% caller per switch to a transport.
 -spec native(node(), dest(), Msg) -> Msg.
 native(Node, To, Msg) ->
-    case get(?LAST_PATH(Node)) of
-        native ->
-            ok;
-        transport ->
-            ecall_conn:await_close(Node),
-            put(?LAST_PATH(Node), native);
+    ecall_conn:await_close(Node),
+    case get(?NATIVE_SENT) of
         undefined ->
-            put(?LAST_PATH(Node), native)
+            put(?NATIVE_SENT, [Node]);
+        Nodes ->
+            lists:member(Node, Nodes) orelse put(?NATIVE_SENT, [Node | Nodes])
     end,
     To ! Msg.
 
 -spec after_native(node()) -> ok.
 after_native(Node) ->
-    case get(?LAST_PATH(Node)) of
-        transport ->
-            ok;
-        native ->
-            %% erpc's spawn request goes on the same connection, after
-            %% this caller's earlier messages; its answer means they have
-            %% reached their receivers. A node that does not answer has no
-            %% order to keep.
-            _ = (catch erpc:call(Node, erlang, node, [], ?BARRIER_TIMEOUT)),
-            _ = put(?LAST_PATH(Node), transport),
-            ok;
+    case get(?NATIVE_SENT) of
         undefined ->
-            _ = put(?LAST_PATH(Node), transport),
-            ok
+            ok;
+        Nodes ->
+            case lists:member(Node, Nodes) of
+                false ->
+                    ok;
+                true ->
+                    case lists:delete(Node, Nodes) of
+                        [] -> erase(?NATIVE_SENT);
+                        Rest -> put(?NATIVE_SENT, Rest)
+                    end,
+                    %% erpc's spawn request goes on the same connection,
+                    %% after this caller's earlier messages; its answer
+                    %% means they have reached their receivers. A node
+                    %% that does not answer has no order to keep.
+                    _ = (catch erpc:call(Node, erlang, node, [], ?BARRIER_TIMEOUT)),
+                    ok
+            end
     end.
 
 %% @doc Applies `M:F(A...)' on `Node' in a new process and returns `ok' at

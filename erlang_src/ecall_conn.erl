@@ -22,8 +22,8 @@
 -module(ecall_conn).
 -behaviour(gen_server).
 
--export([start_link/1, name/1, await/1, await_close/1, peer/1, watcher/2, info/1, stop/1,
-         transport/0]).
+-export([start_link/1, name/1, await/1, await_close/1, peer/1, route/1, watcher/2, info/1,
+         stop/1, transport/0]).
 -export([init/1, handle_continue/2, handle_call/3, handle_cast/2, handle_info/2, terminate/2]).
 
 -include_lib("kernel/include/logger.hrl").
@@ -69,20 +69,30 @@ transport() ->
         _ -> erlang
     end.
 
-%% @doc The published transport of `Node', for the send path:
-%% `{Module, State}' (see ecall_transport), or `undefined'.
+%% @doc The published transport of `Node': `{Module, State}' (see
+%% ecall_transport), or `undefined' (none, or closing).
 -spec peer(node()) -> ecall_transport:t() | undefined.
 peer(Node) ->
+    case route(Node) of
+        {closing, _} -> undefined;
+        Route -> Route
+    end.
+
+%% @doc What is published for `Node', for the send path: `{Module, State}',
+%% `{closing, Pid}' while a connection closes (see terminate/2), or
+%% `undefined'.
+-spec route(node()) -> ecall_transport:t() | {closing, pid()} | undefined.
+route(Node) ->
     persistent_term:get({ecall_peer, Node}, undefined).
 
 %% @doc Returns when no connection to `Node' is closing: at once, or when
 %% the closing one has made sure that what its transport wrote has been
-%% replayed on the peer (see terminate/2). For callers that sent through
-%% the transport and now send by `!' (per-caller order).
+%% replayed on the peer (see terminate/2). For callers about to send by
+%% `!' (per-caller order).
 -spec await_close(node()) -> ok.
 await_close(Node) ->
-    case catch ets:lookup(ecall_links, {Node, closing}) of
-        [{_, Pid}] ->
+    case route(Node) of
+        {closing, Pid} ->
             Ref = monitor(process, Pid),
             receive {'DOWN', Ref, process, Pid, _} -> ok end;
         _ ->
@@ -243,15 +253,15 @@ watch() ->
 terminate(Reason, #st{node = Node, peer = Peer, published = P, waiting = W, up = Up,
                       links = L}) ->
     [gen_server:reply(From, {error, reason(Reason)}) || From <- W],
-    %% Callers that sent through the transport wait for this process to
-    %% exit before they send by `!' (ecall:native/3): set before the peer
-    %% is unpublished, so that whoever finds it unpublished finds this.
-    true = ets:insert(ecall_links, {{Node, closing}, self()}),
+    %% While it closes, the peer is published as closing: a send by `!'
+    %% waits for this process to exit first (ecall:native/3), so that it
+    %% cannot overtake what the transport wrote. Replacing and erasing a
+    %% persistent term costs a scan of the processes; once per close.
+    _ = P andalso persistent_term:put({ecall_peer, Node}, {closing, self()}),
     _ = [release(Node, K, Watcher, reason(Reason)) || {K, Watcher} <- maps:to_list(Up)],
-    P andalso persistent_term:erase({ecall_peer, Node}),
     close(Node, Peer, reason(Reason)),
-    Peer =/= undefined andalso drain(Node, L),
-    true = ets:delete(ecall_links, {Node, closing}),
+    _ = P andalso drain(Node, L),
+    _ = P andalso persistent_term:erase({ecall_peer, Node}),
     ok.
 
 %% After the close: waits until every link has stopped writing (its last
