@@ -121,7 +121,7 @@ mod tests {
         let mut element = vec![etf::BINARY_EXT];
         element.extend_from_slice(&(big.len() as u32).to_be_bytes());
         element.extend_from_slice(&big);
-        shard.push(&element, || ());
+        shard.push(&element, |_| ());
         let frame = shard.take().unwrap();
         let ranges = InFlight::ranges(&frame.bytes).unwrap();
         let expect: Vec<u8> = ranges

@@ -20,7 +20,7 @@
 use crate::cnode::Identity;
 use crate::etf::BatchHeader;
 use crate::link::{self, LinkEvents, LinkShared, LinkStats};
-use crate::shard::{BatchCaps, Shard};
+use crate::shard::{Backlog, BatchCaps, Shard};
 use crate::Error;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
@@ -238,7 +238,7 @@ impl Peer {
         shard: usize,
         len: usize,
         admitted: bool,
-        push: impl FnOnce(&Shard, &dyn Fn() -> bool) -> Option<bool>,
+        push: impl FnOnce(&Shard, &dyn Fn(Backlog) -> bool) -> Option<bool>,
     ) -> Push {
         if self.is_closed() {
             return Push::Closed;
@@ -256,14 +256,12 @@ impl Peer {
         let shard = shard % self.shards.len();
         let link = &self.links[self.link_of_shard(shard)];
         // The push side of the sleeping-writer protocol: `may_sleep` in link/writer.rs.
-        let Some(wake) = push(&self.shards[shard], &|| {
-            link.sleeping.load(Ordering::Relaxed)
-        }) else {
+        let Some(wake) = push(&self.shards[shard], &|b| link.wants_wake(b)) else {
             // Closed since the check above (close() runs concurrently).
             st.queued_bytes.fetch_sub(len, Ordering::AcqRel);
             return Push::Closed;
         };
-        if wake && link.sleeping.swap(false, Ordering::AcqRel) {
+        if wake && link.state.swap(link::AWAKE, Ordering::AcqRel) != link::AWAKE {
             st.wakes.fetch_add(1, Ordering::Relaxed);
             link.notify.notify_one();
         }
@@ -398,6 +396,34 @@ mod tests {
             },
             &[("a_ecall_1@h".into(), 1)],
         )
+    }
+
+    /// The push side of the sleeping-writer protocol and of gathering: a
+    /// sleeping writer is woken by the first push; a gathering one only by
+    /// the push that brings its shard to `GATHER_REQUESTS`; a busy one by
+    /// none. Each wake-up happens once (the state goes back to awake).
+    #[test]
+    fn pushes_wake_a_sleeping_writer_at_once_and_a_gathering_one_at_the_threshold() {
+        use crate::link::{AWAKE, GATHERING, GATHER_REQUESTS, SLEEPING};
+        let peer = test_peer(1 << 20);
+        let link = &peer.links[0];
+        let wakes = || peer.stats.wakes.load(Ordering::Relaxed);
+        assert_eq!(peer.push(0, &[97, 1], false), Push::Queued);
+        assert_eq!(wakes(), 0, "a busy writer is not woken");
+        link.state.store(SLEEPING, Ordering::SeqCst);
+        peer.push(0, &[97, 2], false);
+        assert_eq!((wakes(), link.state.load(Ordering::SeqCst)), (1, AWAKE));
+        peer.push(0, &[97, 3], false);
+        assert_eq!(wakes(), 1);
+        link.state.store(GATHERING, Ordering::SeqCst);
+        // Three are queued; the one that makes GATHER_REQUESTS wakes it.
+        for i in 3..GATHER_REQUESTS - 1 {
+            peer.push(0, &[97, (i % 200) as u8], false);
+            assert_eq!(wakes(), 1, "woken at {i} requests");
+        }
+        peer.push(0, &[97, 0], false);
+        assert_eq!((wakes(), link.state.load(Ordering::SeqCst)), (2, AWAKE));
+        assert_eq!(peer.shards[0].backlog().requests, GATHER_REQUESTS);
     }
 
     /// Callers waiting for room are admitted in the order they came, only as

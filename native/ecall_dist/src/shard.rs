@@ -62,6 +62,23 @@ struct Inner {
     closed: bool,
 }
 
+/// What a shard holds, as the push path and the writer's gathering see it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Backlog {
+    /// Requests in the open batch (`u32::MAX` once a batch is sealed).
+    pub requests: u32,
+    /// Their bytes.
+    pub bytes: usize,
+}
+
+impl Backlog {
+    /// A sealed batch waits: worth a write at once.
+    pub const FULL: Backlog = Backlog {
+        requests: u32::MAX,
+        bytes: usize::MAX,
+    };
+}
+
 /// One shard: the queue of one group of callers towards one peer.
 #[derive(Debug)]
 pub struct Shard {
@@ -89,8 +106,9 @@ impl Shard {
     /// Appends one element (external format without the version byte).
     ///
     /// `under_lock` runs while the shard lock is held, after the element is
-    /// in (the sleeping-writer protocol: `may_sleep` in `link/writer.rs`).
-    pub fn push<R>(&self, element: &[u8], under_lock: impl FnOnce() -> R) -> Option<R> {
+    /// in, with what the shard now holds (the sleeping-writer protocol:
+    /// `may_sleep` in `link/writer.rs`).
+    pub fn push<R>(&self, element: &[u8], under_lock: impl FnOnce(Backlog) -> R) -> Option<R> {
         let mut g = self.lock();
         if g.closed {
             return None;
@@ -110,7 +128,25 @@ impl Shard {
         }
         g.open.extend_from_slice(element);
         g.open_count += 1;
-        Some(under_lock())
+        let backlog = Self::backlog_locked(&g, header_len);
+        Some(under_lock(backlog))
+    }
+
+    /// What the shard holds now.
+    pub fn backlog(&self) -> Backlog {
+        let g = self.lock();
+        Self::backlog_locked(&g, self.header.len())
+    }
+
+    fn backlog_locked(g: &Inner, header_len: usize) -> Backlog {
+        if !g.sealed.is_empty() {
+            // A sealed batch is a full one (or a large message).
+            return Backlog::FULL;
+        }
+        Backlog {
+            requests: g.open_count,
+            bytes: g.open.len().saturating_sub(header_len),
+        }
     }
 
     fn seal_open(&self, g: &mut Inner) {
@@ -131,7 +167,11 @@ impl Shard {
     /// byte) before the lock is taken, so that copying megabytes never
     /// holds up the other callers of this shard; under the lock it only
     /// seals the open batch (order) and appends.
-    pub fn push_alone<R>(&self, parts: &[&[u8]], under_lock: impl FnOnce() -> R) -> Option<R> {
+    pub fn push_alone<R>(
+        &self,
+        parts: &[&[u8]],
+        under_lock: impl FnOnce(Backlog) -> R,
+    ) -> Option<R> {
         let len: usize = parts.iter().map(|p| p.len()).sum();
         let mut bytes = Vec::with_capacity(self.header.len() + len + 1);
         bytes.extend_from_slice(&self.header);
@@ -152,7 +192,7 @@ impl Shard {
             self.seal_open(&mut g);
         }
         g.sealed.push_back(frame);
-        Some(under_lock())
+        Some(under_lock(Backlog::FULL))
     }
 
     /// Takes the oldest batch: a sealed one if any, else the open one.
@@ -235,10 +275,10 @@ mod tests {
     #[test]
     fn a_closed_shard_refuses_pushes() {
         let s = shard(1000, 1 << 20);
-        s.push(&[97, 1], || ()).unwrap();
+        s.push(&[97, 1], |_| ()).unwrap();
         assert_eq!(s.close(), (1, 2));
-        assert!(s.push(&[97, 2], || ()).is_none());
-        assert!(s.push_alone(&[&[97, 3]], || ()).is_none());
+        assert!(s.push(&[97, 2], |_| ()).is_none());
+        assert!(s.push_alone(&[&[97, 3]], |_| ()).is_none());
         assert!(s.take().is_none());
         assert_eq!(s.clear(), (0, 0));
     }
@@ -248,7 +288,7 @@ mod tests {
         let s = shard(1000, 1 << 20);
         assert!(s.take().is_none());
         for i in 0..5u8 {
-            s.push(&[97, i], || ()).unwrap();
+            s.push(&[97, i], |_| ()).unwrap();
         }
         let f = s.take().unwrap();
         assert_eq!(f.count, 5);
@@ -261,14 +301,14 @@ mod tests {
     fn caps_split_batches_in_order() {
         let s = shard(3, 1 << 20);
         for i in 0..7u8 {
-            s.push(&[97, i], || ()).unwrap();
+            s.push(&[97, i], |_| ()).unwrap();
         }
         let counts: Vec<u32> = std::iter::from_fn(|| s.take()).map(|f| f.count).collect();
         assert_eq!(counts, [3, 3, 1]);
 
         let s = shard(1000, 4);
         for i in 0..5u8 {
-            s.push(&[97, i], || ()).unwrap();
+            s.push(&[97, i], |_| ()).unwrap();
         }
         let counts: Vec<u32> = std::iter::from_fn(|| s.take()).map(|f| f.count).collect();
         assert_eq!(counts, [2, 2, 1]);
@@ -277,9 +317,10 @@ mod tests {
     #[test]
     fn large_elements_go_alone_and_in_order() {
         let s = shard(1000, 1 << 20);
-        s.push(&[97, 1], || ()).unwrap();
-        s.push_alone(&[&[109, 0, 0, 0, 2], &[7, 7]], || ()).unwrap();
-        s.push(&[97, 3], || ());
+        s.push(&[97, 1], |_| ()).unwrap();
+        s.push_alone(&[&[109, 0, 0, 0, 2], &[7, 7]], |_| ())
+            .unwrap();
+        s.push(&[97, 3], |_| ());
         let counts: Vec<(u32, usize)> = std::iter::from_fn(|| s.take())
             .map(|f| (f.count, f.payload))
             .collect();
@@ -290,7 +331,7 @@ mod tests {
     fn clear_accounts_for_everything() {
         let s = shard(2, 1 << 20);
         for i in 0..5u8 {
-            s.push(&[97, i], || ()).unwrap();
+            s.push(&[97, i], |_| ()).unwrap();
         }
         assert_eq!(s.clear(), (5, 10));
         assert!(s.is_empty());

@@ -236,7 +236,7 @@ async fn spliced_payload_is_what_binary_to_term_reads() {
         ])),
     ];
     for t in &terms {
-        shard.push(element_body(&encode(t)).unwrap(), || ());
+        shard.push(element_body(&encode(t)).unwrap(), |_| ());
     }
     let frame = shard.take().unwrap();
     // Frame: length, pass-through, control, payload.

@@ -28,7 +28,11 @@
 //! out one fragment per pass, so that other shards are not held up behind
 //! it. When nothing is queued the writer sleeps; a push wakes it only then
 //! (the sleeping-writer protocol is written down at `may_sleep` in
-//! `link/writer.rs`).
+//! `link/writer.rs`). On a busy link (the last pass wrote
+//! [`GATHER_AFTER`] requests or more) the writer gathers instead: it waits
+//! until a shard holds [`GATHER_REQUESTS`] or [`GATHER_BYTES`], or
+//! [`GATHER_WAIT`] has passed (`may_gather`), so that batches are worth a
+//! write and the peer a message.
 //!
 //! # Tick
 //!
@@ -66,7 +70,7 @@ use crate::inbound::{InboundStats, Malformed, ReadEnd};
 use crate::io::STALL_PIECE;
 use crate::Error;
 use std::io;
-use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use tokio::sync::Notify;
 
 mod task;
@@ -118,15 +122,48 @@ pub struct LinkStats {
     pub inbound: InboundStats,
 }
 
+/// The writer is writing, or about to look at its shards.
+pub(crate) const AWAKE: u8 = 0;
+/// The writer found nothing to do and waits for `notify`: any push wakes it.
+pub(crate) const SLEEPING: u8 = 1;
+/// The writer is busy enough to wait for a batch worth a write: a push
+/// wakes it once its shard holds [`GATHER_REQUESTS`] or [`GATHER_BYTES`],
+/// and it wakes by itself after [`GATHER_WAIT`] in any case.
+pub(crate) const GATHERING: u8 = 2;
+
+/// Requests in one shard that end a gathering wait.
+pub const GATHER_REQUESTS: u32 = 128;
+/// Bytes in one shard that end a gathering wait.
+pub const GATHER_BYTES: usize = 64 * 1024;
+/// The longest a gathering writer waits (tokio's timer has a resolution of
+/// 1 ms, so in practice 1 to 2 ms): the most a request waits for company.
+pub const GATHER_WAIT: std::time::Duration = std::time::Duration::from_millis(1);
+/// A pass that wrote at least this many requests makes the next one gather:
+/// below it the writer writes what comes at once (a lone request waits for
+/// nothing).
+pub const GATHER_AFTER: u64 = 4;
+
 /// What the push path and a link's writer share.
 #[derive(Debug, Default)]
 pub(crate) struct LinkShared {
-    /// The writer found nothing to do and waits for `notify`.
-    pub(crate) sleeping: AtomicBool,
-    /// Wakes a sleeping writer.
+    /// [`AWAKE`], [`SLEEPING`] or [`GATHERING`].
+    pub(crate) state: AtomicU8,
+    /// Wakes a sleeping or gathering writer.
     pub(crate) notify: Notify,
     /// The link's counters.
     pub(crate) stats: LinkStats,
+}
+
+impl LinkShared {
+    /// The push side of the protocol (see `may_sleep` in writer.rs): with
+    /// the shard's lock held, whether this push should wake the writer.
+    pub(crate) fn wants_wake(&self, backlog: crate::shard::Backlog) -> bool {
+        match self.state.load(Ordering::Relaxed) {
+            SLEEPING => true,
+            GATHERING => backlog.requests >= GATHER_REQUESTS || backlog.bytes >= GATHER_BYTES,
+            _ => false,
+        }
+    }
 }
 
 /// Why a link went down, or why an attempt to connect it failed: what

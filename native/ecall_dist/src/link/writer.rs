@@ -1,6 +1,9 @@
 //! The writing half of a connected link.
 
-use super::{LinkDown, LinkShared};
+use super::{
+    LinkDown, LinkShared, AWAKE, GATHERING, GATHER_AFTER, GATHER_BYTES, GATHER_REQUESTS,
+    GATHER_WAIT, SLEEPING,
+};
 use crate::atom_cache::OutCache;
 use crate::etf::PLAIN_TERMS;
 use crate::fragment::{InFlight, FRAGMENT};
@@ -44,6 +47,8 @@ pub(super) struct LinkWriter {
     seq: u64,
     /// Messages going out in fragments.
     inflight: Vec<InFlight>,
+    /// When the socket was last written (a tick is due `tick` after it).
+    last_write: Instant,
 }
 
 impl LinkWriter {
@@ -70,6 +75,7 @@ impl LinkWriter {
             scratch: Vec::new(),
             seq: 0,
             inflight: Vec::new(),
+            last_write: Instant::now(),
         }
     }
 
@@ -107,7 +113,10 @@ impl LinkWriter {
         let mine: Vec<usize> = peer.shards_of_link(self.k).collect();
         let mut frames: Vec<(usize, Frame)> = Vec::with_capacity(mine.len());
         let mut done: Vec<(usize, Frame)> = Vec::with_capacity(mine.len());
-        let mut last_write = Instant::now();
+        self.last_write = Instant::now();
+        // Whether the last pass wrote enough to make the next one gather
+        // (see `may_gather`).
+        let mut gather = false;
         loop {
             if peer.is_closed() {
                 return LinkDown::Closed;
@@ -118,6 +127,15 @@ impl LinkWriter {
             while let Ok(ctl) = ctl_rx.try_recv() {
                 if let Err(e) = self.write(&[&ctl]).await {
                     return e;
+                }
+            }
+            if std::mem::take(&mut gather)
+                && self.inflight.is_empty()
+                && may_gather(&peer, link, &mine)
+            {
+                let until = Instant::now() + GATHER_WAIT;
+                if let Some(down) = self.wait(reader, ctl_rx, until, false).await {
+                    return down;
                 }
             }
             frames.extend(
@@ -146,33 +164,54 @@ impl LinkWriter {
                     return e;
                 }
                 peer.release(b);
-                last_write = Instant::now();
+                self.last_write = Instant::now();
+                gather = n >= GATHER_AFTER;
                 continue;
             }
             if !may_sleep(&peer, link, &mine) {
                 continue;
             }
-            let tick_at = last_write + self.tick;
-            tokio::select! {
-                _ = link.notify.notified() => {}
-                _ = peer.cancel.cancelled() => {}
-                ctl = ctl_rx.recv() => {
-                    if let Some(ctl) = ctl {
-                        if let Err(e) = self.write(&[&ctl]).await {
-                            return e;
-                        }
-                    }
-                }
-                r = &mut *reader => return reader_end(r),
-                _ = tokio::time::sleep_until(tick_at) => {
-                    if let Err(e) = write_with_deadline(ls, &mut self.wr, &[&inbound::TICK], self.deadline).await {
-                        return e;
-                    }
-                    last_write = Instant::now();
+            let tick_at = self.last_write + self.tick;
+            if let Some(down) = self.wait(reader, ctl_rx, tick_at, true).await {
+                return down;
+            }
+        }
+    }
+
+    /// Waits for a push to wake the writer (the state was set by
+    /// `may_sleep` or `may_gather`), a control frame to write, the reader
+    /// to end, or `until`; at `until` a sleeping writer (`tick`) writes a
+    /// tick. Returns why the link ends, if it does.
+    async fn wait(
+        &mut self,
+        reader: &mut JoinHandle<LinkDown>,
+        ctl_rx: &mut mpsc::Receiver<Vec<u8>>,
+        until: Instant,
+        tick: bool,
+    ) -> Option<LinkDown> {
+        let peer = Arc::clone(&self.peer);
+        let link = &peer.links[self.k];
+        let ls = &link.stats;
+        let down = tokio::select! {
+            _ = link.notify.notified() => None,
+            _ = peer.cancel.cancelled() => None,
+            ctl = ctl_rx.recv() => match ctl {
+                Some(ctl) => self.write(&[&ctl]).await.err(),
+                None => None,
+            },
+            r = &mut *reader => Some(reader_end(r)),
+            _ = tokio::time::sleep_until(until) => {
+                if tick {
+                    let r = write_with_deadline(ls, &mut self.wr, &[&inbound::TICK], self.deadline).await;
+                    self.last_write = Instant::now();
+                    r.err()
+                } else {
+                    None
                 }
             }
-            link.sleeping.store(false, Ordering::Relaxed);
-        }
+        };
+        link.state.store(AWAKE, Ordering::Relaxed);
+        down
     }
 
     /// Writes plain frames (`<len> 112 ...`), through the cache if the
@@ -317,12 +356,35 @@ impl LinkWriter {
 /// [`Shard::is_empty`]: crate::shard::Shard::is_empty
 /// [`Shard::push`]: crate::shard::Shard::push
 fn may_sleep(peer: &Peer, link: &LinkShared, mine: &[usize]) -> bool {
-    link.sleeping.store(true, Ordering::SeqCst);
+    link.state.store(SLEEPING, Ordering::SeqCst);
     if mine.iter().any(|&s| !peer.shards[s].is_empty()) {
-        link.sleeping.store(false, Ordering::Relaxed);
+        link.state.store(AWAKE, Ordering::Relaxed);
         return false;
     }
     true
+}
+
+/// Coalescing, the same protocol with another threshold: after a pass that
+/// wrote [`GATHER_AFTER`] requests or more (the link is busy), the writer
+/// does not take the few that came meanwhile at once: it waits until one
+/// of its shards holds [`GATHER_REQUESTS`] or [`GATHER_BYTES`] (a push that
+/// sees it wakes the writer) or [`GATHER_WAIT`] has passed. Fewer, larger
+/// batches: fewer writes and wake-ups here, and on the peer fewer messages
+/// to decode and receiver wake-ups, for at most `GATHER_WAIT` of latency on
+/// a busy link. A lone request on a quiet link never waits: the pass before
+/// it wrote less than `GATHER_AFTER`.
+///
+/// Returns whether the writer should wait (no shard is past a threshold).
+fn may_gather(peer: &Peer, link: &LinkShared, mine: &[usize]) -> bool {
+    link.state.store(GATHERING, Ordering::SeqCst);
+    let ready = mine.iter().any(|&s| {
+        let b = peer.shards[s].backlog();
+        b.requests >= GATHER_REQUESTS || b.bytes >= GATHER_BYTES
+    });
+    if ready {
+        link.state.store(AWAKE, Ordering::Relaxed);
+    }
+    !ready
 }
 
 /// Why the reader task stopped.
