@@ -62,10 +62,14 @@ run(["micro"]) ->
     micro();
 run(["large"]) ->
     large();
+run(["profile" | Rest]) ->
+    profile(case Rest of [] -> 20000; [N] -> list_to_integer(N) end);
+run(["latency" | Rest]) ->
+    latency(case Rest of [] -> 10000; [N] -> list_to_integer(N) end);
 run(["soak", Minutes]) ->
     soak(list_to_integer(Minutes));
 run(Other) ->
-    erlang:error({usage, "demo | quick | full | paced [N K P] | sweep N1,N2,.. K P | micro | large | soak MINUTES", Other}).
+    erlang:error({usage, "demo | quick | full | paced [N K P] | sweep N1,N2,.. K P | micro | large | latency [N] | profile [N] | soak MINUTES", Other}).
 
 %%--------------------------------------------------------------------
 %% Soak: 5,000 writers at 20 msg/s each through ecall for MINUTES; every
@@ -229,10 +233,7 @@ matrix(Ns, K, P, Ops, Variants, Label) ->
     %% Variants one after the other (a transport switch reconnects), each
     %% over every operation and load.
     %% ECALL_BENCH_VARIANTS=ecall_nif,native runs only those.
-    Chosen = case os:getenv("ECALL_BENCH_VARIANTS") of
-                 false -> Variants;
-                 Vs -> [V || V <- Variants, lists:member(atom_to_list(V), string:split(Vs, ",", all))]
-             end,
+    Chosen = chosen(Variants),
     Rows = lists:append([begin
                              use_transport(B, V),
                              [point(B, V, Op, N, K, P) || Op <- Ops, N <- Ns]
@@ -241,6 +242,106 @@ matrix(Ns, K, P, Ops, Variants, Label) ->
     write_results(Label, Rows),
     peer:stop(Peer),
     ok.
+
+%% Profile: one paced send point (N writers, 100 messages each, 50 ms
+%% apart) per transport, with Linux perf recording both nodes for 4 s
+%% from 1 s after the writers start (bench/run.sh runs perf and makes the
+%% flame graphs and the breakdown; here the point and the recording).
+profile(N) ->
+    {Peer, B} = start_b(),
+    erlang:system_flag(scheduler_wall_time, true),
+    Out = os:getenv("ECALL_BENCH_PROFILE_DIR"),
+    OsA = os:getpid(),
+    OsB = erpc:call(B, os, getpid, []),
+    io:format("profile: A=~p (~s) B=~p (~s), ~b writers~n", [node(), OsA, B, OsB, N]),
+    Rows = [begin
+                use_transport(B, V),
+                File = filename:join(Out, atom_to_list(V) ++ ".perf"),
+                Self = self(),
+                Ref = make_ref(),
+                Record = fun() ->
+                                 spawn_link(fun() ->
+                                                    timer:sleep(1000),
+                                                    Cmd = io_lib:format(
+                                                            "perf record -q -g -F 499 -p ~s,~s -o ~s"
+                                                            " -- sleep 4 2>&1", [OsA, OsB, File]),
+                                                    io:format("~s", [os:cmd(lists:flatten(Cmd))]),
+                                                    Self ! {Ref, recorded}
+                                            end)
+                         end,
+                Row = point(B, V, send, N, 100, 50, Record),
+                receive {Ref, recorded} -> ok end,
+                io:format("recorded ~s: ~s~n", [V, File]),
+                Row
+            end || V <- chosen([ecall_nif, ecall_erlang])],
+    print(Rows),
+    ok = file:write_file(filename:join(Out, "nodes"), io_lib:format("A ~s~nB ~s~n", [OsA, OsB])),
+    %% Messages in the 4 s recording window, at the point's rate.
+    ok = file:write_file(filename:join(Out, "messages"),
+                         [io_lib:format("~s ~b~n", [V, round(4 * R)])
+                          || #{variant := V, rate := R} <- Rows]),
+    peer:stop(Peer),
+    ok.
+
+%% The variants ECALL_BENCH_VARIANTS names (comma-separated), or all.
+chosen(Variants) ->
+    case os:getenv("ECALL_BENCH_VARIANTS") of
+        false -> Variants;
+        Vs -> [V || V <- Variants, lists:member(atom_to_list(V), string:split(Vs, ",", all))]
+    end.
+
+%%--------------------------------------------------------------------
+%% Latency: a probe process makes ?PROBES sequential calls to B, 1 ms
+%% apart, on an idle connection and while N writers send (the paced load:
+%% 100 messages each, 50 ms apart); p50, p99 and max of its round trips.
+%% native is erpc:call/4; ecall_erlang and ecall_nif are ecall:call/4 over
+%% that transport.
+
+-define(PROBES, 1000).
+
+latency(N) ->
+    {Peer, B} = start_b(),
+    erlang:system_flag(scheduler_wall_time, true),
+    io:format("latency: A=~p B=~p, OTP ~s, ~b schedulers, ~b probe calls 1 ms apart, "
+              "load: ~b writers~n",
+              [node(), B, erlang:system_info(otp_release), erlang:system_info(schedulers),
+               ?PROBES, N]),
+    Rows = lists:append(
+             [begin
+                  use_transport(B, V),
+                  Idle = call_probe(B, V),
+                  Self = self(),
+                  Ref = make_ref(),
+                  Start = fun() -> spawn_link(fun() -> Self ! {Ref, call_probe(B, V)} end) end,
+                  _ = point(B, V, send, N, 100, 50, Start),
+                  Loaded = receive {Ref, L} -> L end,
+                  [latency_row(V, 0, Idle), latency_row(V, N, Loaded)]
+              end || V <- chosen([native, ecall_erlang, ecall_nif])]),
+    io:format("~n~-13s ~8s ~9s ~9s ~9s~n", ["variant", "writers", "p50 us", "p99 us", "max us"]),
+    [io:format("~-13s ~8b ~9b ~9b ~9b~n", [V, W, P50, P99, Max])
+     || #{variant := V, writers := W, p50_us := P50, p99_us := P99, max_us := Max} <- Rows],
+    write_csv("latency", [variant, writers, probes, p50_us, p99_us, max_us], Rows),
+    peer:stop(Peer),
+    ok.
+
+%% ?PROBES calls, 1 ms apart; their round trips in microseconds, sorted.
+call_probe(B, Variant) ->
+    Call = case Variant of
+               native -> fun() -> B = erpc:call(B, erlang, node, []) end;
+               _ -> fun() -> {ok, B} = ecall:call(B, erlang, node, []) end
+           end,
+    lists:sort([begin
+                    T0 = erlang:monotonic_time(),
+                    Call(),
+                    T1 = erlang:monotonic_time(),
+                    timer:sleep(1),
+                    erlang:convert_time_unit(T1 - T0, native, microsecond)
+                end || _ <- lists:seq(1, ?PROBES)]).
+
+latency_row(Variant, Writers, Sorted) ->
+    Pct = fun(P) -> lists:nth(max(1, round(P * length(Sorted))), Sorted) end,
+    #{variant => Variant, writers => Writers, probes => length(Sorted),
+      p50_us => Pct(0.5), p99_us => Pct(0.99), max_us => lists:last(Sorted)}.
 
 %%--------------------------------------------------------------------
 %% Micro-benchmarks: the cost of one push through the NIF (from one
@@ -319,7 +420,9 @@ deliver(To, Msg) ->
 %% this module on its path; the node helper is the test suites' own.
 start_b() ->
     {ok, _} = application:ensure_all_started(ecall),
-    ecall_test_nodes:start_peer(?NODE_ARGS, [?MODULE]).
+    %% ECALL_BENCH_PERF=1 (the profile mode): B's JIT code gets perf maps.
+    Perf = case os:getenv("ECALL_BENCH_PERF") of false -> []; _ -> ["+JPperf", "true"] end,
+    ecall_test_nodes:start_peer(?NODE_ARGS ++ Perf, [?MODULE]).
 
 %% Three sub-maps of ten atom fields (the article's payload; its size in
 %% ETF is printed at the start of a run), or with ECALL_BENCH_PAYLOAD=binary
@@ -339,6 +442,11 @@ payload("map") ->
 %% One point
 
 point(B, Variant, Op, N, K, P) ->
+    point(B, Variant, Op, N, K, P, fun() -> ok end).
+
+%% OnStart runs as the writers are released (the latency mode starts its
+%% probe there).
+point(B, Variant, Op, N, K, P, OnStart) ->
     Where = case Variant of local -> node(); _ -> B end,
     Ref = make_ref(),
     Agg = erpc:call(Where, erlang, spawn, [?MODULE, aggregator, [self(), Ref, N]]),
@@ -359,6 +467,7 @@ point(B, Variant, Op, N, K, P) ->
     Wall0 = erlang:statistics(scheduler_wall_time),
     T0 = erlang:monotonic_time(),
     [W ! Go || W <- Writers],
+    OnStart(),
     {Counted, SpanSum} = receive {Ref, done, C, Sum} -> {C, Sum} end,
     T1 = erlang:monotonic_time(),
     Wall1 = erlang:statistics(scheduler_wall_time),
@@ -511,6 +620,9 @@ print(Rows) ->
 
 %% bench/results/<date>-<host>/<label>.csv, and PNG plots beside it.
 write_results(Label, Rows) ->
+    write_csv(Label ++ "-" ++ os:getenv("ECALL_BENCH_PAYLOAD", "map"), ?COLS, Rows).
+
+write_csv(Label, Cols, Rows) ->
     {{Y, Mo, D}, _} = calendar:local_time(),
     [_, Host] = string:split(atom_to_list(node()), "@"),
     Root = case os:getenv("ECALL_BENCH_OUT") of
@@ -518,10 +630,10 @@ write_results(Label, Rows) ->
                O -> O
            end,
     Dir = lists:flatten(io_lib:format("~s/~4..0b-~2..0b-~2..0b-~s", [Root, Y, Mo, D, Host])),
-    Name = filename:join(Dir, Label ++ "-" ++ os:getenv("ECALL_BENCH_PAYLOAD", "map") ++ ".csv"),
+    Name = filename:join(Dir, Label ++ ".csv"),
     ok = filelib:ensure_dir(Name),
-    Header = lists:join(",", [atom_to_list(C) || C <- ?COLS]),
-    Lines = [lists:join(",", [fmt(maps:get(C, R)) || C <- ?COLS]) || R <- Rows],
+    Header = lists:join(",", [atom_to_list(C) || C <- Cols]),
+    Lines = [lists:join(",", [fmt(maps:get(C, R)) || C <- Cols]) || R <- Rows],
     ok = file:write_file(Name, [Header, $\n, lists:join($\n, Lines), $\n]),
     io:format("~ncsv: ~s~n", [Name]).
 

@@ -25,7 +25,9 @@ def main():
         if not name.endswith(".csv") or (label and not name.startswith(label)):
             continue
         rows = list(csv.DictReader(open(os.path.join(folder, name))))
-        if not rows:
+        # Only the throughput matrices have these plots (latency.csv is a
+        # table of its own).
+        if not rows or "op" not in rows[0]:
             continue
         ops = sorted({r["op"] for r in rows}, key=["send", "cast", "call"].index)
         base = name[: -len(".csv")]
