@@ -63,13 +63,18 @@ run(["micro"]) ->
 run(["large"]) ->
     large();
 run(["profile" | Rest]) ->
-    profile(case Rest of [] -> 20000; [N] -> list_to_integer(N) end);
+    {N, Op} = case Rest of
+                  [] -> {20000, send};
+                  [N0] -> {list_to_integer(N0), send};
+                  [N0, Op0] -> {list_to_integer(N0), list_to_existing_atom(Op0)}
+              end,
+    profile(N, Op);
 run(["latency" | Rest]) ->
     latency(case Rest of [] -> 10000; [N] -> list_to_integer(N) end);
 run(["soak", Minutes]) ->
     soak(list_to_integer(Minutes));
 run(Other) ->
-    erlang:error({usage, "demo | quick | full | paced [N K P] | sweep N1,N2,.. K P | micro | large | latency [N] | profile [N] | soak MINUTES", Other}).
+    erlang:error({usage, "demo | quick | full | paced [N K P] | sweep N1,N2,.. K P | micro | large | latency [N] | profile [N [send|cast|call]] | soak MINUTES", Other}).
 
 %%--------------------------------------------------------------------
 %% Soak: 5,000 writers at 20 msg/s each through ecall for MINUTES; every
@@ -243,11 +248,11 @@ matrix(Ns, K, P, Ops, Variants, Label) ->
     peer:stop(Peer),
     ok.
 
-%% Profile: one paced send point (N writers, 100 messages each, 50 ms
-%% apart) per transport, with Linux perf recording both nodes for 4 s
+%% Profile: one paced point of Op (send by default; N writers, 100
+%% requests each, 50 ms apart) per transport, with Linux perf recording both nodes for 4 s
 %% from 1 s after the writers start (bench/run.sh runs perf and makes the
 %% flame graphs and the breakdown; here the point and the recording).
-profile(N) ->
+profile(N, Op) ->
     {Peer, B} = start_b(),
     erlang:system_flag(scheduler_wall_time, true),
     Out = os:getenv("ECALL_BENCH_PROFILE_DIR"),
@@ -256,7 +261,7 @@ profile(N) ->
     io:format("profile: A=~p (~s) B=~p (~s), ~b writers~n", [node(), OsA, B, OsB, N]),
     Rows = [begin
                 use_transport(B, V),
-                File = filename:join(Out, atom_to_list(V) ++ ".perf"),
+                File = filename:join(Out, atom_to_list(Op) ++ "-" ++ atom_to_list(V) ++ ".perf"),
                 Self = self(),
                 Ref = make_ref(),
                 Record = fun() ->
@@ -269,7 +274,7 @@ profile(N) ->
                                                     Self ! {Ref, recorded}
                                             end)
                          end,
-                Row = point(B, V, send, N, 100, 50, Record),
+                Row = point(B, V, Op, N, 100, 50, Record),
                 receive {Ref, recorded} -> ok end,
                 io:format("recorded ~s: ~s~n", [V, File]),
                 Row
@@ -278,7 +283,7 @@ profile(N) ->
     ok = file:write_file(filename:join(Out, "nodes"), io_lib:format("A ~s~nB ~s~n", [OsA, OsB])),
     %% Messages in the 4 s recording window, at the point's rate.
     ok = file:write_file(filename:join(Out, "messages"),
-                         [io_lib:format("~s ~b~n", [V, round(4 * R)])
+                         [io_lib:format("~s-~s ~b~n", [Op, V, round(4 * R)])
                           || #{variant := V, rate := R} <- Rows]),
     peer:stop(Peer),
     ok.

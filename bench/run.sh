@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs the two-node benchmark:
 #   bench/run.sh demo | quick | full | paced [N K P] | sweep N1,N2,.. K P
-#                | micro | large | latency [N] | profile [N] | soak MINUTES
+#                | micro | large | latency [N] | profile [N [OP]] | soak MINUTES
 # demo/quick: send, cast, call at 2,000 and 10,000 writers; full: the
 # article's sweep to 150,000 writers; paced: send at N writers, K messages
 # each, P ms apart; sweep: every operation at the writer counts given;
