@@ -22,6 +22,8 @@
 -module(ecall_bench).
 
 -export([main/1, receiver/3, aggregator/3, big_sink/2, tick_sink/0, deliver/2]).
+%% The cluster mode, run on its nodes.
+-export([node_facts/0, cluster_sink/0, cluster_load/5]).
 
 -define(NODE_ARGS, ["+sbwt", "none", "+sbwtdcpu", "none", "+sbwtdio", "none",
                     "+P", "4000000"]).
@@ -69,12 +71,19 @@ run(["profile" | Rest]) ->
                   [N0, Op0] -> {list_to_integer(N0), list_to_existing_atom(Op0)}
               end,
     profile(N, Op);
+run(["cluster" | Rest]) ->
+    [Nodes, W] = case Rest of
+                     [] -> [8, 500];
+                     [A] -> [list_to_integer(A), 500];
+                     [A, B] -> [list_to_integer(A), list_to_integer(B)]
+                 end,
+    cluster(Nodes, W);
 run(["latency" | Rest]) ->
     latency(case Rest of [] -> 10000; [N] -> list_to_integer(N) end);
 run(["soak", Minutes]) ->
     soak(list_to_integer(Minutes));
 run(Other) ->
-    erlang:error({usage, "demo | quick | full | paced [N K P] | sweep N1,N2,.. K P | micro | large | latency [N] | profile [N [send|cast|call]] | soak MINUTES", Other}).
+    erlang:error({usage, "demo | quick | full | paced [N K P] | sweep N1,N2,.. K P | micro | large | latency [N] | profile [N [send|cast|call]] | cluster [NODES [WRITERS]] | soak MINUTES", Other}).
 
 %%--------------------------------------------------------------------
 %% Soak: 5,000 writers at 20 msg/s each through ecall for MINUTES; every
@@ -287,6 +296,137 @@ profile(N, Op) ->
                           || #{variant := V, rate := R} <- Rows]),
     peer:stop(Peer),
     ok.
+
+%% Cluster: NODES nodes on this machine, each running ecall with
+%% discovery (so they connect in a full mesh), this node only driving.
+%% Reports per node, at rest and under load: connections, links up, OS
+%% threads, file descriptors, memory; the time the mesh took to connect
+%% after the last node started; then each node sends to every other (W
+%% writers per node, 20 messages each, 50 ms apart, destinations in turn)
+%% by `!' and through ecall, and the total rate of each.
+cluster(NNodes, W) ->
+    io:format("cluster: ~b nodes on one machine (~b schedulers each), ~b writers per node~n",
+              [NNodes, erlang:system_info(schedulers), W]),
+    Peers = [ecall_test_nodes:start_peer(?NODE_ARGS, [?MODULE]) || _ <- lists:seq(1, NNodes)],
+    Nodes = [N || {_, N} <- Peers],
+    T0 = erlang:monotonic_time(millisecond),
+    ok = wait_mesh(Nodes, NNodes - 1, 600),
+    MeshMs = erlang:monotonic_time(millisecond) - T0,
+    io:format("full mesh connected ~b ms after the last node started~n", [MeshMs]),
+    [_ = erpc:call(N, erlang, spawn, [?MODULE, cluster_sink, []]) || N <- Nodes],
+    Rest = facts(Nodes),
+    Loads = [cluster_point(Nodes, V, W) || V <- [native, ecall_nif]],
+    print_facts("at rest", Rest),
+    [begin
+         io:format("~s: ~b messages in ~.1f s = ~b msg/s~n", [V, Total, Secs, round(Total / Secs)]),
+         print_facts(io_lib:format("under load (~s)", [V]), Facts)
+     end || {V, Total, Secs, Facts} <- Loads],
+    write_csv("cluster", [state, node, connections, links_up, threads, fds, memory_mb, rss_mb],
+              [F#{state => S} || {S, Fs} <- [{rest, Rest} | [{V, Fs0} || {V, _, _, Fs0} <- Loads]],
+                                 F <- Fs]),
+    [peer:stop(P) || {P, _} <- Peers],
+    ok.
+
+%% Each node connected to all the others with every link up (discovery
+%% does it; there is no message to wait for here).
+wait_mesh(_Nodes, _Want, 0) ->
+    {error, mesh_not_connected};
+wait_mesh(Nodes, Want, N) ->
+    Done = lists:all(fun(Node) ->
+                             Conns = erpc:call(Node, ecall, connections, []),
+                             length([C || #{published := true} = C <- Conns]) >= Want
+                     end, Nodes),
+    case Done of
+        true -> ok;
+        false -> timer:sleep(100), wait_mesh(Nodes, Want, N - 1)
+    end.
+
+facts(Nodes) ->
+    [(erpc:call(N, ?MODULE, node_facts, []))#{node => N} || N <- Nodes].
+
+%% On a cluster node.
+node_facts() ->
+    OsPid = os:getpid(),
+    Count = fun(Dir) -> {ok, L} = file:list_dir("/proc/" ++ OsPid ++ "/" ++ Dir), length(L) end,
+    #{peers := Peers} = ecall:stats(),
+    {ok, Status} = file:read_file("/proc/" ++ OsPid ++ "/status"),
+    RssKb = case [binary_to_integer(string:trim(V, both, " kB\t"))
+                  || <<"VmRSS:", V/binary>> <- binary:split(Status, <<"\n">>, [global])] of
+                [Kb | _] -> Kb;
+                [] -> 0
+            end,
+    #{connections => map_size(Peers),
+      links_up => lists:sum([maps:get(links_up, S, 0) || S <- maps:values(Peers)]),
+      threads => Count("task"), fds => Count("fd"),
+      memory_mb => erlang:memory(total) div 1048576, rss_mb => RssKb div 1024}.
+
+print_facts(Label, Facts) ->
+    io:format("~n~s~n~-28s ~6s ~6s ~8s ~5s ~10s ~7s~n",
+              [Label, "node", "conns", "links", "threads", "fds", "memory MB", "RSS MB"]),
+    [io:format("~-28s ~6b ~6b ~8b ~5b ~10b ~7b~n",
+               [N, C, L, T, F, M, R])
+     || #{node := N, connections := C, links_up := L, threads := T, fds := F,
+          memory_mb := M, rss_mb := R} <- Facts],
+    ok.
+
+%% Every node sends to every other; facts sampled halfway.
+cluster_point(Nodes, Variant, W) ->
+    K = 20,
+    Expected = length(Nodes) * W * K,
+    Counts0 = sink_counts(Nodes),
+    T0 = erlang:monotonic_time(millisecond),
+    Self = self(),
+    [erpc:cast(N, ?MODULE, cluster_load, [Self, Variant, Nodes -- [N], W, K]) || N <- Nodes],
+    timer:sleep(K * 50 div 2),
+    Facts = facts(Nodes),
+    [receive {cluster_load_done, N} -> ok end || N <- Nodes],
+    ok = wait_counts(Nodes, Counts0, Expected, 300),
+    Secs = (erlang:monotonic_time(millisecond) - T0) / 1000,
+    Total = lists:sum(sink_counts(Nodes)) - lists:sum(Counts0),
+    {Variant, Total, Secs, Facts}.
+
+sink_counts(Nodes) ->
+    [erpc:call(N, fun() -> Ref = make_ref(), bench_sink ! {count, self(), Ref},
+                            receive {Ref, C} -> C end end) || N <- Nodes].
+
+wait_counts(_Nodes, _C0, _Expected, 0) ->
+    ok;
+wait_counts(Nodes, C0, Expected, N) ->
+    case lists:sum(sink_counts(Nodes)) - lists:sum(C0) >= Expected of
+        true -> ok;
+        false -> timer:sleep(100), wait_counts(Nodes, C0, Expected, N - 1)
+    end.
+
+%% On a cluster node: counts what arrives.
+cluster_sink() ->
+    register(bench_sink, self()),
+    cluster_sink(0).
+
+cluster_sink(N) ->
+    receive
+        {count, From, Ref} -> From ! {Ref, N}, cluster_sink(N);
+        _ -> cluster_sink(N + 1)
+    end.
+
+%% On a cluster node: W writers, K messages each, 50 ms apart, to the
+%% sinks of `Others' in turn.
+cluster_load(Owner, Variant, Others, W, K) ->
+    Payload = payload(),
+    Dests = list_to_tuple([{bench_sink, O} || O <- Others]),
+    Send = case Variant of
+               native -> fun erlang:send/2;
+               _ -> fun ecall:send/2
+           end,
+    Self = self(),
+    Writers = [spawn(fun() ->
+                             [begin
+                                  Send(element((I + J) rem tuple_size(Dests) + 1, Dests), Payload),
+                                  timer:sleep(50)
+                              end || J <- lists:seq(1, K)],
+                             Self ! {done, self()}
+                     end) || I <- lists:seq(1, W)],
+    [receive {done, P} -> ok end || P <- Writers],
+    Owner ! {cluster_load_done, node()}.
 
 %% The variants ECALL_BENCH_VARIANTS names (comma-separated), or all.
 chosen(Variants) ->
