@@ -4,6 +4,11 @@
 //! writer does for every batch, in ns per request.
 //!
 //! `cargo run --release -p ecall_dist --example atom_cache_cost`
+//!
+//! Times drift on a shared machine; instruction counts do not:
+//! `ATOM_CACHE_COST_REQUESTS=20000 valgrind --tool=callgrind
+//! target/release/examples/atom_cache_cost` counts them (compare the
+//! `Ir` of two builds).
 
 use ecall_dist::atom_cache::OutCache;
 use ecall_dist::etf::{element_body, BatchHeader};
@@ -52,7 +57,11 @@ fn main() {
         BatchHeader::seal(&mut frame, header.as_bytes().len(), per_batch as u32);
         let mut cache = OutCache::default();
         let mut out = Vec::new();
-        let batches = 400_000 / per_batch;
+        let requests: usize = std::env::var("ATOM_CACHE_COST_REQUESTS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(400_000);
+        let batches = (requests / per_batch).max(1);
         // Warm the cache (the first message declares the atoms).
         cache.encode(&frame[5..], &mut out);
         let t0 = Instant::now();
