@@ -277,7 +277,14 @@ drain(Node, Links) ->
          after max(0, Deadline - erlang:monotonic_time(millisecond)) -> ok
          end || K <- lists:seq(0, Links - 1)],
     Left = max(1, Deadline - erlang:monotonic_time(millisecond)),
-    _ = (catch erpc:call(Node, ecall_receiver_sup, fence, [ecall:nodes(), Left], Left + 500)),
+    %% The C-node connections to wait for on the peer: this node's
+    %% identities, when the transport had links (the pure-Erlang one has
+    %% none: its batches came on the native connection, before the fence).
+    Ids = case Links of
+              0 -> [];
+              _ -> ecall:nodes()
+          end,
+    _ = (catch erpc:call(Node, ecall_receiver_sup, fence, [Ids, Left], Left + 500)),
     ok.
 
 %% What a close drops is logged and added to the node's count
