@@ -606,6 +606,7 @@ point(B, Variant, Op, N, K, P, OnStart) ->
                || R <- Receivers],
     garbage_collect(),
     S0 = stats(B),
+    Back0 = back_stats(B),
     Sampler = spawn_link(fun() -> sample(#{mem => 0, rq => 0}) end),
     CpuA0 = cpu_seconds(os:getpid()),
     CpuB0 = cpu_seconds(erpc:call(B, os, getpid, [])),
@@ -622,6 +623,7 @@ point(B, Variant, Op, N, K, P, OnStart) ->
     Sampler ! {stop, self()},
     Peak = receive {sampled, S} -> S end,
     S1 = stats(B),
+    Back1 = back_stats(B),
     Wall = erlang:convert_time_unit(T1 - T0, native, microsecond) / 1.0e6,
     Elapsed = case Op of
                   %% Casts and calls: wall time to verified completion, as
@@ -639,9 +641,12 @@ point(B, Variant, Op, N, K, P, OnStart) ->
             end,
     Batches = Delta(batches),
     Writes = Delta(writes),
+    BackDelta = fun(Key) -> maps:get(Key, Back1, 0) - maps:get(Key, Back0, 0) end,
     os:getenv("ECALL_BENCH_DEBUG") =:= false orelse
-        io:format("~p ~p: wakes ~b, batches ~b, writes ~b, requests ~b~n",
-                  [Variant, Op, Delta(wakes), Batches, Writes, Delta(requests)]),
+        io:format("~p ~p: wakes ~b, batches ~b, writes ~b, requests ~b; "
+                  "B back to A (replies): wakes ~b, batches ~b, writes ~b, requests ~b~n",
+                  [Variant, Op, Delta(wakes), Batches, Writes, Delta(requests),
+                   BackDelta(wakes), BackDelta(batches), BackDelta(writes), BackDelta(requests)]),
     #{variant => Variant, op => Op,
       payload => list_to_atom(os:getenv("ECALL_BENCH_PAYLOAD", "map")),
       writers => N, per_writer => K, pause_ms => P,
@@ -711,6 +716,13 @@ aggregate(Owner, Ref, 0, Done, Sum) ->
     Owner ! {Ref, done, Done, Sum};
 aggregate(Owner, Ref, N, Done, Sum) ->
     receive {span, S, C} -> aggregate(Owner, Ref, N - 1, Done + C, Sum + S) end.
+
+%% B's counters of its own connection to this node (replies to calls).
+back_stats(B) ->
+    case erpc:call(B, ecall, stats, [node()]) of
+        {ok, S} -> S;
+        {error, _} -> #{}
+    end.
 
 stats(B) ->
     case ecall:stats(B) of
