@@ -21,7 +21,7 @@
 %% Started by bench/run.sh, which starts A; A starts B with `peer'.
 -module(ecall_bench).
 
--export([main/1, receiver/3, aggregator/3, big_sink/2, tick_sink/0, deliver/2]).
+-export([echo/1, main/1, receiver/3, aggregator/3, big_sink/2, tick_sink/0, deliver/2]).
 %% The cluster mode, run on its nodes.
 -export([node_facts/0, cluster_sink/0, cluster_load/5]).
 
@@ -78,6 +78,8 @@ run(["cluster" | Rest]) ->
                      [A, B] -> [list_to_integer(A), list_to_integer(B)]
                  end,
     cluster(Nodes, W);
+run(["hops"]) ->
+    hops();
 run(["latency" | Rest]) ->
     latency(case Rest of [] -> 10000; [N] -> list_to_integer(N) end);
 run(["soak", Minutes]) ->
@@ -468,6 +470,53 @@ latency(N) ->
     write_csv("latency", [variant, writers, probes, p50_us, p99_us, max_us], Rows),
     peer:stop(Peer),
     ok.
+
+%% Where an idle round trip goes: a message to an echo process on B and
+%% back, each leg by `!' or by ecall:send/2 (over the NIF transport), p50
+%% and p99 of ?PROBES round trips 1 ms apart. The difference between rows
+%% is the cost of one leg's path.
+hops() ->
+    {Peer, B} = start_b(),
+    Rows = lists:append(
+             [begin
+                  use_transport(B, T),
+                  [begin
+                       Echo = erpc:call(B, erlang, spawn, [?MODULE, echo, [Back]]),
+                       Sorted = echo_probe(Echo, There),
+                       Echo ! stop,
+                       Pct = fun(P) -> lists:nth(max(1, round(P * length(Sorted))), Sorted) end,
+                       io:format("~-8s there ~-6s back ~-6s p50 ~5b us  p99 ~5b us~n",
+                                 [T, There, Back, Pct(0.5), Pct(0.99)]),
+                       #{transport => T, there => There, back => Back,
+                         p50_us => Pct(0.5), p99_us => Pct(0.99)}
+                   end || {There, Back} <- [{bang, bang}, {ecall, bang},
+                                            {bang, ecall}, {ecall, ecall}]]
+              end || T <- [ecall_nif, ecall_erlang]]),
+    write_csv("hops", [transport, there, back, p50_us, p99_us], Rows),
+    peer:stop(Peer).
+
+echo_probe(Echo, There) ->
+    Send = case There of bang -> fun erlang:send/2; ecall -> fun ecall:send/2 end,
+    lists:sort([begin
+                    T0 = erlang:monotonic_time(),
+                    Send(Echo, {self(), ping}),
+                    receive {Echo, ping} -> ok end,
+                    T1 = erlang:monotonic_time(),
+                    timer:sleep(1),
+                    erlang:convert_time_unit(T1 - T0, native, microsecond)
+                end || _ <- lists:seq(1, ?PROBES)]).
+
+%% On B: answers each {From, X} with {self(), X} by `!' (bang) or ecall.
+echo(Back) ->
+    receive
+        stop -> ok;
+        {From, X} ->
+            case Back of
+                bang -> From ! {self(), X};
+                ecall -> ecall:send(From, {self(), X})
+            end,
+            echo(Back)
+    end.
 
 %% ?PROBES calls, 1 ms apart; their round trips in microseconds, sorted.
 call_probe(B, Variant) ->

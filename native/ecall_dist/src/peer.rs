@@ -19,7 +19,7 @@
 
 use crate::cnode::Identity;
 use crate::etf::BatchHeader;
-use crate::link::{self, LinkEvents, LinkShared, LinkStats};
+use crate::link::{self, LinkEvents, LinkShared, LinkStats, Lone};
 use crate::shard::{Backlog, BatchCaps, Shard};
 use crate::Error;
 use std::collections::VecDeque;
@@ -206,6 +206,14 @@ impl Peer {
             .is_some_and(|l| l.stats.up.load(Ordering::Relaxed))
     }
 
+    /// Whether link `k`'s writer sleeps now, its socket lent to lone writes
+    /// (a small push is then written by its caller; see `link/side.rs`).
+    pub fn writer_sleeps(&self, k: usize) -> bool {
+        self.links
+            .get(k)
+            .is_some_and(|l| l.parked.lock().unwrap_or_else(|p| p.into_inner()).is_some())
+    }
+
     /// Whether [`Peer::close`] was called.
     pub fn is_closed(&self) -> bool {
         self.closed.load(Ordering::Acquire)
@@ -218,9 +226,13 @@ impl Peer {
     /// room was set aside for it, so it neither queues behind later waiters
     /// nor is refused again.
     pub fn push(&self, shard: usize, element: &[u8], admitted: bool) -> Push {
-        self.push_with(shard, element.len(), admitted, |s, under_lock| {
-            s.push(element, under_lock)
-        })
+        self.push_with(
+            shard,
+            element.len(),
+            admitted,
+            Some(element),
+            |s, under_lock| s.push(element, under_lock),
+        )
     }
 
     /// [`Peer::push`] for a large element given in pieces (as
@@ -228,7 +240,7 @@ impl Peer {
     /// a batch of its own, built outside the shard lock.
     pub fn push_alone(&self, shard: usize, parts: &[&[u8]], admitted: bool) -> Push {
         let len = parts.iter().map(|p| p.len()).sum();
-        self.push_with(shard, len, admitted, |s, under_lock| {
+        self.push_with(shard, len, admitted, None, |s, under_lock| {
             s.push_alone(parts, under_lock)
         })
     }
@@ -238,6 +250,7 @@ impl Peer {
         shard: usize,
         len: usize,
         admitted: bool,
+        lone: Option<&[u8]>,
         push: impl FnOnce(&Shard, &dyn Fn(Backlog) -> bool) -> Option<bool>,
     ) -> Push {
         if self.is_closed() {
@@ -252,9 +265,19 @@ impl Peer {
             st.full.fetch_add(1, Ordering::Relaxed);
             return Push::Full;
         }
-        st.queued_bytes.fetch_add(len, Ordering::Relaxed);
         let shard = shard % self.shards.len();
         let link = &self.links[self.link_of_shard(shard)];
+        // A small request behind a sleeping writer goes to the socket at
+        // once, from this thread (link/side.rs). Not an admitted one: the
+        // callers still waiting for room are woken by the writer's
+        // releases, and only queued requests make the writer release.
+        if let Some(element) = lone.filter(|_| !admitted) {
+            if link.write_lone(&self.shards[shard], element, &st.cached_atoms) != Lone::Declined {
+                st.pushed.fetch_add(1, Ordering::Relaxed);
+                return Push::Queued;
+            }
+        }
+        st.queued_bytes.fetch_add(len, Ordering::Relaxed);
         // The push side of the sleeping-writer protocol: `may_sleep` in link/writer.rs.
         let Some(wake) = push(&self.shards[shard], &|b| link.wants_wake(b)) else {
             // Closed since the check above (close() runs concurrently).

@@ -195,6 +195,16 @@ impl Shard {
         Some(under_lock(Backlog::FULL))
     }
 
+    /// Builds in `out` the frame of a batch of this shard holding `element`
+    /// alone (external format without the version byte), for a lone write
+    /// (`link/side.rs`). The shard itself is not touched.
+    pub fn lone_frame(&self, element: &[u8], out: &mut Vec<u8>) {
+        out.clear();
+        out.extend_from_slice(&self.header);
+        out.extend_from_slice(element);
+        BatchHeader::seal(out, self.header.len(), 1);
+    }
+
     /// Takes the oldest batch: a sealed one if any, else the open one.
     pub fn take(&self) -> Option<Frame> {
         let mut g = self.lock();

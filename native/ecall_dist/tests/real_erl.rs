@@ -437,3 +437,119 @@ async fn alive_peer_is_declined_then_reconnects() {
         .await
         .expect("reconnects");
 }
+
+/// A node whose process `sink` takes `{batch, L}` messages of `{I, _}`
+/// elements and checks that the `I` run 1, 2, 3, ... without gap or
+/// repeat; at the element `done` it prints `got N in order` (or the first
+/// element out of order) and halts.
+fn seq_eval() -> &'static str {
+    "register(sink, self()), io:format(\"ready~n\"), \
+     Loop = fun L(N, Bad) -> receive {batch, B} -> \
+               case lists:foldl(fun(done, {M, Bd}) -> \
+                                        io:format(\"got ~b ~s~n\", [M, case Bd of none -> \"in order\"; _ -> io_lib:format(\"out of order at ~w\", [Bd]) end]), \
+                                        erlang:halt(); \
+                                   ({I, _}, {M, none}) when I =:= M + 1 -> {I, none}; \
+                                   (E, {M, none}) -> {M, E}; \
+                                   (_, Acc) -> Acc end, {N, Bad}, B) of \
+                   {N2, Bad2} -> L(N2, Bad2) end end end, \
+     Loop(0, none)."
+}
+
+fn seq_element(i: i32, pad: usize) -> Vec<u8> {
+    let t = Term::from(Tuple::from(vec![
+        Term::from(FixInteger::from(i)),
+        Term::from(eetf::Binary::from(vec![7u8; pad])),
+    ]));
+    element_body(&encode(&t)).unwrap().to_vec()
+}
+
+/// Until link 0's writer sleeps (it goes to sleep once it has nothing to
+/// write; a deadline, not a pause, bounds the wait).
+async fn writer_asleep(peer: &Peer) {
+    tokio::time::timeout(WAIT, async {
+        while !peer.writer_sleeps(0) {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    })
+    .await
+    .expect("the link writer never went to sleep");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_requests_are_written_by_their_caller_in_order() {
+    let epmd = Epmd::start().await;
+    let id = identity(&epmd, COOKIE, Duration::from_secs(15)).await;
+    let mut erl = Erl::start(&epmd, COOKIE, &[], seq_eval());
+    assert_eq!(erl.line().await, "ready");
+    let (peer, mut events) = open_peer(&id, &erl.node, COOKIE, "sink");
+    assert!(matches!(next_event(&mut events).await, Event::Up));
+    writer_asleep(&peer).await;
+    // Small requests behind a sleeping writer: their callers write them,
+    // and the writer stays asleep (whether each one is written alone
+    // depends on nothing else waking the writer meanwhile, so only "some"
+    // is asserted; the order and the count are exact).
+    for i in 1..=200 {
+        assert_eq!(peer.push(0, &seq_element(i, 100), false), Push::Queued);
+    }
+    let done = element_body(&encode(&atom("done"))).unwrap().to_vec();
+    assert_eq!(peer.push(0, &done, false), Push::Queued);
+    assert_eq!(erl.line().await, "got 200 in order");
+    let ls = peer.link_stats(0).unwrap();
+    let lone = ls.lone.load(std::sync::atomic::Ordering::Relaxed);
+    assert!(lone > 0, "no lone write");
+    assert_eq!(ls.requests.load(std::sync::atomic::Ordering::Relaxed), 201);
+    assert_eq!(
+        peer.stats.pushed.load(std::sync::atomic::Ordering::Relaxed),
+        201
+    );
+    peer.close();
+}
+
+/// A lone write the socket takes only in part (the peer is stopped and
+/// the buffers are full) leaves the rest to the writer, before anything
+/// queued after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partial_lone_write_is_finished_by_the_writer_first() {
+    use std::sync::atomic::Ordering::Relaxed;
+    let epmd = Epmd::start().await;
+    let id = identity(&epmd, COOKIE, Duration::from_secs(15)).await;
+    let mut erl = Erl::start(&epmd, COOKIE, &[], seq_eval());
+    assert_eq!(erl.line().await, "ready");
+    let (peer, mut events) = open_peer(&id, &erl.node, COOKIE, "sink");
+    assert!(matches!(next_event(&mut events).await, Event::Up));
+    let pid = erl._child.id().expect("erl runs").to_string();
+    let signal = |sig: &str| {
+        let ok = std::process::Command::new("kill")
+            .args([sig, &pid])
+            .status()
+            .expect("kill")
+            .success();
+        assert!(ok, "kill {sig} {pid}");
+    };
+    signal("-STOP");
+    let ls = peer.link_stats(0).unwrap();
+    let mut i = 0;
+    // Each request goes out alone while the writer sleeps, until the
+    // socket buffers (a few MB on loopback) are full.
+    while ls.lone_partial.load(Relaxed) == 0 {
+        assert!(
+            i < 4000,
+            "64 MB written to a stopped peer without a partial write"
+        );
+        writer_asleep(&peer).await;
+        i += 1;
+        assert_eq!(peer.push(0, &seq_element(i, 16_000), false), Push::Queued);
+    }
+    // The writer is awake now, finishing that write: these queue.
+    for _ in 0..10 {
+        i += 1;
+        assert_eq!(peer.push(0, &seq_element(i, 1_000), false), Push::Queued);
+    }
+    let done = element_body(&encode(&atom("done"))).unwrap().to_vec();
+    assert_eq!(peer.push(0, &done, false), Push::Queued);
+    signal("-CONT");
+    assert_eq!(erl.line().await, format!("got {i} in order"));
+    assert_eq!(ls.lone_partial.load(Relaxed), 1);
+    assert_eq!(ls.dropped.load(Relaxed), 0);
+    peer.close();
+}

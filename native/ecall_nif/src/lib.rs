@@ -31,7 +31,7 @@ mod atoms {
         ok, error, send, full, closed, wait, retry, ecall_link, ecall_cnode, ecall_room,
         up, down, alive, badarg,
         pushed, batches, requests, bytes, writes, dropped, connects, disconnects,
-        stalls, cached_atoms, queued_bytes, links_up, overflow_waits, overflow_drops, per_link, fragmented, wakes, closed_drops, links, shards, accepted, refused,
+        stalls, cached_atoms, queued_bytes, links_up, overflow_waits, overflow_drops, per_link, fragmented, lone, lone_partial, wakes, closed_drops, links, shards, accepted, refused,
         node, creation, port, inbound_frames, inbound_answered, inbound_ignored, inbound_malformed,
         handshakes_shed, accept_errors, stopped,
         // Link-down reasons (see `down_reason`).
@@ -442,7 +442,7 @@ fn peer_stats<'a>(env: Env<'a>, peer: ResourceArc<PeerRes>) -> NifResult<Term<'a
         .collect();
     // The counters every link keeps; a peer's total is their sum.
     type Counter = fn(&LinkStats) -> &AtomicU64;
-    let counters: [(Atom, Counter); 13] = [
+    let counters: [(Atom, Counter); 15] = [
         (atoms::batches(), |l| &l.batches),
         (atoms::requests(), |l| &l.requests),
         (atoms::bytes(), |l| &l.bytes),
@@ -452,6 +452,8 @@ fn peer_stats<'a>(env: Env<'a>, peer: ResourceArc<PeerRes>) -> NifResult<Term<'a
         (atoms::disconnects(), |l| &l.disconnects),
         (atoms::stalls(), |l| &l.stalls),
         (atoms::fragmented(), |l| &l.fragmented),
+        (atoms::lone(), |l| &l.lone),
+        (atoms::lone_partial(), |l| &l.lone_partial),
         (atoms::inbound_frames(), |l| &l.inbound.frames),
         (atoms::inbound_answered(), |l| &l.inbound.answered),
         (atoms::inbound_ignored(), |l| &l.inbound.ignored),

@@ -28,7 +28,8 @@
 //! out one fragment per pass, so that other shards are not held up behind
 //! it. When nothing is queued the writer sleeps; a push wakes it only then
 //! (the sleeping-writer protocol is written down at `may_sleep` in
-//! `link/writer.rs`). On a busy link (the last pass wrote
+//! `link/writer.rs`), or, if it is small, writes itself to the socket
+//! without a thread hop (a lone write: `link/side.rs`). On a busy link (the last pass wrote
 //! [`GATHER_AFTER`] requests or more) the writer gathers instead: it waits
 //! until a shard holds [`GATHER_REQUESTS`] or [`GATHER_BYTES`], or
 //! [`GATHER_WAIT`] has passed (`may_gather`), so that batches are worth a
@@ -73,8 +74,12 @@ use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use tokio::sync::Notify;
 
+mod side;
 mod task;
 mod writer;
+
+pub use side::LONE_MAX;
+pub(crate) use side::{Lone, WriteSide};
 
 pub(crate) use task::link_task;
 
@@ -116,6 +121,12 @@ pub struct LinkStats {
     pub stalls: AtomicU64,
     /// Messages sent in fragments.
     pub fragmented: AtomicU64,
+    /// Requests written by their caller, alone, while the writer slept
+    /// (also counted in `batches` and `requests`; see `link/side.rs`).
+    pub lone: AtomicU64,
+    /// Lone writes the socket took only in part (the writer wrote the
+    /// rest): a sign that the peer reads slowly.
+    pub lone_partial: AtomicU64,
     /// Gauge: connected now.
     pub up: AtomicBool,
     /// What the peer sent us on this link (ticks aside).
@@ -152,6 +163,9 @@ pub(crate) struct LinkShared {
     pub(crate) notify: Notify,
     /// The link's counters.
     pub(crate) stats: LinkStats,
+    /// The connection's write side while the writer sleeps (see
+    /// `link/side.rs`); `None` while it is awake or not connected.
+    pub(crate) parked: std::sync::Mutex<Option<WriteSide>>,
 }
 
 impl LinkShared {

@@ -1,10 +1,9 @@
 //! The writing half of a connected link.
 
 use super::{
-    LinkDown, LinkShared, AWAKE, GATHERING, GATHER_AFTER, GATHER_BYTES, GATHER_REQUESTS,
+    LinkDown, LinkShared, WriteSide, AWAKE, GATHERING, GATHER_AFTER, GATHER_BYTES, GATHER_REQUESTS,
     GATHER_WAIT, SLEEPING,
 };
-use crate::atom_cache::OutCache;
 use crate::etf::PLAIN_TERMS;
 use crate::fragment::{InFlight, FRAGMENT};
 use crate::inbound;
@@ -32,17 +31,16 @@ use tokio::time::Instant;
 pub(super) struct LinkWriter {
     peer: Arc<Peer>,
     k: usize,
-    wr: OwnedWriteHalf,
+    /// The socket, atom cache and buffers: always here, except while the
+    /// writer waits in [`LinkWriter::wait`] (then in
+    /// [`LinkShared::parked`], for lone writes).
+    side: Option<WriteSide>,
     /// Write at least this often.
     tick: Duration,
     /// Deadline of one socket write ([`crate::io::STALL_PIECE`]).
     deadline: Option<Duration>,
-    /// The connection's atom cache, if both sides use it.
-    cache: Option<OutCache>,
     /// Whether large messages go in fragments.
     fragments: bool,
-    /// Frames rewritten through the cache, for one write.
-    scratch: Vec<u8>,
     /// Sequence id of the last fragmented message.
     seq: u64,
     /// Messages going out in fragments.
@@ -65,14 +63,12 @@ impl LinkWriter {
         LinkWriter {
             peer,
             k,
-            wr,
+            side: Some(WriteSide::new(wr, atom_cache)),
             tick,
             deadline,
-            cache: atom_cache.then(OutCache::default),
             // Fragments need the distribution header, which comes with the
             // atom cache.
             fragments: atom_cache && fragments,
-            scratch: Vec::new(),
             seq: 0,
             inflight: Vec::new(),
             last_write: Instant::now(),
@@ -94,7 +90,9 @@ impl LinkWriter {
         mut ctl: mpsc::Receiver<Vec<u8>>,
     ) -> LinkDown {
         let why = self.serve(&mut reader, &mut ctl).await;
-        let _ = self.wr.shutdown().await;
+        if let Some(side) = self.side.as_mut() {
+            let _ = side.wr.shutdown().await;
+        }
         if matches!(why, LinkDown::Closed) && !reader.is_finished() {
             let _ = tokio::time::timeout(LINGER, &mut reader).await;
         }
@@ -191,47 +189,79 @@ impl LinkWriter {
     ) -> Option<LinkDown> {
         let peer = Arc::clone(&self.peer);
         let link = &peer.links[self.k];
-        let ls = &link.stats;
-        let down = tokio::select! {
-            _ = link.notify.notified() => None,
-            _ = peer.cancel.cancelled() => None,
-            ctl = ctl_rx.recv() => match ctl {
-                Some(ctl) => self.write(&[&ctl]).await.err(),
-                None => None,
-            },
-            r = &mut *reader => Some(reader_end(r)),
-            _ = tokio::time::sleep_until(until) => {
-                if tick {
-                    let r = write_with_deadline(ls, &mut self.wr, &[&inbound::TICK], self.deadline).await;
-                    self.last_write = Instant::now();
-                    r.err()
-                } else {
-                    None
-                }
-            }
+        // Only a sleeping writer lends its side to lone writes: a
+        // gathering one is busy, and requests should wait for company.
+        if tick {
+            *lock(&link.parked) = self.side.take();
+        }
+        let woke = tokio::select! {
+            _ = link.notify.notified() => Woke::Push,
+            _ = peer.cancel.cancelled() => Woke::Push,
+            ctl = ctl_rx.recv() => Woke::Ctl(ctl),
+            r = &mut *reader => Woke::Reader(reader_end(r)),
+            _ = tokio::time::sleep_until(until) => Woke::Timer,
         };
         link.state.store(AWAKE, Ordering::Relaxed);
-        down
+        if tick {
+            // Taken back before anything is written: a lone write in
+            // progress holds the lock for one non-blocking send at most.
+            self.side = lock(&link.parked).take();
+        }
+        let Some(side) = self.side.as_mut() else {
+            // Only this writer parks and takes the side back.
+            tracing::error!(link = self.k + 1, "link writer lost its socket");
+            return Some(LinkDown::Write(std::io::ErrorKind::Other));
+        };
+        if !side.pending.is_empty() {
+            // What a lone write left: before anything else (order).
+            let pending = std::mem::take(&mut side.pending);
+            let r =
+                write_with_deadline(&link.stats, &mut side.wr, &[&pending], self.deadline).await;
+            if let Err(down) = r {
+                link.stats.dropped.fetch_add(1, Ordering::Relaxed);
+                return Some(down);
+            }
+            self.last_write = Instant::now();
+        }
+        match woke {
+            Woke::Push => None,
+            Woke::Ctl(Some(ctl)) => self.write(&[&ctl]).await.err(),
+            Woke::Ctl(None) => None,
+            Woke::Reader(down) => Some(down),
+            Woke::Timer if tick => {
+                let r = write_with_deadline(
+                    &link.stats,
+                    &mut side.wr,
+                    &[&inbound::TICK],
+                    self.deadline,
+                )
+                .await;
+                self.last_write = Instant::now();
+                r.err()
+            }
+            Woke::Timer => None,
+        }
     }
 
     /// Writes plain frames (`<len> 112 ...`), through the cache if the
     /// connection has one (control messages: never fragmented).
     async fn write(&mut self, frames: &[&[u8]]) -> Result<(), LinkDown> {
         let ls = &self.peer.links[self.k].stats;
-        let Some(cache) = self.cache.as_mut() else {
-            return write_with_deadline(ls, &mut self.wr, frames, self.deadline).await;
+        let side = side_of(&mut self.side)?;
+        let Some(cache) = side.cache.as_mut() else {
+            return write_with_deadline(ls, &mut side.wr, frames, self.deadline).await;
         };
-        self.scratch.clear();
+        side.scratch.clear();
         let hits = cache.hits;
         for f in frames {
-            cache.encode(&f[PLAIN_TERMS..], &mut self.scratch);
+            cache.encode(&f[PLAIN_TERMS..], &mut side.scratch);
         }
         self.peer
             .stats
             .cached_atoms
             .fetch_add(cache.hits - hits, Ordering::Relaxed);
-        let r = write_with_deadline(ls, &mut self.wr, &[&self.scratch], self.deadline).await;
-        self.trim();
+        let r = write_with_deadline(ls, &mut side.wr, &[&side.scratch], self.deadline).await;
+        side.trim();
         r
     }
 
@@ -251,15 +281,16 @@ impl LinkWriter {
         done: &mut Vec<(usize, Frame)>,
     ) -> Result<(), LinkDown> {
         let ls = &self.peer.links[self.k].stats;
-        let Some(cache) = self.cache.as_mut() else {
+        let side = side_of(&mut self.side)?;
+        let Some(cache) = side.cache.as_mut() else {
             let slices: Vec<&[u8]> = frames.iter().map(|(_, f)| f.bytes.as_slice()).collect();
-            let r = write_with_deadline(ls, &mut self.wr, &slices, self.deadline).await;
+            let r = write_with_deadline(ls, &mut side.wr, &slices, self.deadline).await;
             if r.is_ok() {
                 done.append(frames);
             }
             return r;
         };
-        self.scratch.clear();
+        side.scratch.clear();
         let hits = cache.hits;
         let mut whole = Vec::with_capacity(frames.len());
         for (shard, frame) in frames.drain(..) {
@@ -276,7 +307,7 @@ impl LinkWriter {
                     continue;
                 }
             }
-            cache.encode(&frame.bytes[PLAIN_TERMS..], &mut self.scratch);
+            cache.encode(&frame.bytes[PLAIN_TERMS..], &mut side.scratch);
             whole.push((shard, frame));
         }
         self.peer
@@ -291,16 +322,16 @@ impl LinkWriter {
             .map(|f| f.next(&mut headers))
             .collect();
         let mut slices: Vec<&[u8]> = Vec::with_capacity(1 + 3 * self.inflight.len());
-        slices.push(&self.scratch);
+        slices.push(&side.scratch);
         for ((f, h), ranges) in self.inflight.iter().zip(&headers).zip(&data) {
             slices.push(h);
             for r in ranges {
                 slices.push(&f.frame.bytes[r.clone()]);
             }
         }
-        let r = write_with_deadline(ls, &mut self.wr, &slices, self.deadline).await;
+        let r = write_with_deadline(ls, &mut side.wr, &slices, self.deadline).await;
         drop(slices);
-        self.trim();
+        side.trim();
         if r.is_err() {
             *frames = whole;
             return r;
@@ -321,13 +352,6 @@ impl LinkWriter {
     /// After a failed write: every message in flight is lost too.
     fn abandon(&mut self, frames: &mut Vec<(usize, Frame)>) {
         frames.extend(self.inflight.drain(..).map(|f| (f.shard, f.frame)));
-    }
-
-    fn trim(&mut self) {
-        // Do not let one huge batch pin its memory in the scratch buffer.
-        if self.scratch.capacity() > 1 << 20 {
-            self.scratch = Vec::new();
-        }
     }
 }
 
@@ -385,6 +409,30 @@ fn may_gather(peer: &Peer, link: &LinkShared, mine: &[usize]) -> bool {
         link.state.store(AWAKE, Ordering::Relaxed);
     }
     !ready
+}
+
+/// Why a [`LinkWriter::wait`] ended.
+enum Woke {
+    /// A push (or the peer's close: the loop looks at it first).
+    Push,
+    /// A control frame from the reader to write (`None`: the reader ended).
+    Ctl(Option<Vec<u8>>),
+    /// The reader ended.
+    Reader(LinkDown),
+    /// The deadline passed.
+    Timer,
+}
+
+/// The writer's side, which is always there outside [`LinkWriter::wait`].
+fn side_of(side: &mut Option<WriteSide>) -> Result<&mut WriteSide, LinkDown> {
+    side.as_mut()
+        .ok_or(LinkDown::Write(std::io::ErrorKind::Other))
+}
+
+fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // Poisoned only if a thread panicked holding it; the side is whole
+    // between statements.
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// Why the reader task stopped.
