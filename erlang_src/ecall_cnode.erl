@@ -14,6 +14,11 @@
 
 -include_lib("kernel/include/logger.hrl").
 
+%% Every log event of ecall's Erlang side is in this domain (the Rust
+%% side's are in [ecall, rust], see ecall_log), so that a handler or a
+%% filter can select them.
+-define(DOMAIN, #{domain => [ecall]}).
+
 -define(KEY, {ecall, cnode}).
 %% How long registering the identities with epmd may take (not a handshake:
 %% the handshake deadline of each connection is the `handshake_timeout'
@@ -46,15 +51,15 @@ init([]) ->
     case Result of
         {ok, CNode} ->
             ?LOG_INFO("ecall: C-node identities ~p registered with epmd",
-                      [[N || #{node := N} <- ecall_nif:cnode_info(CNode)]]),
+                      [[N || #{node := N} <- ecall_nif:cnode_info(CNode)]], ?DOMAIN),
             {ok, #{cnode => CNode}};
         {error, not_distributed} ->
             ?LOG_NOTICE("ecall: this node is not distributed (no -sname/-name); "
-                        "ecall:send/2 and friends behave as plain ! and erpc", []),
+                        "ecall:send/2 and friends behave as plain ! and erpc", [], ?DOMAIN),
             {ok, #{}};
         {error, {nif_not_loaded, Why}} ->
             ?LOG_ERROR("ecall: the NIF did not load (~p); connections use the pure-Erlang transport",
-                       [Why]),
+                       [Why], ?DOMAIN),
             {ok, #{}};
         {error, Why} ->
             %% epmd refused the names, for example: a real failure, let the

@@ -28,6 +28,11 @@
 
 -include_lib("kernel/include/logger.hrl").
 
+%% Every log event of ecall's Erlang side is in this domain (the Rust
+%% side's are in [ecall, rust], see ecall_log), so that a handler or a
+%% filter can select them.
+-define(DOMAIN, #{domain => [ecall]}).
+
 %% How long closing a connection waits for the peer to replay what was
 %% written before it (drain/2); below the 5 s shutdown of ecall_conn_sup.
 -define(DRAIN_TIMEOUT, 3000).
@@ -182,7 +187,7 @@ handle_cast(Msg, St) ->
 -spec handle_info(term(), #st{}) -> {noreply, #st{}} | {stop, term(), #st{}}.
 handle_info({ecall_link, K, up}, #st{up = Up, down_logged = DL} = St0) ->
     case maps:is_key(K, DL) of
-        true -> ?LOG_NOTICE("ecall: link ~b to ~p is back", [K + 1, St0#st.node]);
+        true -> ?LOG_NOTICE("ecall: link ~b to ~p is back", [K + 1, St0#st.node], ?DOMAIN);
         false -> ok
     end,
     Watcher = spawn_link(fun watch/0),
@@ -192,7 +197,8 @@ handle_info({ecall_link, K, up}, #st{up = Up, down_logged = DL} = St0) ->
 handle_info({ecall_link, K, {down, Reason}}, #st{up = Up, down_logged = DL} = St) ->
     %% Log the first failure of a streak, not every retry.
     case maps:is_key(K, DL) of
-        false -> ?LOG_WARNING("ecall: link ~b to ~p down: ~p", [K + 1, St#st.node, Reason]);
+        false -> ?LOG_WARNING("ecall: link ~b to ~p down: ~p", [K + 1, St#st.node, Reason],
+                              ?DOMAIN);
         true -> ok
     end,
     release(St#st.node, K, maps:get(K, Up, undefined), {link_down, Reason}),
@@ -215,7 +221,8 @@ handle_info({'EXIT', _Watcher, {link_down, _}}, St) ->
 handle_info({'EXIT', Pid, Reason}, St) ->
     %% A process of the transport (a proxy): sends would go on to a dead
     %% process and be lost. Close, so that they use `!' instead.
-    ?LOG_WARNING("ecall: transport process ~p to ~p exited: ~p", [Pid, St#st.node, Reason]),
+    ?LOG_WARNING("ecall: transport process ~p to ~p exited: ~p", [Pid, St#st.node, Reason],
+                 ?DOMAIN),
     {stop, {shutdown, {transport_down, Reason}}, St};
 handle_info(Info, St) ->
     {noreply, unexpected({info, Info}, St)}.
@@ -230,7 +237,8 @@ maybe_publish(#st{published = false, links = L, up = Up, node = Node, peer = Pee
     %% persistent_term:put/2 of a new key costs no global GC; only erase
     %% and overwrite do, and those happen once per connection lifetime.
     persistent_term:put({ecall_peer, Node}, Peer),
-    ?LOG_INFO("ecall: connected to ~p over ~b links (~p transport)", [Node, L, transport()]),
+    ?LOG_INFO("ecall: connected to ~p over ~b links (~p transport)", [Node, L, transport()],
+              ?DOMAIN),
     [gen_server:reply(From, ok) || From <- St#st.waiting],
     St#st{published = true, waiting = []};
 maybe_publish(St) ->
@@ -299,7 +307,7 @@ close(Node, {Mod, State}, Why) ->
         Dropped ->
             counters:add(ecall_conn_sup:counters(), 1, Dropped),
             ?LOG_NOTICE("ecall: connection to ~p closed (~0p): ~b queued requests dropped",
-                        [Node, Why, Dropped], #{domain => [ecall]})
+                        [Node, Why, Dropped], ?DOMAIN)
     end.
 
 -spec reason(term()) -> term().
