@@ -59,7 +59,7 @@ run(["paced" | Rest]) ->
     matrix([N], K, P, [send], ?VARIANTS, "paced");
 run(["sweep", Ns, K, P]) ->
     matrix([list_to_integer(X) || X <- string:split(Ns, ",", all)],
-           list_to_integer(K), list_to_integer(P), ?OPS, ?VARIANTS, "sweep");
+           list_to_integer(K), list_to_integer(P), chosen_ops(), ?VARIANTS, "sweep");
 run(["micro"]) ->
     micro();
 run(["large"]) ->
@@ -431,6 +431,13 @@ cluster_load(Owner, Variant, Others, W, K) ->
     Owner ! {cluster_load_done, node()}.
 
 %% The variants ECALL_BENCH_VARIANTS names (comma-separated), or all.
+%% ECALL_BENCH_OPS (comma-separated, default all): the operations a sweep runs.
+chosen_ops() ->
+    case os:getenv("ECALL_BENCH_OPS") of
+        false -> ?OPS;
+        Os -> [O || O <- ?OPS, lists:member(atom_to_list(O), string:split(Os, ",", all))]
+    end.
+
 chosen(Variants) ->
     case os:getenv("ECALL_BENCH_VARIANTS") of
         false -> Variants;
@@ -691,11 +698,20 @@ point(B, Variant, Op, N, K, P, OnStart) ->
     Batches = Delta(batches),
     Writes = Delta(writes),
     BackDelta = fun(Key) -> maps:get(Key, Back1, 0) - maps:get(Key, Back0, 0) end,
+    %% Lone writes are counted per link.
+    LinkSum = fun(St) ->
+                      Links = case maps:get(per_link, St, []) of
+                                  M when is_map(M) -> maps:values(M);
+                                  L -> L
+                              end,
+                      lists:sum([maps:get(lone, L, 0) || L <- Links])
+              end,
     os:getenv("ECALL_BENCH_DEBUG") =:= false orelse
-        io:format("~p ~p: wakes ~b, batches ~b, writes ~b, requests ~b; "
-                  "B back to A (replies): wakes ~b, batches ~b, writes ~b, requests ~b~n",
-                  [Variant, Op, Delta(wakes), Batches, Writes, Delta(requests),
-                   BackDelta(wakes), BackDelta(batches), BackDelta(writes), BackDelta(requests)]),
+        io:format("~p ~p: wakes ~b, lone ~b, batches ~b, writes ~b, requests ~b; "
+                  "B back to A (replies): wakes ~b, lone ~b, batches ~b, writes ~b, requests ~b~n",
+                  [Variant, Op, Delta(wakes), LinkSum(S1) - LinkSum(S0), Batches, Writes,
+                   Delta(requests), BackDelta(wakes), LinkSum(Back1) - LinkSum(Back0),
+                   BackDelta(batches), BackDelta(writes), BackDelta(requests)]),
     #{variant => Variant, op => Op,
       payload => list_to_atom(os:getenv("ECALL_BENCH_PAYLOAD", "map")),
       writers => N, per_writer => K, pause_ms => P,

@@ -9,7 +9,8 @@
 # ones; latency: a probe's call round trips, idle and under N writers;
 # profile: perf on both nodes during one point per transport, flame graphs
 # and a breakdown; soak: 5,000 writers for MINUTES. Variants (ECALL_BENCH_VARIANTS,
-# comma-separated, default all): native, ecall_erlang, ecall_nif, local.
+# comma-separated, default all): native, ecall_erlang, ecall_nif, local;
+# ECALL_BENCH_OPS (send,cast,call) limits a sweep's operations.
 # ECALL_BENCH_ERL_FLAGS adds emulator flags to node A (for example "+S 1").
 #
 # Node A runs the driver; it starts node B with `peer'. Both run with

@@ -206,12 +206,11 @@ impl Peer {
             .is_some_and(|l| l.stats.up.load(Ordering::Relaxed))
     }
 
-    /// Whether link `k`'s writer sleeps now, its socket lent to lone writes
-    /// (a small push is then written by its caller; see `link/side.rs`).
-    pub fn writer_sleeps(&self, k: usize) -> bool {
-        self.links
-            .get(k)
-            .is_some_and(|l| l.parked.lock().unwrap_or_else(|p| p.into_inner()).is_some())
+    /// Whether a small push to link `k` would now be written by its caller
+    /// (a lone write: the writer sleeps and the last lone write is at
+    /// least [`LONE_GAP`](crate::link::LONE_GAP) old; see `link/side.rs`).
+    pub fn would_write_lone(&self, k: usize) -> bool {
+        self.links.get(k).is_some_and(LinkShared::lone_ready)
     }
 
     /// Whether [`Peer::close`] was called.

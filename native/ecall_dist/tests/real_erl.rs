@@ -463,11 +463,12 @@ fn seq_element(i: i32, pad: usize) -> Vec<u8> {
     element_body(&encode(&t)).unwrap().to_vec()
 }
 
-/// Until link 0's writer sleeps (it goes to sleep once it has nothing to
-/// write; a deadline, not a pause, bounds the wait).
+/// Until a small push to link 0 would be written alone: its writer sleeps
+/// (it does once it has nothing to write) and the last lone write is
+/// `LONE_GAP` old. A deadline, not a pause, bounds the wait.
 async fn writer_asleep(peer: &Peer) {
     tokio::time::timeout(WAIT, async {
-        while !peer.writer_sleeps(0) {
+        while !peer.would_write_lone(0) {
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
     })

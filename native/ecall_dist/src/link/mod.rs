@@ -78,8 +78,8 @@ mod side;
 mod task;
 mod writer;
 
-pub use side::LONE_MAX;
 pub(crate) use side::{Lone, WriteSide};
+pub use side::{LONE_GAP, LONE_MAX};
 
 pub(crate) use task::link_task;
 
@@ -166,6 +166,8 @@ pub(crate) struct LinkShared {
     /// The connection's write side while the writer sleeps (see
     /// `link/side.rs`); `None` while it is awake or not connected.
     pub(crate) parked: std::sync::Mutex<Option<WriteSide>>,
+    /// When the last lone write was made (`side::clock`).
+    pub(crate) lone_at: AtomicU64,
 }
 
 impl LinkShared {

@@ -10,9 +10,10 @@
 //! request itself, as a batch of one, with one non-blocking `send` on the
 //! caller's thread ([`LinkShared::write_lone`]). Nothing waits: if the
 //! socket takes only part of the frame, the rest goes to
-//! [`WriteSide::pending`] and the writer is woken to write it before
-//! anything else; if the lock is taken or the writer is awake, the push
-//! queues as usual.
+//! [`WriteSide::pending`], for the writer to write before anything else;
+//! if the lock is taken or the writer is awake, the push queues as usual.
+//! Lone writes are for quiet links: within [`LONE_GAP`] of the last one a
+//! request wakes the writer instead, and what follows goes in batches.
 //!
 //! Order: a lone write happens only while the writer sleeps, and the writer
 //! sleeps only after it has written everything it took and found every
@@ -32,6 +33,24 @@ use tokio::net::tcp::OwnedWriteHalf;
 /// The largest request written alone; larger ones always queue (a single
 /// `send` of more would likely be partial anyway).
 pub const LONE_MAX: usize = 16 * 1024;
+
+/// The least time between two lone writes on one link. A request that
+/// comes sooner after the last one wakes the writer, and what follows it
+/// queues behind the awake writer and goes in batches: each request written
+/// alone costs a syscall here and a message to decode on the peer, which a
+/// busy link cannot afford, while an idle one (a request now and then)
+/// gains a thread hop per request. At most 2,000 lone writes per second
+/// per link.
+pub const LONE_GAP: std::time::Duration = std::time::Duration::from_micros(500);
+const LONE_GAP_NS: u64 = LONE_GAP.as_nanos() as u64;
+
+/// Monotonic nanoseconds since the first call (only differences matter).
+/// Starts at `LONE_GAP` so that the first lone write is never refused.
+fn clock() -> u64 {
+    static EPOCH: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    let epoch = EPOCH.get_or_init(std::time::Instant::now);
+    u64::try_from(epoch.elapsed().as_nanos()).unwrap_or(u64::MAX) + LONE_GAP_NS
+}
 
 /// What writes to one connection. The writer owns it while awake; while it
 /// sleeps it lies in [`LinkShared::parked`].
@@ -74,13 +93,29 @@ pub(crate) enum Lone {
     /// Not tried: the writer is awake, the side is busy, or the request is
     /// large. Queue it.
     Declined,
-    /// On the socket, whole.
+    /// On the socket, whole (the writer was woken, for what comes next).
     Written,
     /// Partly on the socket; the writer was woken to write the rest.
     Pending,
 }
 
 impl LinkShared {
+    fn gap_passed(&self, now: u64) -> bool {
+        now.wrapping_sub(self.lone_at.load(Ordering::Relaxed)) >= LONE_GAP_NS
+    }
+
+    /// Whether a small push would be written alone now.
+    pub(crate) fn lone_ready(&self) -> bool {
+        self.state.load(Ordering::SeqCst) == SLEEPING
+            && self.gap_passed(clock())
+            && self
+                .parked
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .as_ref()
+                .is_some_and(|s| s.pending.is_empty())
+    }
+
     /// Writes `element` as a batch of one of `shard`, from the caller's
     /// thread, if the link's writer sleeps (see the module docs). Never
     /// blocks: the lock is only tried and the socket is non-blocking.
@@ -94,12 +129,22 @@ impl LinkShared {
         if element.len() > LONE_MAX || self.state.load(Ordering::SeqCst) != SLEEPING {
             return Lone::Declined;
         }
+        let now = clock();
+        if !self.gap_passed(now) {
+            // Requests are coming often: this one wakes the writer, and
+            // those that follow queue behind it, in batches.
+            return Lone::Declined;
+        }
         let Ok(mut parked) = self.parked.try_lock() else {
             return Lone::Declined;
         };
         let Some(side) = parked.as_mut() else {
             return Lone::Declined;
         };
+        if self.state.load(Ordering::SeqCst) != SLEEPING {
+            // Woken meanwhile (the writer is taking its side back).
+            return Lone::Declined;
+        }
         if !side.pending.is_empty() {
             // The rest of an earlier lone write: the writer, already woken,
             // writes it; this request queues behind it.
@@ -116,30 +161,30 @@ impl LinkShared {
             }
             None => &side.plain,
         };
-        let ls = &self.stats;
         // Not writable now (`WouldBlock`), or failed: the writer writes it
         // all, and meets the error, if there is one, which ends the link as
         // usual.
         let written = side.wr.try_write(frame).unwrap_or(0);
+        let ls = &self.stats;
         ls.batches.fetch_add(1, Ordering::Relaxed);
         ls.requests.fetch_add(1, Ordering::Relaxed);
         ls.lone.fetch_add(1, Ordering::Relaxed);
-        if written == frame.len() {
-            ls.writes.fetch_add(1, Ordering::Relaxed);
-            ls.bytes.fetch_add(written as u64, Ordering::Relaxed);
-            return Lone::Written;
-        }
         if written > 0 {
             ls.writes.fetch_add(1, Ordering::Relaxed);
             ls.bytes.fetch_add(written as u64, Ordering::Relaxed);
         }
-        ls.lone_partial.fetch_add(1, Ordering::Relaxed);
-        let rest = frame[written..].to_vec();
-        side.pending = rest;
+        let lone = if written == frame.len() {
+            Lone::Written
+        } else {
+            ls.lone_partial.fetch_add(1, Ordering::Relaxed);
+            side.pending = frame[written..].to_vec();
+            Lone::Pending
+        };
+        self.lone_at.store(now, Ordering::Relaxed);
         drop(parked);
-        if self.state.swap(AWAKE, Ordering::AcqRel) != AWAKE {
+        if lone == Lone::Pending && self.state.swap(AWAKE, Ordering::AcqRel) != AWAKE {
             self.notify.notify_one();
         }
-        Lone::Pending
+        lone
     }
 }
