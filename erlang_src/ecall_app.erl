@@ -10,7 +10,11 @@ start(_Type, _Args) ->
     %% start with an error naming the key instead of failing later inside a
     %% caller's send.
     case ecall_config:validate() of
-        ok -> ecall_sup:start_link();
+        ok ->
+            %% telemetry may have come with a release upgrade or been
+            %% loaded since the last start: check again.
+            _ = ecall_telemetry:refresh(),
+            ecall_sup:start_link();
         {error, _} = Error -> Error
     end.
 

@@ -49,7 +49,10 @@ spec() ->
       discovery => {boolean, true,
                     "connect to every node that runs ecall (pg group)"},
       transport => {{one_of, [nif, erlang]}, nif,
-                    "nif: Rust C-node links; erlang: the pure-Erlang proxies"}}.
+                    "nif: Rust C-node links; erlang: the pure-Erlang proxies"},
+      telemetry_interval => {{pos_integer_or, infinity}, infinity,
+                             "ms between [ecall, stats] telemetry events (read at start); "
+                             "infinity: only on demand"}}.
 
 %% @doc Checks every key set for the application: `ok', or the first
 %% problem found (keys in alphabetical order).

@@ -22,6 +22,9 @@ init([]) ->
         #{id => ecall_cnode, start => {ecall_cnode, start_link, []}},
         #{id => ecall_conn_sup, type => supervisor,
           start => {ecall_conn_sup, start_link, []}},
-        #{id => ecall_discovery, start => {ecall_discovery, start_link, []}}
+        #{id => ecall_discovery, start => {ecall_discovery, start_link, []}},
+        %% Last: it only reads the others (periodic telemetry), and a crash
+        %% of it restarts nothing else under rest_for_one.
+        #{id => ecall_telemetry, start => {ecall_telemetry, start_link, []}}
     ],
     {ok, {#{strategy => rest_for_one, intensity => 5, period => 10}, Children}}.
