@@ -18,7 +18,8 @@
 -export([cast_one/4, cast_all/4,
          call_one/4, call_one/5, call_any/4, call_any/5,
          call_all/4, call_all/5, call_all_wait/4, call_all_wait/5]).
--export([connect/1, disconnect/1, connections/0, nodes/0, stats/0, stats/1]).
+-export([connect/1, disconnect/1, connections/0, nodes/0, stats/0, stats/1, last_stats/1,
+         info/0, info/1]).
 
 -type dest() :: pid() | reference() | atom() | {atom(), node()}.
 
@@ -455,4 +456,36 @@ stats(Node) when is_atom(Node) ->
         {Mod, State} -> {ok, Mod:stats(State)}
     end;
 stats(Node) ->
+    erlang:error(badarg, [Node]).
+
+%% @doc The stats of the last connection to `Node' that closed, as {@link
+%% stats/1} returned them at the close, with `state => closed', `reason'
+%% (why it closed: `nodedown', `normal' for `disconnect/1', ...),
+%% `closed_at' (system time, ms) and `closed_drops' (requests still queued
+%% when it closed, dropped; `dropped' is what its links had lost before).
+%% A peer's live counters go with its connection: this is where they are
+%% read after it. Kept until the next close of that peer (for the last
+%% 1,000 peers that closed), also while it is connected again.
+%% `{error, not_found}' when no connection to `Node' has closed.
+-spec last_stats(node()) -> {ok, map()} | {error, not_found}.
+last_stats(Node) when is_atom(Node) ->
+    ecall_conn_sup:last(Node);
+last_stats(Node) ->
+    erlang:error(badarg, [Node]).
+
+%% @doc Prints a readable status: this node's transport, C-node identities
+%% and receiver pool, each peer with its links and counters, and the peers
+%% whose connection closed (from {@link last_stats/1}). The numbers are
+%% those of {@link stats/0}; this is for a person at a shell.
+-spec info() -> ok.
+info() ->
+    ecall_info:print().
+
+%% @doc Prints the status of the connection to `Node' (its links and
+%% counters), or of its last closed connection. `{error, not_connected}'
+%% when there is neither.
+-spec info(node()) -> ok | {error, not_connected}.
+info(Node) when is_atom(Node) ->
+    ecall_info:print(Node);
+info(Node) ->
     erlang:error(badarg, [Node]).

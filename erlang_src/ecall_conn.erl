@@ -39,6 +39,11 @@
 
 -record(st, {
     node :: node(),
+    transport :: nif | erlang,
+    %% erlang:monotonic_time/0 when this process started, and when the
+    %% peer was published (telemetry durations).
+    started :: integer(),
+    up_at :: integer() | undefined,
     %% The transport, as published once every link is up.
     peer :: ecall_transport:t() | undefined,
     links = 0 :: non_neg_integer(),
@@ -133,14 +138,15 @@ stop(Pid) ->
 -spec init(node()) -> {ok, #st{}, {continue, open}}.
 init(Node) ->
     process_flag(trap_exit, true),
-    {ok, #st{node = Node}, {continue, open}}.
+    {ok, #st{node = Node, transport = transport(), started = erlang:monotonic_time()},
+     {continue, open}}.
 
 -spec handle_continue(open, #st{}) -> {noreply, #st{}} | {stop, term(), #st{}}.
-handle_continue(open, #st{node = Node} = St) ->
+handle_continue(open, #st{node = Node, transport = Transport} = St) ->
     true = erlang:monitor_node(Node, true),
     Timeout = ecall_config:get(connect_timeout),
     erlang:send_after(Timeout, self(), connect_timeout),
-    case open(transport(), Node, Timeout) of
+    case open(Transport, Node, Timeout) of
         {ok, Peer, Links} ->
             %% The pure-Erlang transport has no links to wait for: it is
             %% usable at once.
@@ -186,6 +192,7 @@ handle_cast(Msg, St) ->
 
 -spec handle_info(term(), #st{}) -> {noreply, #st{}} | {stop, term(), #st{}}.
 handle_info({ecall_link, K, up}, #st{up = Up, down_logged = DL} = St0) ->
+    ecall_telemetry:execute([ecall, link, up], #{}, #{peer => St0#st.node, link => K + 1}),
     case maps:is_key(K, DL) of
         true -> ?LOG_NOTICE("ecall: link ~b to ~p is back", [K + 1, St0#st.node], ?DOMAIN);
         false -> ok
@@ -195,7 +202,11 @@ handle_info({ecall_link, K, up}, #st{up = Up, down_logged = DL} = St0) ->
     St = St0#st{up = Up#{K => Watcher}, down_logged = maps:remove(K, DL)},
     {noreply, maybe_publish(St)};
 handle_info({ecall_link, K, {down, Reason}}, #st{up = Up, down_logged = DL} = St) ->
-    %% Log the first failure of a streak, not every retry.
+    %% Telemetry hears of every failure (`retry': a reconnect attempt
+    %% failed), the log of the first of a streak only.
+    Meta = #{peer => St#st.node, link => K + 1, reason => Reason, retry => maps:is_key(K, DL)},
+    ecall_telemetry:execute([ecall, link, down], #{}, Meta),
+    _ = Reason =:= stalled andalso ecall_telemetry:execute([ecall, link, reap], #{}, Meta),
     case maps:is_key(K, DL) of
         false -> ?LOG_WARNING("ecall: link ~b to ~p down: ~p", [K + 1, St#st.node, Reason],
                               ?DOMAIN);
@@ -232,15 +243,19 @@ unexpected(What, #st{unexpected = N, node = Node} = St) ->
     St#st{unexpected = ecall_log:unexpected({?MODULE, Node}, What, N)}.
 
 -spec maybe_publish(#st{}) -> #st{}.
-maybe_publish(#st{published = false, links = L, up = Up, node = Node, peer = Peer} = St)
+maybe_publish(#st{published = false, links = L, up = Up, node = Node, peer = Peer,
+                   transport = T} = St)
   when map_size(Up) =:= L ->
     %% persistent_term:put/2 of a new key costs no global GC; only erase
     %% and overwrite do, and those happen once per connection lifetime.
     persistent_term:put({ecall_peer, Node}, Peer),
-    ?LOG_INFO("ecall: connected to ~p over ~b links (~p transport)", [Node, L, transport()],
-              ?DOMAIN),
+    ?LOG_INFO("ecall: connected to ~p over ~b links (~p transport)", [Node, L, T], ?DOMAIN),
+    Now = erlang:monotonic_time(),
+    ecall_telemetry:execute([ecall, connection, up],
+                            #{duration => Now - St#st.started, links => L},
+                            #{peer => Node, transport => T}),
     [gen_server:reply(From, ok) || From <- St#st.waiting],
-    St#st{published = true, waiting = []};
+    St#st{published = true, waiting = [], up_at = Now};
 maybe_publish(St) ->
     St.
 
@@ -259,18 +274,38 @@ watch() ->
 
 -spec terminate(term(), #st{}) -> ok.
 terminate(Reason, #st{node = Node, peer = Peer, published = P, waiting = W, up = Up,
-                      links = L}) ->
-    [gen_server:reply(From, {error, reason(Reason)}) || From <- W],
+                      links = L} = St) ->
+    Why = reason(Reason),
+    T0 = erlang:monotonic_time(),
+    [gen_server:reply(From, {error, Why}) || From <- W],
+    %% `down' pairs with `up'; a connection that never came up `failed'.
+    Meta = #{peer => Node, transport => St#st.transport, reason => Why},
+    case P of
+        true -> ecall_telemetry:execute([ecall, connection, down],
+                                        #{duration => T0 - St#st.up_at}, Meta);
+        false -> ecall_telemetry:execute([ecall, connection, failed],
+                                         #{duration => T0 - St#st.started}, Meta)
+    end,
     %% While it closes, the peer is published as closing: a send by `!'
     %% waits for this process to exit first (ecall:native/3), so that it
     %% cannot overtake what the transport wrote. Replacing and erasing a
     %% persistent term costs a scan of the processes; once per close.
     _ = P andalso persistent_term:put({ecall_peer, Node}, {closing, self()}),
-    _ = [release(Node, K, Watcher, reason(Reason)) || {K, Watcher} <- maps:to_list(Up)],
-    close(Node, Peer, reason(Reason)),
+    _ = [release(Node, K, Watcher, Why) || {K, Watcher} <- maps:to_list(Up)],
+    Drops = close(Node, Peer, Why),
     _ = P andalso drain(Node, L),
     _ = P andalso persistent_term:erase({ecall_peer, Node}),
-    ok.
+    case Drops of
+        none ->
+            ok;
+        {Queued, Lost} ->
+            %% After the drain: `duration' is how long sends by `!' to
+            %% this node waited for the close (ecall:native/3).
+            ecall_telemetry:execute([ecall, connection, close],
+                                    #{closed_drops => Queued, dropped => Lost,
+                                      duration => erlang:monotonic_time() - T0},
+                                    Meta)
+    end.
 
 %% After the close: waits until every link has stopped writing (its last
 %% pass done, its socket shut down), then until the peer has replayed what
@@ -295,20 +330,33 @@ drain(Node, Links) ->
     _ = (catch erpc:call(Node, ecall_receiver_sup, fence, [Ids, Left], Left + 500)),
     ok.
 
-%% What a close drops is logged and added to the node's count
-%% (`closed_drops' in ecall:stats/0): the peer's own counters go with it.
--spec close(node(), ecall_transport:t() | undefined, term()) -> ok.
+%% What a close drops is logged (one line, always: a close is rare) and
+%% added to the node's count (`closed_drops' in ecall:stats/0), and the
+%% peer's last stats are kept (ecall:last_stats/1): its live counters go
+%% with it. Returns what was queued at the close and what the links had
+%% lost before (reaps, failed writes), or `none' without a transport.
+-spec close(node(), ecall_transport:t() | undefined, term()) ->
+          {non_neg_integer(), non_neg_integer()} | none.
 close(_Node, undefined, _Why) ->
-    ok;
+    none;
 close(Node, {Mod, State}, Why) ->
-    case Mod:close(State, Why) of
-        0 ->
-            ok;
-        Dropped ->
-            counters:add(ecall_conn_sup:counters(), 1, Dropped),
-            ?LOG_NOTICE("ecall: connection to ~p closed (~0p): ~b queued requests dropped",
-                        [Node, Why, Dropped], ?DOMAIN)
-    end.
+    Dropped = Mod:close(State, Why),
+    Stats = Mod:stats(State),
+    %% The NIF transport counts what the close found queued apart from
+    %% what its links lost before; the proxies lose nothing before.
+    Queued = maps:get(closed_drops, Stats, Dropped),
+    Lost = Dropped - Queued,
+    counters:add(ecall_conn_sup:counters(), 1, Dropped),
+    ok = ecall_conn_sup:keep_last(Node, Stats#{state => closed, reason => Why,
+                                               closed_drops => Queued,
+                                               closed_at => erlang:system_time(millisecond)}),
+    Level = case Dropped of
+                0 -> info;
+                _ -> notice
+            end,
+    ?LOG(Level, "ecall: connection to ~p closed (~0p): ~b queued requests dropped, ~b lost "
+         "on its links before (ecall:last_stats(~p))", [Node, Why, Queued, Lost, Node], ?DOMAIN),
+    {Queued, Lost}.
 
 -spec reason(term()) -> term().
 reason({shutdown, R}) -> R;

@@ -3,7 +3,13 @@
 -module(ecall_conn_sup).
 -behaviour(supervisor).
 
--export([start_link/0, init/1, start_conn/1, conns/0, counters/0]).
+-export([start_link/0, init/1, start_conn/1, conns/0, counters/0, keep_last/2, last/1,
+         last_all/0]).
+
+%% Closed peers whose last stats are kept (the oldest close goes first):
+%% enough for any cluster, bounded for nodes that come and go under new
+%% names.
+-define(LAST_MAX, 1000).
 
 -spec start_link() -> {ok, pid()} | {error, term()}.
 start_link() ->
@@ -14,6 +20,9 @@ init([]) ->
     %% {Node, Link} -> watcher pid, read by callers (ecall_conn:watcher/2).
     %% Owned by this supervisor so that it outlives every connection.
     _ = ets:new(ecall_links, [named_table, public, {read_concurrency, true}]),
+    %% Node -> the stats of its last closed connection (ecall:last_stats/1),
+    %% written by the closing connection process.
+    _ = ets:new(ecall_last_stats, [named_table, public]),
     %% Requests dropped when connections closed (see ecall_conn).
     persistent_term:put({ecall, conn_counters}, counters:new(1, [write_concurrency])),
     Conn = #{id => ecall_conn, start => {ecall_conn, start_link, []},
@@ -32,3 +41,32 @@ conns() ->
 -spec counters() -> counters:counters_ref().
 counters() ->
     persistent_term:get({ecall, conn_counters}).
+
+%% @doc Keeps `Stats' as the last stats of `Node' (its connection closed).
+-spec keep_last(node(), map()) -> ok.
+keep_last(Node, Stats) ->
+    true = ets:insert(ecall_last_stats, {Node, erlang:monotonic_time(), Stats}),
+    case ets:info(ecall_last_stats, size) > ?LAST_MAX of
+        true ->
+            %% A scan of ?LAST_MAX entries, once per close past the bound.
+            {Oldest, _} = ets:foldl(fun({N, T, _}, {_, T0}) when T < T0 -> {N, T};
+                                       (_, Acc) -> Acc
+                                    end, {Node, erlang:monotonic_time()}, ecall_last_stats),
+            true = ets:delete(ecall_last_stats, Oldest),
+            ok;
+        false ->
+            ok
+    end.
+
+%% @doc The last stats of `Node''s closed connection, if any was kept.
+-spec last(node()) -> {ok, map()} | {error, not_found}.
+last(Node) ->
+    case ets:lookup(ecall_last_stats, Node) of
+        [{_, _, Stats}] -> {ok, Stats};
+        [] -> {error, not_found}
+    end.
+
+%% @doc Every node with kept last stats, and those stats.
+-spec last_all() -> #{node() => map()}.
+last_all() ->
+    maps:from_list([{N, S} || {N, _, S} <- ets:tab2list(ecall_last_stats)]).

@@ -35,40 +35,36 @@ open(Node, Receivers) ->
     end.
 
 -spec send(state(), pid() | reference() | atom(), term()) -> ecall_transport:push_result().
-send({_, Peer}, Dest, Msg) when is_binary(Msg), byte_size(Msg) >= ?LARGE ->
-    push_iovec(Peer, erlang:term_to_iovec({send, Dest, Msg}));
-send({_, Peer}, Dest, Msg) ->
+send({_, Peer} = State, Dest, Msg) when is_binary(Msg), byte_size(Msg) >= ?LARGE ->
+    IoVec = erlang:term_to_iovec({send, Dest, Msg}),
+    push_with(State, send, fun(Admitted) -> ecall_nif:push_iovec(Peer, IoVec, Admitted) end);
+send({_, Peer} = State, Dest, Msg) ->
     %% The common case: the NIF builds {send, Dest, Msg} as it encodes.
     case ecall_nif:send(Peer, Dest, Msg) of
-        {full, _} -> push_peer(Peer, {send, Dest, Msg});
+        {full, _} -> push(State, {send, Dest, Msg});
         Result -> Result
     end.
 
 -spec push(state(), ecall_transport:request()) -> ecall_transport:push_result().
-push({_, Peer}, Request) ->
-    push_peer(Peer, Request).
-
--spec push_peer(ecall_nif:peer(), ecall_transport:request()) -> ecall_transport:push_result().
-push_peer(Peer, Request) ->
-    push_with(Peer, fun(Admitted) -> ecall_nif:push(Peer, Request, Admitted) end).
-
-%% A large request already encoded by term_to_iovec/1: queued as a batch of
-%% its own, copied on a dirty scheduler.
--spec push_iovec(ecall_nif:peer(), [binary()]) -> ecall_transport:push_result().
-push_iovec(Peer, IoVec) ->
-    push_with(Peer, fun(Admitted) -> ecall_nif:push_iovec(Peer, IoVec, Admitted) end).
+push({_, Peer} = State, Request) ->
+    push_with(State, element(1, Request),
+              fun(Admitted) -> ecall_nif:push(Peer, Request, Admitted) end).
 
 -type pusher() :: fun((boolean()) -> ok | closed | {full, non_neg_integer()}).
 
--spec push_with(ecall_nif:peer(), pusher()) -> ecall_transport:push_result().
-push_with(Peer, Push) ->
+%% `Kind' (send, cast, call) is for the overflow_drop telemetry event.
+-spec push_with(state(), send | cast | call, pusher()) -> ecall_transport:push_result().
+push_with({Node, Peer}, Kind, Push) ->
     case Push(false) of
         {full, Size} ->
             case ecall_config:get(overflow) of
                 block ->
                     wait_room(Peer, Size, Push);
-                _ErrorOrDrop ->
+                Policy ->
                     ok = ecall_nif:overflow_drop(Peer),
+                    %% One event per count of `overflow_drops'.
+                    ecall_telemetry:execute([ecall, request, overflow_drop], #{count => 1},
+                                            #{peer => Node, kind => Kind, policy => Policy}),
                     overload
             end;
         Result ->
@@ -111,9 +107,13 @@ reply_monitor({Node, Peer}) ->
 caller_link({_, Peer}) ->
     ecall_nif:caller_link(Peer).
 
+%% Each `per_link' entry is named by its link number (`link', from 1, as
+%% in logs and telemetry): the NIF lists them in link order.
 -spec stats(state()) -> map().
 stats({_, Peer}) ->
-    (ecall_nif:peer_stats(Peer))#{transport => nif}.
+    #{per_link := PerLink} = Stats = ecall_nif:peer_stats(Peer),
+    Named = [L#{link => K} || {K, L} <- lists:zip(lists:seq(1, length(PerLink)), PerLink)],
+    Stats#{transport => nif, per_link => Named}.
 
 -spec close(state(), term()) -> non_neg_integer().
 close({_, Peer}, _Why) ->
