@@ -1,0 +1,347 @@
+%% Telemetry events, the last stats of a closed peer, named per-link stats,
+%% ecall:info/0,1 and the log domain, on real nodes.
+%%
+%% `telemetry' cannot be fetched here: this node loads a stand-in module of
+%% that name (built in init_per_suite, never on the peers' code path) whose
+%% execute/3 forwards every event to the process registered as
+%% `ecall_telemetry_sink' (each case registers itself). The peers run
+%% without it, as the other suites do: that is the absent case.
+-module(ecall_telemetry_SUITE).
+
+-include_lib("common_test/include/ct.hrl").
+-include_lib("stdlib/include/assert.hrl").
+
+-export([all/0, suite/0, init_per_suite/1, end_per_suite/1]).
+-export([connection_links_stats_and_info/1, link_down_and_back/1,
+         reap_and_close_count_drops/1, overflow_drops_are_events/1,
+         periodic_stats/1, absent_telemetry_is_harmless/1, bad_arguments/1]).
+%% logger handler: forwards ecall's Erlang-side events to the test process.
+-export([log/2]).
+%% Run on peers.
+-export([forward_link_events/2]).
+
+-import(ecall_test_nodes, [start_peer/1, flush_traces/0]).
+
+-define(SINK, ecall_telemetry_sink).
+%% An upper bound on waiting for an event, never a pause.
+-define(WAIT, 10000).
+
+suite() ->
+    [{timetrap, {minutes, 5}}].
+
+all() ->
+    [connection_links_stats_and_info, link_down_and_back, reap_and_close_count_drops,
+     overflow_drops_are_events, periodic_stats, absent_telemetry_is_harmless, bad_arguments].
+
+init_per_suite(Config) ->
+    ok = load_stand_in(),
+    ok = ecall_test_nodes:start_ecall(),
+    %% ecall checked for telemetry when it started.
+    true = ecall_telemetry:available(),
+    Config.
+
+end_per_suite(_Config) ->
+    ok = application:stop(ecall),
+    %% Leave the node as other suites expect it: no telemetry.
+    _ = code:purge(telemetry),
+    true = code:delete(telemetry),
+    _ = code:purge(telemetry),
+    false = ecall_telemetry:refresh(),
+    ok.
+
+%% The stand-in: telemetry:execute/3, forwarding to the sink if there is one.
+load_stand_in() ->
+    Src = "-module(telemetry).\n"
+          "-export([execute/3]).\n"
+          "execute(Event, Measurements, Metadata) ->\n"
+          "    case whereis(" ++ atom_to_list(?SINK) ++ ") of\n"
+          "        undefined -> ok;\n"
+          "        Pid -> Pid ! {telemetry, Event, Measurements, Metadata}, ok\n"
+          "    end.\n",
+    {ok, Tokens, _} = erl_scan:string(Src),
+    Forms = [begin {ok, F} = erl_parse:parse_form(T), F end || T <- split_forms(Tokens, [])],
+    {ok, telemetry, Bin} = compile:forms(Forms, [return_errors]),
+    {module, telemetry} = code:load_binary(telemetry, "telemetry_stand_in.erl", Bin),
+    ok.
+
+split_forms([], []) -> [];
+split_forms([{dot, _} = Dot | Rest], Acc) -> [lists:reverse([Dot | Acc]) | split_forms(Rest, [])];
+split_forms([T | Rest], Acc) -> split_forms(Rest, [T | Acc]).
+
+%% A peer with discovery off, so that only the connection made here exists.
+peer_node() ->
+    start_peer(["-ecall", "discovery", "false"]).
+
+sink() ->
+    true = register(?SINK, self()),
+    ok.
+
+%% Connects to `Peer' and takes the events of the connect: the link ups
+%% come before the connection's up, from the same process.
+connect(Peer) ->
+    ok = ecall:connect(Peer),
+    _ = event([ecall, connection, up], Peer),
+    flush_link_ups(Peer).
+
+flush_link_ups(Peer) ->
+    receive {telemetry, [ecall, link, up], _, #{peer := Peer}} -> flush_link_ups(Peer)
+    after 0 -> ok
+    end.
+
+%% Waits for one event `Event' about `Peer'; others are left alone.
+event(Event, Peer) ->
+    receive
+        {telemetry, Event, M, #{peer := Peer} = Meta} -> {M, Meta}
+    after ?WAIT -> ct:fail({no_event, Event, Peer})
+    end.
+
+%% Connecting emits a link up per link, then connection up; measure/0 emits
+%% the peer's stats, each link's and the receivers'; stats name each link;
+%% info/0,1 print the peer; a disconnect emits down and close, and leaves
+%% the last stats readable.
+connection_links_stats_and_info(_Config) ->
+    ok = sink(),
+    {Peer, C} = peer_node(),
+    ok = ecall:connect(C),
+    Links = ecall_config:links(),
+    Up = lists:sort([maps:get(link, element(2, event([ecall, link, up], C)))
+                     || _ <- lists:seq(1, Links)]),
+    ?assertEqual(lists:seq(1, Links), Up),
+    {#{duration := D, links := Links}, #{transport := nif}} = event([ecall, connection, up], C),
+    ?assert(is_integer(D) andalso D > 0),
+    %% Some traffic, so that the counters are not all zero.
+    Self = self(),
+    Echo = erpc:call(C, erlang, spawn, [fun() -> receive {ping, P} -> P ! pong end end]),
+    {ping, Self} = ecall:send(Echo, {ping, Self}),
+    receive pong -> ok after ?WAIT -> ct:fail(no_pong) end,
+    {ok, Stats} = ecall:stats(C),
+    ?assertEqual(lists:seq(1, Links), [K || #{link := K} <- maps:get(per_link, Stats)]),
+    ok = ecall_telemetry:measure(),
+    {M, #{transport := nif}} = event([ecall, stats], C),
+    ct:pal("stats measurement: ~p", [M]),
+    ?assertMatch(#{queued_bytes := _, batches := _, requests := _, pushed := _,
+                   avg_batch_size := _}, M),
+    ?assert(maps:get(pushed, M) >= 1),
+    ?assertEqual(#{}, maps:filter(fun(_, V) -> not is_number(V) end, M)),
+    ?assertNot(maps:is_key(per_link, M)),
+    LinkStats = lists:sort([{maps:get(link, Meta), LM}
+                            || {LM, Meta} <- [event([ecall, link, stats], C)
+                                              || _ <- lists:seq(1, Links)]]),
+    ?assertEqual(lists:seq(1, Links), [K || {K, _} <- LinkStats]),
+    [?assertMatch(#{batches := _, writes := _, up := 1}, LM) || {_, LM} <- LinkStats],
+    receive
+        {telemetry, [ecall, receivers, stats], #{batches := _, requests := _}, #{}} -> ok
+    after ?WAIT -> ct:fail(no_receivers_stats)
+    end,
+    ?assertEqual(ok, ecall_telemetry:measure(C)),
+    _ = event([ecall, stats], C),
+    %% info prints the peer and its links.
+    Printed = capture(fun() -> ok = ecall:info(), ok = ecall:info(C) end),
+    ct:pal("~ts", [Printed]),
+    Name = lists:flatten(io_lib:format("~p", [C])),
+    ?assertEqual(2, length(string:split(Printed, "peer " ++ Name, all)) - 1),
+    ?assertMatch([_, _ | _], string:split(Printed, "link 1: up")),
+    %% Closing.
+    ?assertEqual({error, not_found}, ecall:last_stats(C)),
+    ok = ecall:disconnect(C),
+    {#{duration := _}, #{reason := normal, transport := nif}} = event([ecall, connection, down], C),
+    {#{closed_drops := 0, dropped := 0, duration := _}, #{reason := normal}} =
+        event([ecall, connection, close], C),
+    {ok, Last} = ecall:last_stats(C),
+    ?assertMatch(#{state := closed, reason := normal, closed_drops := 0, closed_at := _,
+                   per_link := [#{link := 1} | _]}, Last),
+    ?assertEqual(maps:get(pushed, Stats), maps:get(pushed, Last)),
+    ?assertEqual({error, not_connected}, ecall:stats(C)),
+    %% info of a closed peer prints its last close.
+    Closed = capture(fun() -> ok = ecall:info(C) end),
+    ?assertMatch([_, _ | _], string:split(Closed, "peer " ++ Name ++ ": closed")),
+    peer:stop(Peer).
+
+capture(Fun) ->
+    ct:capture_start(),
+    try Fun()
+    after ct:capture_stop()
+    end,
+    lists:flatten(ct:capture_get()).
+
+%% A link the peer drops: link down with its typed reason and number, and
+%% link up when it is back.
+link_down_and_back(_Config) ->
+    ok = sink(),
+    {Peer, C} = peer_node(),
+    ok = connect(C),
+    [Id1 | _] = ecall:nodes(),
+    true = erpc:call(C, erlang, disconnect_node, [Id1]),
+    {_, #{link := 1, reason := Reason, retry := false}} = event([ecall, link, down], C),
+    ?assert(Reason =:= peer_closed orelse element(1, Reason) =:= read),
+    {_, #{link := 1}} = event([ecall, link, up], C),
+    ok = ecall:disconnect(C),
+    peer:stop(Peer).
+
+%% A stalled peer (SIGSTOP): the link is reaped (link down `stalled' and
+%% reap), what it held is lost; what is sent after stays queued behind the
+%% link that cannot reconnect, and the close drops exactly that: close
+%% event, last stats and one log line (domain [ecall]) carry the counts.
+reap_and_close_count_drops(_Config) ->
+    ok = sink(),
+    ok = application:set_env(ecall, stall_timeout, 1000),
+    {Peer, C} = peer_node(),
+    try ok = connect(C)
+    after application:unset_env(ecall, stall_timeout)
+    end,
+    {ecall_transport_nif, St} = ecall_conn:peer(C),
+    MyLink = ecall_transport_nif:caller_link(St) + 1,
+    OsPid = erpc:call(C, os, getpid, []),
+    Sink = erpc:call(C, erlang, spawn, [fun() -> receive never -> ok end end]),
+    ok = logger:add_handler(?MODULE, ?MODULE, #{config => #{pid => self()}}),
+    "" = os:cmd("kill -STOP " ++ OsPid),
+    After = 50,
+    try
+        %% 30 MB from this process (one shard, one link): far more than the
+        %% loopback socket buffers hold.
+        Chunk = binary:copy(<<"s">>, 100000),
+        [ecall:send(Sink, Chunk) || _ <- lists:seq(1, 300)],
+        {_, #{link := MyLink, reason := stalled}} = event([ecall, link, reap], C),
+        {_, #{link := MyLink, reason := stalled, retry := false}} = event([ecall, link, down], C),
+        [{tail, I} = ecall:send(Sink, {tail, I}) || I <- lists:seq(1, After)],
+        ok = ecall:disconnect(C)
+    after
+        os:cmd("kill -CONT " ++ OsPid),
+        logger:remove_handler(?MODULE)
+    end,
+    {_, #{reason := normal}} = event([ecall, connection, down], C),
+    {#{closed_drops := Queued, dropped := Lost}, _} = event([ecall, connection, close], C),
+    ct:pal("close: ~b queued dropped, ~b lost before", [Queued, Lost]),
+    ?assertEqual(After, Queued),
+    ?assert(Lost > 0),
+    {ok, Last} = ecall:last_stats(C),
+    ?assertMatch(#{state := closed, closed_drops := After, stalls := S} when S >= 1, Last),
+    ?assertEqual(Lost, maps:get(dropped, Last)),
+    Line = close_line(lists:flatten(io_lib:format("connection to ~p closed", [C]))),
+    ct:pal("logged: ~ts", [Line]),
+    ?assertNotEqual(nomatch, string:find(Line, integer_to_list(After) ++ " queued requests dropped")),
+    ?assertNotEqual(nomatch, string:find(Line, integer_to_list(Lost) ++ " lost")),
+    flush_traces(),
+    peer:stop(Peer).
+
+%% The log line of the close (ecall's other lines are skipped).
+close_line(Prefix) ->
+    receive
+        {ecall_log, notice, Text} ->
+            case string:find(Text, Prefix) of
+                nomatch -> close_line(Prefix);
+                _ -> Text
+            end
+    after ?WAIT -> ct:fail(no_close_log_line)
+    end.
+
+%% logger handler: ecall's own (Erlang-side) events, with their domain.
+log(#{level := Level, msg := {Format, Args}, meta := #{domain := [ecall]}},
+    #{config := #{pid := Pid}}) ->
+    Pid ! {ecall_log, Level, lists:flatten(io_lib:format(Format, Args))};
+log(_Event, _Config) ->
+    ok.
+
+%% Requests refused for want of room (a request larger than the whole
+%% budget never fits): one overflow_drop event per count, with the kind of
+%% request and the policy.
+overflow_drops_are_events(_Config) ->
+    ok = sink(),
+    Budget = 100000,
+    ok = application:set_env(ecall, max_queue_bytes, Budget),
+    {Peer, C} = peer_node(),
+    try ok = connect(C)
+    after application:unset_env(ecall, max_queue_bytes)
+    end,
+    Sink = erpc:call(C, erlang, spawn, [fun() -> receive never -> ok end end]),
+    Huge = binary:copy(<<"h">>, 2 * Budget),
+    try
+        ok = application:set_env(ecall, overflow, drop),
+        ?assertEqual(ok, ecall:cast(C, erlang, send, [Sink, Huge])),
+        {#{count := 1}, #{kind := cast, policy := drop}} =
+            event([ecall, request, overflow_drop], C),
+        ?assertEqual(Huge, ecall:send(Sink, Huge)),
+        {#{count := 1}, #{kind := send, policy := drop}} =
+            event([ecall, request, overflow_drop], C),
+        ok = application:set_env(ecall, overflow, error),
+        ?assertEqual({error, overload}, ecall:call(C, ecall_test_nodes, echo, [Huge], 1000)),
+        {#{count := 1}, #{kind := call, policy := error}} =
+            event([ecall, request, overflow_drop], C)
+    after
+        application:unset_env(ecall, overflow)
+    end,
+    ?assertMatch({ok, #{overflow_drops := 3}}, ecall:stats(C)),
+    ok = ecall:disconnect(C),
+    peer:stop(Peer).
+
+%% `telemetry_interval' is checked like every setting, and when set the
+%% peers' stats come on their own, again and again.
+periodic_stats(_Config) ->
+    [begin
+         ok = application:set_env(ecall, telemetry_interval, Bad),
+         ?assertEqual({error, {bad_config, telemetry_interval, Bad}}, ecall_config:validate())
+     end || Bad <- [0, -5, never, 1.5]],
+    ok = application:stop(ecall),
+    ok = application:set_env(ecall, telemetry_interval, 100),
+    try
+        ok = ecall_test_nodes:start_ecall(),
+        ok = sink(),
+        {Peer, C} = peer_node(),
+        ok = ecall:connect(C),
+        {#{queued_bytes := _}, _} = event([ecall, stats], C),
+        {#{queued_bytes := _}, _} = event([ecall, stats], C),
+        ok = ecall:disconnect(C),
+        peer:stop(Peer)
+    after
+        ok = application:stop(ecall),
+        application:unset_env(ecall, telemetry_interval),
+        ok = ecall_test_nodes:start_ecall()
+    end.
+
+%% A node without telemetry (the peers) connects, measures, prints, closes
+%% and keeps the last stats; nothing crashes.
+absent_telemetry_is_harmless(_Config) ->
+    {Peer, C} = peer_node(),
+    ?assertEqual(false, erpc:call(C, ecall_telemetry, available, [])),
+    Conn = {ecall_conn:name(node()), C},
+    ok = erpc:call(C, ecall, connect, [node()]),
+    ConnPid = erpc:call(C, erlang, whereis, [element(1, Conn)]),
+    ?assertEqual(ok, erpc:call(C, ecall_telemetry, measure, [])),
+    ?assertEqual(ok, erpc:call(C, ecall_telemetry, execute, [[ecall, test], #{}, #{}])),
+    _ = capture(fun() -> ok = erpc:call(C, ecall, info, []) end),
+    %% A link down and back, on the peer's side: its connection process
+    %% handles both events and lives on.
+    Self = self(),
+    _ = erpc:call(C, erlang, spawn, [?MODULE, forward_link_events, [Self, ConnPid]]),
+    receive {tracing, ConnPid} -> ok after ?WAIT -> ct:fail(no_tracer) end,
+    [Id1 | _] = erpc:call(C, ecall, nodes, []),
+    true = erlang:disconnect_node(Id1),
+    receive {ecall_link, 0, {down, _}} -> ok after ?WAIT -> ct:fail(no_link_down) end,
+    receive {ecall_link, 0, up} -> ok after ?WAIT -> ct:fail(no_link_up) end,
+    %% Answered after both events: they were handled.
+    ?assertMatch(#{links_up := 2}, erpc:call(C, ecall_conn, info, [ConnPid])),
+    ok = erpc:call(C, ecall, disconnect, [node()]),
+    ?assertMatch({ok, #{state := closed}}, erpc:call(C, ecall, last_stats, [node()])),
+    peer:stop(Peer).
+
+%% On a peer: forwards the link events its connection process `Conn'
+%% receives to `Owner' (a tracer must be local to what it traces).
+forward_link_events(Owner, Conn) ->
+    erlang:trace(Conn, true, ['receive']),
+    Owner ! {tracing, Conn},
+    forward(Owner, Conn).
+
+forward(Owner, Conn) ->
+    receive
+        {trace, Conn, 'receive', {ecall_link, _, _} = E} -> Owner ! E;
+        _ -> ok
+    end,
+    forward(Owner, Conn).
+
+bad_arguments(_Config) ->
+    ?assertError(badarg, ecall:last_stats("node")),
+    ?assertError(badarg, ecall:info(42)),
+    ?assertError(badarg, ecall_telemetry:measure(<<"n">>)),
+    ?assertEqual({error, not_found}, ecall:last_stats('nobody@nowhere')),
+    ?assertEqual({error, not_connected}, ecall:info('nobody@nowhere')),
+    ?assertEqual({error, not_connected}, ecall_telemetry:measure('nobody@nowhere')).
