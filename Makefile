@@ -5,7 +5,7 @@
 SHELL := /bin/bash
 export ECALL_OTP27_CACHE ?= /var/cache/ecall-otp27
 
-.PHONY: all deps build demo test test-rust test-ct check clean
+.PHONY: all deps build demo test test-rust test-ct test-build examples check clean
 
 all: build
 
@@ -18,13 +18,22 @@ build: deps
 demo: build
 	test/with_epmd.sh bench/run.sh demo
 
-test: build test-rust test-ct
+test: build test-rust test-ct test-build
 
 test-rust:
 	test/with_epmd.sh cargo test --release --workspace
 
 test-ct:
 	test/ct.sh
+
+# The build without cargo: the message, then ECALL_NO_NIF=1 and two nodes on
+# the pure-Erlang transport.
+test-build:
+	test/no_nif_build.sh
+
+# examples/: a mix project and a relx release, each on two nodes.
+examples: build
+	examples/run.sh
 
 # Static checks (CI runs them before the tests).
 check: deps
@@ -34,4 +43,4 @@ check: deps
 	rebar3 dialyzer
 
 clean:
-	rm -rf _build priv/*.so
+	rm -rf _build priv/*.so examples/*/_build examples/*/deps

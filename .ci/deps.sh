@@ -1,7 +1,27 @@
 #!/usr/bin/env bash
 # Installs what ecall needs to build and test, when it is missing: Erlang/OTP
-# and rebar3 from Debian packages. Rust (cargo) is expected on the machine.
+# and rebar3 from Debian packages; with --examples also Elixir (the mix
+# example). Rust (cargo, 1.80 or newer) is expected on the machine: its
+# absence is reported with the line that installs it.
 set -euo pipefail
+
+examples=false
+[ "${1:-}" = --examples ] && examples=true
+
+# Checked first and always: without cargo nothing below can build the NIF.
+if ! command -v cargo >/dev/null; then
+    echo "ecall needs a Rust toolchain, 1.80 or newer (cargo on PATH); install it with" >&2
+    echo "    curl --proto '=https' --tlsv1.2 -sSf https://sh.rustup.rs | sh" >&2
+    echo "(a project that only uses ecall can build without it: ECALL_NO_NIF=1, see the README)" >&2
+    exit 1
+fi
+rust=$(rustc --version 2>/dev/null | awk '{print $2}')
+case "$rust" in
+    1.[0-9].* | 1.[0-7][0-9].*)
+        echo "ecall needs Rust 1.80 or newer, this is $rust: rustup update stable" >&2
+        exit 1
+        ;;
+esac
 
 pkgs=(erlang-nox erlang-dev rebar3 erlang-common-test erlang-dialyzer patchelf python3 iproute2 util-linux)
 need=()
@@ -15,6 +35,10 @@ command -v python3 >/dev/null || need+=(python3)
 # lowers a descriptor limit (prlimit).
 command -v ip >/dev/null || need+=(iproute2)
 command -v prlimit >/dev/null || need+=(util-linux)
+if $examples; then
+    pkgs+=(elixir)
+    command -v mix >/dev/null || need+=(elixir)
+fi
 [ ${#need[@]} -eq 0 ] && exit 0
 
 if [ "$(id -u)" -ne 0 ]; then
@@ -25,4 +49,3 @@ fi
 echo "installing ${need[*]} from Debian packages" >&2
 apt-get update -qq
 DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
-command -v cargo >/dev/null || { echo "ecall needs a Rust toolchain (cargo) on PATH" >&2; exit 1; }

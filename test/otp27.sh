@@ -16,6 +16,20 @@ if [ -f "$cache/ready" ] && [ -x "$erl" ]; then
     exit 0
 fi
 
+# Preparing it writes the cache (and installs patchelf when missing): a
+# user who cannot write /var/cache points ECALL_OTP27_CACHE elsewhere.
+parent=$cache
+while [ ! -e "$parent" ]; do parent=$(dirname "$parent"); done
+if [ ! -w "$parent" ]; then
+    echo "otp27.sh: cannot write $parent to unpack OTP 27 into $cache;" >&2
+    echo "otp27.sh: run as root once, or set ECALL_OTP27_CACHE to a writable dir, e.g." >&2
+    echo "otp27.sh:     ECALL_OTP27_CACHE=\$HOME/.cache/ecall-otp27 make test" >&2
+    exit 1
+fi
+if ! command -v patchelf >/dev/null && [ "$(id -u)" -ne 0 ]; then
+    echo "otp27.sh: needs patchelf: sudo apt-get install -y patchelf" >&2
+    exit 1
+fi
 command -v patchelf >/dev/null || { apt-get update -qq >&2; DEBIAN_FRONTEND=noninteractive apt-get install -y -qq patchelf >&2; }
 
 # The machine's own Debian mirror, with the next suite.
