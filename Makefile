@@ -41,6 +41,7 @@ check: deps
 	cargo clippy --release --workspace --all-targets -- -D warnings
 	rebar3 xref
 	rebar3 dialyzer
+	rebar3 edoc
 
 clean:
 	rm -rf _build priv/*.so examples/*/_build examples/*/deps
