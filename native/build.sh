@@ -37,9 +37,10 @@ case "${ECALL_NO_NIF:-}" in
         ;;
 esac
 
+# cargo names the library libecall_nif.dylib on macOS, .so elsewhere;
+# erlang:load_nif/2 looks for .so on both.
 case "$(uname -s)" in
-    Darwin) ext=dylib ;;
-    Linux | *BSD | DragonFly | SunOS) ext=so ;;
+    Darwin | Linux | *BSD | DragonFly | SunOS) ;;
     *)
         say "$(uname -s) is not supported by the NIF build; set ECALL_NO_NIF=1 to build without it"
         exit 1
@@ -52,18 +53,35 @@ if ! command -v cargo >/dev/null 2>&1; then
     exit 1
 fi
 
-if ! cargo build --release -p ecall_nif; then
-    say "cargo failed to build the NIF (see above)."
-    hint
-    exit 1
-fi
+# cargo's messages go to stderr; its JSON lines (stdout) name the library
+# it built, wherever its target dir is (CARGO_TARGET_DIR, a build.target-dir
+# of a .cargo/config.toml, or target/ beside Cargo.toml).
+build() {
+    if ! json=$(cargo build --release -p ecall_nif --message-format=json-render-diagnostics); then
+        say "cargo failed to build the NIF (see above)."
+        hint
+        exit 1
+    fi
+    artifact=$(printf '%s\n' "$json" | grep '"reason":"compiler-artifact"' | grep '"kind":\["cdylib"\]' || true)
+}
+build
+built=$(printf '%s\n' "$artifact" | sed -n 's/.*"filenames":\["\([^"]*\)".*/\1/p')
+[ -n "$built" ] && [ -f "$built" ] || { say "cargo reported no NIF library"; exit 1; }
 
-# cargo's target dir: CARGO_TARGET_DIR, a build.target-dir of a
-# .cargo/config.toml, or target/ beside Cargo.toml; cargo knows which.
-target=$(cargo metadata --format-version 1 --no-deps 2>/dev/null |
-    sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')
-[ -n "$target" ] || target=${CARGO_TARGET_DIR:-$PWD/target}
-built=$target/release/libecall_nif.$ext
+# Two checkouts of ecall sharing one target dir (CARGO_TARGET_DIR) share one
+# library file there (a cdylib's name carries no hash), and cargo does not
+# link again a build it finds fresh when the other checkout wrote that file
+# last. A stamp beside it names the checkout that linked it last.
+here=$(pwd -P)
+stamp=$(dirname "$built")/.ecall_nif.checkout
+if [ ! -f "$stamp" ] || printf '%s\n' "$artifact" | grep -q '"fresh":false'; then
+    echo "$here" >"$stamp"
+elif [ -f "$stamp" ] && [ "$(cat "$stamp")" != "$here" ]; then
+    say "the NIF in $(dirname "$built") was linked for $(cat "$stamp"): linking it again for $here"
+    rm -f "$built" "$(dirname "$built")/deps/${built##*/}"
+    build
+    echo "$here" >"$stamp"
+fi
 [ -f "$built" ] || { say "cargo built nothing at $built"; exit 1; }
 
 # A new file renamed into place: a running node that loaded the old library
