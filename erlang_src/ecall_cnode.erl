@@ -58,8 +58,17 @@ init([]) ->
                         "ecall:send/2 and friends behave as plain ! and erpc", [], ?DOMAIN),
             {ok, #{}};
         {error, {nif_not_loaded, Why}} ->
-            ?LOG_ERROR("ecall: the NIF did not load (~p); connections use the pure-Erlang transport",
-                       [Why], ?DOMAIN),
+            %% Expected with `{transport, erlang}' (a build without the NIF,
+            %% ECALL_NO_NIF=1): a notice. Otherwise the NIF was wanted: an
+            %% error, with the reason.
+            case ecall_config:get(transport) of
+                erlang ->
+                    ?LOG_NOTICE("ecall: no NIF (~p); the pure-Erlang transport, as configured",
+                                [Why], ?DOMAIN);
+                nif ->
+                    ?LOG_ERROR("ecall: the NIF did not load (~p); connections use the "
+                               "pure-Erlang transport", [Why], ?DOMAIN)
+            end,
             {ok, #{}};
         {error, Why} ->
             %% epmd refused the names, for example: a real failure, let the

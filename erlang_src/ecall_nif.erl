@@ -1,4 +1,5 @@
-%% @doc Loader and stubs of the Rust NIF (crate `native/ecall_nif`).
+%% @private
+%% Loader and stubs of the Rust NIF (crate `native/ecall_nif`).
 %%
 %% The module always loads: when the shared library cannot be loaded the
 %% reason is kept (see {@link load_error/0}), every stub raises
