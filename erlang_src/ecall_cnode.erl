@@ -57,6 +57,12 @@ init([]) ->
             ?LOG_NOTICE("ecall: this node is not distributed (no -sname/-name); "
                         "ecall:send/2 and friends behave as plain ! and erpc", [], ?DOMAIN),
             {ok, #{}};
+        {error, {no_listen_port, Min, Max}} ->
+            ?LOG_WARNING("ecall: inet_dist_listen_min..max (~b..~b) leaves no port for the ~b "
+                         "C-node identities (the node takes one); connections use the "
+                         "pure-Erlang transport. Widen the range to use the NIF.",
+                         [Min, Max, ecall_config:links()], ?DOMAIN),
+            {ok, #{}};
         {error, {nif_not_loaded, Why}} ->
             %% Expected with `{transport, erlang}' (a build without the NIF,
             %% ECALL_NO_NIF=1): a notice. Otherwise the NIF was wanted: an
@@ -83,19 +89,75 @@ start_identities() ->
             {error, not_distributed};
         {true, none} ->
             [Name, Host] = string:split(atom_to_list(node()), "@"),
+            Links = ecall_config:links(),
             Nodes = [iolist_to_binary([Name, "_ecall_", integer_to_list(K), $@, Host])
-                     || K <- lists:seq(1, ecall_config:links())],
+                     || K <- lists:seq(1, Links)],
             Cookie = atom_to_binary(erlang:get_cookie()),
-            Ref = make_ref(),
-            ok = ecall_nif:cnode_start(Nodes, Cookie, tick_ms(),
-                                       ecall_config:get(handshake_timeout), epmd_port(), Ref),
-            receive
-                {ecall_cnode, Ref, Result} -> Result
-            after ?REGISTER_TIMEOUT ->
-                {error, timeout}
+            {Min, Max} = listen_ports(),
+            case Min > 0 andalso Max - Min < Links of
+                true ->
+                    %% The node's own listener takes one port of the range;
+                    %% each identity needs another.
+                    {error, {no_listen_port, Min, Max}};
+                false ->
+                    Ref = make_ref(),
+                    Opts = #{tick_ms => tick_ms(),
+                             handshake_ms => ecall_config:get(handshake_timeout),
+                             epmd_port => epmd_port(),
+                             listen_addr => listen_addr(),
+                             listen_min => Min, listen_max => Max},
+                    ok = ecall_nif:cnode_start(Nodes, Cookie, Opts, Ref),
+                    receive
+                        {ecall_cnode, Ref, Result} -> Result
+                    after ?REGISTER_TIMEOUT ->
+                        {error, timeout}
+                    end
             end;
         {true, Why} ->
             {error, {nif_not_loaded, Why}}
+    end.
+
+%% Where the identities listen: where the node's distribution listens, so
+%% that a node kept to one interface (inet_dist_use_interface) does not get
+%% links listening on every one. Otherwise every interface of the node's
+%% address family (`-proto_dist inet6_tcp' and `inet6_tls': IPv6; on Linux
+%% `::' takes IPv4 too, as the node's own listener does).
+-spec listen_addr() -> binary().
+listen_addr() ->
+    case application:get_env(kernel, inet_dist_use_interface) of
+        {ok, Ip} when is_tuple(Ip) ->
+            list_to_binary(inet:ntoa(Ip));
+        _ ->
+            case proto_family() of
+                inet6 -> <<"::">>;
+                inet -> <<"0.0.0.0">>
+            end
+    end.
+
+-spec proto_family() -> inet | inet6.
+proto_family() ->
+    case init:get_argument(proto_dist) of
+        {ok, [[Proto | _] | _]} ->
+            case lists:prefix("inet6", Proto) of
+                true -> inet6;
+                false -> inet
+            end;
+        _ ->
+            inet
+    end.
+
+%% The port range of the node's distribution listener (as inet_tcp_dist
+%% reads it: a minimum alone is also the maximum), or {0, 0}: any port.
+-spec listen_ports() -> {0..65535, 0..65535}.
+listen_ports() ->
+    case {application:get_env(kernel, inet_dist_listen_min),
+          application:get_env(kernel, inet_dist_listen_max)} of
+        {{ok, Min}, {ok, Max}} when is_integer(Min), is_integer(Max), Min > 0, Max >= Min ->
+            {Min, min(Max, 65535)};
+        {{ok, Min}, _} when is_integer(Min), Min > 0 ->
+            {Min, Min};
+        _ ->
+            {0, 0}
     end.
 
 %% The epmd this node uses, found the way erl_epmd finds it.

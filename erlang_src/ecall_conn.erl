@@ -71,11 +71,14 @@ watcher(Node, K) ->
     end.
 
 %% @doc The transport new connections use: `nif' (the default), or
-%% `erlang' when configured so or when the NIF did not load.
+%% `erlang' when configured so, when the NIF did not load, or when the
+%% C-node identities found no port to listen on.
 -spec transport() -> nif | erlang.
 transport() ->
-    case ecall_nif:load_error() of
-        none -> ecall_config:get(transport);
+    case {ecall_nif:load_error(), ecall_cnode:cnode()} of
+        %% The listen port range has no room for the identities.
+        {none, {error, {no_listen_port, _, _}}} -> erlang;
+        {none, _} -> ecall_config:get(transport);
         _ -> erlang
     end.
 

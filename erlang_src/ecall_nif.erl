@@ -8,7 +8,7 @@
 -module(ecall_nif).
 
 -export([load_error/0, log_target/2, log_off/0]).
--export([cnode_start/6, cnode_info/1,
+-export([cnode_start/4, cnode_info/1,
          peer_open/6, peer_close/1, peer_stats/1, overflow_drop/1,
          send/3, push/3, push_iovec/3, caller_link/1, wait_room/3]).
 
@@ -18,7 +18,7 @@
 
 -type cnode() :: reference().
 -type peer() :: reference().
--export_type([cnode/0, peer/0]).
+-export_type([cnode/0, peer/0, cnode_opts/0]).
 
 -spec init() -> ok.
 init() ->
@@ -55,8 +55,12 @@ log_target(_Pid, _Max) -> erlang:nif_error(nif_not_loaded).
 -spec log_off() -> ok.
 log_off() -> erlang:nif_error(nif_not_loaded).
 
--spec cnode_start([binary()], binary(), pos_integer(), pos_integer(), 1..65535, reference()) -> ok.
-cnode_start(_Nodes, _Cookie, _TickMs, _HandshakeMs, _EpmdPort, _Ref) -> erlang:nif_error(nif_not_loaded).
+-type cnode_opts() :: #{tick_ms := pos_integer(), handshake_ms := pos_integer(),
+                        epmd_port := 1..65535, listen_addr := binary(),
+                        listen_min := 0..65535, listen_max := 0..65535}.
+
+-spec cnode_start([binary()], binary(), cnode_opts(), reference()) -> ok.
+cnode_start(_Nodes, _Cookie, _Opts, _Ref) -> erlang:nif_error(nif_not_loaded).
 
 %% One map per identity: node (binary), creation, port, incoming connections
 %% accepted and refused, and what they sent: inbound_frames, inbound_answered

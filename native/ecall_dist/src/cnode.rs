@@ -107,6 +107,52 @@ pub struct IdentityConfig {
     pub handshake_timeout: Duration,
     /// Port of epmd, here and on peers' hosts (one cluster, one port).
     pub epmd_port: u16,
+    /// Where the listener for incoming connections binds.
+    pub listen: Listen,
+}
+
+/// Where an identity listens: where the node's own distribution listens
+/// (the Erlang side reads `inet_dist_use_interface`, the address family
+/// of `-proto_dist` and `inet_dist_listen_min/max`), so that a node kept
+/// to one interface or one port range does not get links listening
+/// elsewhere.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Listen {
+    /// The address to bind (unspecified: every interface of its family).
+    pub addr: std::net::IpAddr,
+    /// The lowest and highest port to try, in order; `(0, 0)`: any port
+    /// the system gives.
+    pub ports: (u16, u16),
+}
+
+impl Default for Listen {
+    /// Any IPv4 interface, any port (the node's own default).
+    fn default() -> Self {
+        Listen {
+            addr: std::net::Ipv4Addr::UNSPECIFIED.into(),
+            ports: (0, 0),
+        }
+    }
+}
+
+impl Listen {
+    /// Binds the first free port of the range.
+    async fn bind(&self) -> Result<TcpListener, Error> {
+        let (lo, hi) = self.ports;
+        if lo == 0 {
+            return TcpListener::bind((self.addr, 0))
+                .await
+                .map_err(Error::io("listen"));
+        }
+        let mut last = std::io::Error::from(std::io::ErrorKind::AddrInUse);
+        for port in lo..=hi {
+            match TcpListener::bind((self.addr, port)).await {
+                Ok(l) => return Ok(l),
+                Err(e) => last = e,
+            }
+        }
+        Err(Error::Io("listen (no free port in the range)", last))
+    }
 }
 
 /// A registered C-node name. See the module docs.
@@ -139,9 +185,7 @@ impl Identity {
             .node
             .parse()
             .map_err(|e| Error::BadName(format!("{}: {e}", config.node)))?;
-        let listener = TcpListener::bind(("0.0.0.0", 0))
-            .await
-            .map_err(Error::io("listen"))?;
+        let listener = config.listen.bind().await?;
         let port = listener.local_addr().map_err(Error::io("listen"))?.port();
         let (keep, creation) = register(&config, &name, port).await?;
         let mut local = LocalNode::new(name, creation);

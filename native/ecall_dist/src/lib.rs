@@ -38,7 +38,7 @@ pub mod link;
 pub mod peer;
 pub mod shard;
 
-pub use cnode::{Identity, IdentityConfig};
+pub use cnode::{Identity, IdentityConfig, Listen};
 pub use link::{LinkDown, LinkEvents};
 pub use peer::{Peer, PeerConfig, Push};
 pub use shard::BatchCaps;

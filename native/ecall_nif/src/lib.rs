@@ -15,7 +15,7 @@
 
 use ecall_dist::link::posix_name;
 use ecall_dist::{
-    BatchCaps, Identity, IdentityConfig, LinkDown, LinkEvents, Peer, PeerConfig, Push,
+    BatchCaps, Identity, IdentityConfig, LinkDown, LinkEvents, Listen, Peer, PeerConfig, Push,
 };
 use rustler::env::OwnedEnv;
 use rustler::types::tuple::make_tuple;
@@ -78,22 +78,51 @@ impl Resource for PeerRes {
     }
 }
 
+/// Options of `cnode_start/4`, all required (the Erlang side fills them).
+#[derive(rustler::NifMap)]
+struct CNodeOpts {
+    tick_ms: u64,
+    handshake_ms: u64,
+    epmd_port: u16,
+    /// Address to listen on, as text (`"0.0.0.0"`, `"::"`, `"127.0.0.1"`).
+    listen_addr: String,
+    /// Port range to listen on; `0, 0`: any.
+    listen_min: u16,
+    listen_max: u16,
+}
+
 /// Starts identities `nodes` (full names) registered with the epmd on
-/// `epmd_port`; answers the caller with
+/// `epmd_port`, listening where `opts` says; answers the caller with
 /// `{ecall_cnode, Ref, {ok, CNode} | {error, Reason}}`.
 #[rustler::nif]
 fn cnode_start(
     env: Env<'_>,
     nodes: Vec<String>,
     cookie: String,
-    tick_ms: u64,
-    handshake_ms: u64,
-    epmd_port: u16,
+    opts: CNodeOpts,
     reference: Term<'_>,
 ) -> NifResult<Atom> {
-    if nodes.is_empty() || tick_ms == 0 || handshake_ms == 0 {
+    let CNodeOpts {
+        tick_ms,
+        handshake_ms,
+        epmd_port,
+        listen_addr,
+        listen_min,
+        listen_max,
+    } = opts;
+    let addr = listen_addr.parse().map_err(|_| rustler::Error::BadArg)?;
+    if nodes.is_empty()
+        || tick_ms == 0
+        || handshake_ms == 0
+        || (listen_min == 0) != (listen_max == 0)
+        || listen_min > listen_max
+    {
         return Err(rustler::Error::BadArg);
     }
+    let listen = Listen {
+        addr,
+        ports: (listen_min, listen_max),
+    };
     let caller = env.pid();
     let mut owned = OwnedEnv::new();
     let saved = owned.save(reference);
@@ -107,6 +136,7 @@ fn cnode_start(
                 tick: Duration::from_millis(tick_ms),
                 handshake_timeout: Duration::from_millis(handshake_ms),
                 epmd_port,
+                listen: listen.clone(),
             };
             match Identity::start(cfg).await {
                 Ok(id) => ids.push(id),

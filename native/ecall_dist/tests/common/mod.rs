@@ -2,7 +2,7 @@
 //! names that do not collide, and a C-node identity registered with it.
 #![allow(dead_code)]
 
-use ecall_dist::{Identity, IdentityConfig};
+use ecall_dist::{Identity, IdentityConfig, Listen};
 use std::net::TcpListener;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -79,6 +79,10 @@ pub async fn identity(epmd: &Epmd, cookie: &str, tick: Duration) -> Arc<Identity
         tick,
         handshake_timeout: Duration::from_secs(10),
         epmd_port: epmd.port,
+        listen: Listen {
+            addr: std::net::Ipv4Addr::LOCALHOST.into(),
+            ports: (0, 0),
+        },
     })
     .await
     .expect("identity starts")

@@ -1,0 +1,136 @@
+%% Long names, IPv6 and where the C-node identities listen.
+%%
+%% The nodes here are started with `-name' (on 127.0.0.1 or ::1), which the
+%% Common Test node (`-sname') cannot connect to: they are OTP `peer' nodes
+%% driven over their standard input and output, and talk to each other by
+%% distribution and through ecall. They use the epmd of test/with_epmd.sh.
+-module(ecall_names_SUITE).
+
+-include_lib("common_test/include/ct.hrl").
+-include_lib("stdlib/include/assert.hrl").
+
+-export([all/0, suite/0]).
+-export([long_names_ipv4/1, long_names_ipv6/1, use_interface_binds_the_identities/1,
+         listen_port_range_holds_the_identities/1, no_room_in_the_range_means_erlang_transport/1]).
+
+suite() ->
+    [{timetrap, {minutes, 5}}].
+
+all() ->
+    [long_names_ipv4, long_names_ipv6, use_interface_binds_the_identities,
+     listen_port_range_holds_the_identities, no_room_in_the_range_means_erlang_transport].
+
+%% Two `-name' nodes on 127.0.0.1: connect through the C-node links, 100,000
+%% messages from 1,000 callers exactly once and in order, a call.
+long_names_ipv4(_Config) ->
+    X = start("x", "127.0.0.1", []),
+    Y = start("y", "127.0.0.1", []),
+    exchange(X, Y),
+    stop([X, Y]).
+
+%% The same over IPv6 distribution (`-proto_dist inet6_tcp', names on ::1).
+%% The identities listen on IPv6 too: before anything connects the two
+%% nodes, the peer pings one of them (a new connection to its listener).
+long_names_ipv6(_Config) ->
+    Inet6 = ["-proto_dist", "inet6_tcp"],
+    X = {PX, _} = start("x", "::1", Inet6),
+    Y = {PY, _} = start("y", "::1", Inet6),
+    [Id | _] = peer:call(PX, ecall, nodes, []),
+    ?assertMatch("x" ++ _, atom_to_list(Id)),
+    ?assertEqual([], peer:call(PY, erlang, nodes, [connected])),
+    ?assertEqual(pong, peer:call(PY, net_adm, ping, [Id], 30000)),
+    exchange(X, Y),
+    stop([X, Y]).
+
+exchange({PX, _}, {_, NY}) ->
+    ?assertEqual(ok, peer:call(PX, ecall, connect, [NY], 30000)),
+    ?assertEqual(100000, peer:call(PX, ecall_test_nodes, many_callers_exactly_once, [NY],
+                                   150000)),
+    ?assertEqual({ok, NY}, peer:call(PX, ecall, call, [NY, erlang, node, []], 30000)),
+    %% Through the links, not the fallback.
+    {ok, Stats} = peer:call(PX, ecall, stats, [NY]),
+    ?assert(maps:get(requests, Stats) >= 100001),
+    ?assertEqual(2, maps:get(links_up, Stats)).
+
+%% With `inet_dist_use_interface' the identities listen on that address
+%% only, as the node does: 127.0.0.1 answers, 127.0.0.2 (loopback as well)
+%% does not. Without it they listen on every interface.
+use_interface_binds_the_identities(_Config) ->
+    Kept = start("x", "127.0.0.1", ["-kernel", "inet_dist_use_interface", "{127,0,0,1}"]),
+    Open = start("y", "127.0.0.1", []),
+    [KeptPort | _] = ports(Kept),
+    [OpenPort | _] = ports(Open),
+    ?assertMatch({ok, _}, try_connect({127, 0, 0, 1}, KeptPort)),
+    ?assertEqual({error, econnrefused}, try_connect({127, 0, 0, 2}, KeptPort)),
+    ?assertMatch({ok, _}, try_connect({127, 0, 0, 2}, OpenPort)),
+    stop([Kept, Open]).
+
+%% With `inet_dist_listen_min/max' the identities take ports of that range.
+listen_port_range_holds_the_identities(_Config) ->
+    {Min, Max} = free_range(10),
+    X = start("x", "127.0.0.1", range_args(Min, Max)),
+    Ports = ports(X),
+    ?assertEqual(2, length(Ports)),
+    [?assert(P >= Min andalso P =< Max) || P <- Ports],
+    stop([X]).
+
+%% A range with room for the node alone: ecall starts, says so, and uses
+%% the pure-Erlang transport (same API) instead of failing.
+no_room_in_the_range_means_erlang_transport(_Config) ->
+    {Min, _} = free_range(1),
+    X = {PX, _} = start("x", "127.0.0.1", range_args(Min, Min)),
+    Y = {_, NY} = start("y", "127.0.0.1", []),
+    ?assertEqual(erlang, peer:call(PX, ecall_conn, transport, [])),
+    ?assertEqual([], peer:call(PX, ecall, nodes, [])),
+    ?assertEqual(ok, peer:call(PX, ecall, connect, [NY], 30000)),
+    ?assertEqual({ok, NY}, peer:call(PX, ecall, call, [NY, erlang, node, []], 30000)),
+    stop([X, Y]).
+
+%%--------------------------------------------------------------------
+
+start(Prefix, Host, Extra) ->
+    Name = peer:random_name(Prefix),
+    Node = list_to_atom(Name ++ "@" ++ Host),
+    {ok, Peer, Node} =
+        peer:start_link(#{connection => standard_io, name => Name, host => Host,
+                          longnames => true,
+                          args => ["-setcookie", "ecall_names" | Extra]
+                              ++ ecall_test_nodes:code_args(),
+                          wait_boot => 60000}),
+    {ok, _} = peer:call(Peer, application, ensure_all_started, [ecall], 30000),
+    {Peer, Node}.
+
+stop(Nodes) ->
+    [peer:stop(P) || {P, _} <- Nodes],
+    ok.
+
+%% The listen ports of a node's identities.
+ports({Peer, _}) ->
+    {ok, C} = peer:call(Peer, ecall_cnode, cnode, []),
+    [P || #{port := P} <- peer:call(Peer, ecall_nif, cnode_info, [C])].
+
+try_connect(Ip, Port) ->
+    case gen_tcp:connect(Ip, Port, [binary, {active, false}], 5000) of
+        {ok, S} -> gen_tcp:close(S), {ok, Port};
+        Error -> Error
+    end.
+
+range_args(Min, Max) ->
+    ["-kernel", "inet_dist_listen_min", integer_to_list(Min),
+     "-kernel", "inet_dist_listen_max", integer_to_list(Max)].
+
+%% N consecutive ports free now on 127.0.0.1 and on every interface (found
+%% by binding them; another process may still take one before the node
+%% does, which is unlikely in the high range used here).
+free_range(N) ->
+    Base = 40000 + rand:uniform(15000),
+    case lists:all(fun(P) -> port_free(P) end, lists:seq(Base, Base + N - 1)) of
+        true -> {Base, Base + N - 1};
+        false -> free_range(N)
+    end.
+
+port_free(P) ->
+    case gen_tcp:listen(P, [{reuseaddr, false}]) of
+        {ok, L} -> gen_tcp:close(L), true;
+        {error, _} -> false
+    end.
