@@ -207,8 +207,8 @@ impl Peer {
     }
 
     /// Whether a small push to link `k` would now be written by its caller
-    /// (a lone write: the writer sleeps and the last lone write is at
-    /// least [`LONE_GAP`](crate::link::LONE_GAP) old; see `link/side.rs`).
+    /// (a lone write: the writer sleeps and the link has been quiet for
+    /// [`LONE_GAP`](crate::link::LONE_GAP); see `link/side.rs`).
     pub fn would_write_lone(&self, k: usize) -> bool {
         self.links.get(k).is_some_and(LinkShared::lone_ready)
     }

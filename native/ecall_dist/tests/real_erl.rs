@@ -464,8 +464,8 @@ fn seq_element(i: i32, pad: usize) -> Vec<u8> {
 }
 
 /// Until a small push to link 0 would be written alone: its writer sleeps
-/// (it does once it has nothing to write) and the last lone write is
-/// `LONE_GAP` old. A deadline, not a pause, bounds the wait.
+/// (it does once it has nothing to write) and the link has been quiet for
+/// `LONE_GAP`. A deadline, not a pause, bounds the wait.
 async fn writer_asleep(peer: &Peer) {
     tokio::time::timeout(WAIT, async {
         while !peer.would_write_lone(0) {

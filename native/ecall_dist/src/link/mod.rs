@@ -166,8 +166,9 @@ pub(crate) struct LinkShared {
     /// The connection's write side while the writer sleeps (see
     /// `link/side.rs`); `None` while it is awake or not connected.
     pub(crate) parked: std::sync::Mutex<Option<WriteSide>>,
-    /// When the last lone write was made (`side::clock`).
-    pub(crate) lone_at: AtomicU64,
+    /// Since when the link has been quiet (`side::clock`): set when the
+    /// writer goes to sleep and by each lone write.
+    pub(crate) quiet_since: AtomicU64,
 }
 
 impl LinkShared {

@@ -12,8 +12,9 @@
 //! socket takes only part of the frame, the rest goes to
 //! [`WriteSide::pending`], for the writer to write before anything else;
 //! if the lock is taken or the writer is awake, the push queues as usual.
-//! Lone writes are for quiet links: within [`LONE_GAP`] of the last one a
-//! request wakes the writer instead, and what follows goes in batches.
+//! Lone writes are for quiet links: a link written to (by its writer, or by
+//! a lone write) within the last [`LONE_GAP`] is busy, and a request there
+//! wakes the writer instead, so that what follows goes in batches.
 //!
 //! Order: a lone write happens only while the writer sleeps, and the writer
 //! sleeps only after it has written everything it took and found every
@@ -34,19 +35,20 @@ use tokio::net::tcp::OwnedWriteHalf;
 /// `send` of more would likely be partial anyway).
 pub const LONE_MAX: usize = 16 * 1024;
 
-/// The least time between two lone writes on one link. A request that
-/// comes sooner after the last one wakes the writer, and what follows it
-/// queues behind the awake writer and goes in batches: each request written
-/// alone costs a syscall here and a message to decode on the peer, which a
-/// busy link cannot afford, while an idle one (a request now and then)
-/// gains a thread hop per request. At most 2,000 lone writes per second
-/// per link.
+/// How long a link must have been quiet (its writer asleep, no lone write)
+/// for a request to be written alone. A request on a link busier than that
+/// wakes the writer, and what follows it queues behind the awake writer and
+/// goes in batches: each request written alone costs a syscall on the
+/// caller's scheduler and a message to decode on the peer, which a busy
+/// link cannot afford, while a quiet one (a request now and then) gains a
+/// thread hop per request. At most 2,000 lone writes per second per link,
+/// and none on a link in steady use.
 pub const LONE_GAP: std::time::Duration = std::time::Duration::from_micros(500);
 const LONE_GAP_NS: u64 = LONE_GAP.as_nanos() as u64;
 
 /// Monotonic nanoseconds since the first call (only differences matter).
 /// Starts at `LONE_GAP` so that the first lone write is never refused.
-fn clock() -> u64 {
+pub(super) fn clock() -> u64 {
     static EPOCH: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
     let epoch = EPOCH.get_or_init(std::time::Instant::now);
     u64::try_from(epoch.elapsed().as_nanos()).unwrap_or(u64::MAX) + LONE_GAP_NS
@@ -100,14 +102,14 @@ pub(crate) enum Lone {
 }
 
 impl LinkShared {
-    fn gap_passed(&self, now: u64) -> bool {
-        now.wrapping_sub(self.lone_at.load(Ordering::Relaxed)) >= LONE_GAP_NS
+    fn quiet_enough(&self, now: u64) -> bool {
+        now.wrapping_sub(self.quiet_since.load(Ordering::Relaxed)) >= LONE_GAP_NS
     }
 
     /// Whether a small push would be written alone now.
     pub(crate) fn lone_ready(&self) -> bool {
         self.state.load(Ordering::SeqCst) == SLEEPING
-            && self.gap_passed(clock())
+            && self.quiet_enough(clock())
             && self
                 .parked
                 .lock()
@@ -130,9 +132,9 @@ impl LinkShared {
             return Lone::Declined;
         }
         let now = clock();
-        if !self.gap_passed(now) {
-            // Requests are coming often: this one wakes the writer, and
-            // those that follow queue behind it, in batches.
+        if !self.quiet_enough(now) {
+            // The link is in use: this request wakes the writer, and those
+            // that follow queue behind it, in batches.
             return Lone::Declined;
         }
         let Ok(mut parked) = self.parked.try_lock() else {
@@ -180,7 +182,7 @@ impl LinkShared {
             side.pending = frame[written..].to_vec();
             Lone::Pending
         };
-        self.lone_at.store(now, Ordering::Relaxed);
+        self.quiet_since.store(now, Ordering::Relaxed);
         drop(parked);
         if lone == Lone::Pending && self.state.swap(AWAKE, Ordering::AcqRel) != AWAKE {
             self.notify.notify_one();

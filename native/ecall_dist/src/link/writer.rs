@@ -192,6 +192,10 @@ impl LinkWriter {
         // Only a sleeping writer lends its side to lone writes: a
         // gathering one is busy, and requests should wait for company.
         if tick {
+            // Quiet from now on (before the side is lent: a lone write
+            // right after this writer's last write would find a busy link).
+            link.quiet_since
+                .store(super::side::clock(), Ordering::Relaxed);
             *lock(&link.parked) = self.side.take();
         }
         let woke = tokio::select! {
