@@ -250,14 +250,28 @@ matrix(Ns, K, P, Ops, Variants, Label) ->
     %% over every operation and load.
     %% ECALL_BENCH_VARIANTS=ecall_nif,native runs only those.
     Chosen = chosen(Variants),
+    Total = length(Chosen) * length(Ops) * length(Ns),
     Rows = lists:append([begin
                              use_transport(B, V),
-                             [point(B, V, Op, N, K, P) || Op <- Ops, N <- Ns]
-                         end || V <- Chosen]),
+                             [progress(I, Total, point(B, V, Op, N, K, P))
+                              || {I, {Op, N}} <- numbered(VI, Ops, Ns)]
+                         end || {VI, V} <- lists:enumerate(0, Chosen)]),
     print(Rows),
     write_results(Label, Rows),
     peer:stop(Peer),
     ok.
+
+%% The points of the VI-th variant, numbered from 1 across the matrix.
+numbered(VI, Ops, Ns) ->
+    Points = [{Op, N} || Op <- Ops, N <- Ns],
+    lists:enumerate(VI * length(Points) + 1, Points).
+
+%% One line per point as it ends, so that a long run shows where it is.
+progress(I, Total, #{variant := V, op := Op, writers := N, rate := Rate,
+                     cpu_us_per_op := Cpu, peak_mem_mb := Mem, lost := Lost} = Row) ->
+    io:format("  [~b/~b] ~s ~s, ~b writers: ~.1fk ops/s, ~.1f us/op, ~b MB, lost ~b~n",
+              [I, Total, Op, V, N, Rate / 1000, Cpu, round(Mem), Lost]),
+    Row.
 
 %% Profile: one paced point of Op (send by default; N writers, 100
 %% requests each, 50 ms apart) per transport, with Linux perf recording both nodes for 4 s
