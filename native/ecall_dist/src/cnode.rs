@@ -94,6 +94,53 @@ pub fn flags() -> DistributionFlags {
     )
 }
 
+/// The flags OTP 25's `DFLAG_MANDATORY_25_DIGEST` stands for (a peer that
+/// sets that bit has all of them).
+pub const DIGEST_25: u64 = EXTENDED_REFERENCES
+    | FUN_TAGS
+    | EXTENDED_PIDS_PORTS
+    | NEW_FUN_TAGS
+    | EXPORT_PTR_TAG
+    | BIT_BINARIES
+    | NEW_FLOATS
+    | UTF8_ATOMS
+    | MAP_TAG
+    | BIG_CREATION
+    | HANDSHAKE_23;
+
+/// What the links need a peer to understand: the encodings that
+/// `term_to_binary` on an OTP 25+ node writes into the frames (new pids,
+/// references and floats, UTF-8 atoms, maps, funs, bit binaries) and the
+/// OTP 23 handshake. A peer without one of them would misread the frames,
+/// so it is refused, by name ([`missing_flags`]).
+pub const REQUIRED_FLAGS: [(u64, &str); 11] = [
+    (EXTENDED_REFERENCES, "DFLAG_EXTENDED_REFERENCES"),
+    (FUN_TAGS, "DFLAG_FUN_TAGS"),
+    (EXTENDED_PIDS_PORTS, "DFLAG_EXTENDED_PIDS_PORTS"),
+    (NEW_FUN_TAGS, "DFLAG_NEW_FUN_TAGS"),
+    (EXPORT_PTR_TAG, "DFLAG_EXPORT_PTR_TAG"),
+    (BIT_BINARIES, "DFLAG_BIT_BINARIES"),
+    (NEW_FLOATS, "DFLAG_NEW_FLOATS"),
+    (UTF8_ATOMS, "DFLAG_UTF8_ATOMS"),
+    (MAP_TAG, "DFLAG_MAP_TAG"),
+    (BIG_CREATION, "DFLAG_BIG_CREATION"),
+    (HANDSHAKE_23, "DFLAG_HANDSHAKE_23"),
+];
+
+/// The names of the [`REQUIRED_FLAGS`] that a peer offering `peer` lacks.
+pub fn missing_flags(peer: u64) -> Vec<&'static str> {
+    let have = if peer & MANDATORY_25_DIGEST != 0 {
+        peer | DIGEST_25
+    } else {
+        peer
+    };
+    REQUIRED_FLAGS
+        .iter()
+        .filter(|(bit, _)| have & bit == 0)
+        .map(|(_, name)| *name)
+        .collect()
+}
+
 /// Settings of one identity.
 #[derive(Debug, Clone)]
 pub struct IdentityConfig {
@@ -474,6 +521,15 @@ pub async fn connect(me: &Identity, peer: &str, cookie: &str) -> Result<Connecte
         }
         e => Error::Handshake(e.to_string()),
     })?;
+    let missing = missing_flags(peer.flags.bits());
+    if !missing.is_empty() {
+        // Dropping the stream closes the connection before anything is
+        // written on it.
+        return Err(Error::Handshake(format!(
+            "refused: the peer lacks {} (needed by ecall's links)",
+            missing.join(", ")
+        )));
+    }
     Ok(Connected {
         stream: stream.into_inner(),
         creation: peer.creation.map_or(0, |c| c.get()),
@@ -486,6 +542,22 @@ pub async fn connect(me: &Identity, peer: &str, cookie: &str) -> Result<Connecte
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn missing_flags_are_named_and_the_digest_counts_as_all() {
+        assert_eq!(missing_flags(flags().bits()), Vec::<&str>::new());
+        assert_eq!(missing_flags(MANDATORY_25_DIGEST), Vec::<&str>::new());
+        assert_eq!(missing_flags(DIGEST_25), Vec::<&str>::new());
+        assert_eq!(
+            missing_flags(DIGEST_25 & !UTF8_ATOMS),
+            vec!["DFLAG_UTF8_ATOMS"]
+        );
+        assert_eq!(
+            missing_flags(DIGEST_25 & !(MAP_TAG | HANDSHAKE_23)),
+            vec!["DFLAG_MAP_TAG", "DFLAG_HANDSHAKE_23"]
+        );
+        assert_eq!(missing_flags(0).len(), REQUIRED_FLAGS.len());
+    }
 
     /// The named flags are the set this module used to offer as one literal.
     #[test]

@@ -217,3 +217,48 @@ async fn pending_handshakes_are_bounded() {
     }
     answers_ping(&id).await;
 }
+
+/// A peer whose handshake lacks a flag the links need (here UTF-8 atoms)
+/// is refused after its handshake, with the flag named in the reason: a
+/// fake node (erl_dist's server side, registered with the real epmd)
+/// offering everything else.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_lacking_a_needed_flag_is_refused_by_name() {
+    use ecall_dist::cnode::{self, DIGEST_25, UTF8_ATOMS};
+    use erl_dist::epmd::{EpmdClient, NodeEntry};
+    use erl_dist::handshake::ServerSideHandshake;
+    use erl_dist::DistributionFlags;
+
+    let epmd = Epmd::start().await;
+    let id = identity(&epmd, COOKIE, Duration::from_secs(15)).await;
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0))
+        .await
+        .unwrap();
+    let name = unique("old");
+    let registration = TcpStream::connect(("127.0.0.1", epmd.port)).await.unwrap();
+    let (_keep, creation) = EpmdClient::new(registration.compat())
+        .register(NodeEntry::new_hidden(
+            &name,
+            listener.local_addr().unwrap().port(),
+        ))
+        .await
+        .unwrap();
+    let node = format!("{name}@{}", common::host());
+    let mut local = LocalNode::new(node.parse().unwrap(), creation);
+    local.flags = DistributionFlags::from_bits_truncate(DIGEST_25 & !UTF8_ATOMS);
+    let server = tokio::spawn(async move {
+        let (stream, _) = listener.accept().await.unwrap();
+        let mut hs = ServerSideHandshake::new(stream.compat(), local, COOKIE);
+        hs.execute_recv_name().await.unwrap();
+        let _ = hs.execute_rest(HandshakeStatus::Ok).await;
+    });
+    let err = tokio::time::timeout(WAIT, cnode::connect(&id, &node, COOKIE))
+        .await
+        .expect("connect ends")
+        .err()
+        .expect("refused");
+    let text = err.to_string();
+    assert!(text.contains("DFLAG_UTF8_ATOMS"), "{text}");
+    assert!(matches!(err, ecall_dist::Error::Handshake(_)), "{err:?}");
+    server.await.unwrap();
+}
