@@ -4,6 +4,7 @@
 # Both install what they need first (Erlang from Debian packages, as root).
 SHELL := /bin/bash
 export ECALL_OTP27_CACHE ?= /var/cache/ecall-otp27
+export ECALL_OTP29_CACHE ?= /var/cache/ecall-otp29
 
 .PHONY: all deps build demo test test-rust test-ct test-build examples check clean
 

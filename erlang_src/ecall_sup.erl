@@ -1,7 +1,7 @@
 %% @private
 %% Top supervisor. Order matters: the receiver pool is up before anything
-%% can announce this node to peers, and connections start after the C-node
-%% they use. rest_for_one: a restarted C-node takes the connections that
+%% can announce this node to peers (discovery comes after the data path),
+%% and connections start after the C-node they use. rest_for_one: a restarted C-node takes the connections that
 %% used its identities down with it.
 -module(ecall_sup).
 -behaviour(supervisor).
@@ -18,11 +18,13 @@ init([]) ->
         #{id => ecall_log, start => {ecall_log, start_link, []}},
         #{id => ecall_receiver_sup, type => supervisor,
           start => {ecall_receiver_sup, start_link, []}},
-        #{id => ecall_pg, start => {pg, start_link, [ecall_pg]}},
         #{id => ecall_cnode, start => {ecall_cnode, start_link, []}},
         #{id => ecall_conn_sup, type => supervisor,
           start => {ecall_conn_sup, start_link, []}},
-        #{id => ecall_discovery, start => {ecall_discovery, start_link, []}},
+        %% Temporary, and after the data path: peers can crash discovery
+        %% (see ecall_discovery_sup), never the rest.
+        #{id => ecall_discovery_sup, type => supervisor, restart => temporary,
+          start => {ecall_discovery_sup, start_link, []}},
         %% Last: it only reads the others (periodic telemetry), and a crash
         %% of it restarts nothing else under rest_for_one.
         #{id => ecall_telemetry, start => {ecall_telemetry, start_link, []}}

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# Runs the Common Test suites against a private epmd, with the OTP 27 peer
-# prepared, and ends with a plain "N passed, N failed" line.
+# Runs the Common Test suites against a private epmd, with the OTP 27 and
+# OTP 29 peers prepared, and ends with a plain "N passed, N failed" line.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 ECALL_OTP27_ERL=$(test/otp27.sh)
-export ECALL_OTP27_ERL
+ECALL_OTP29_ERL=$(test/otp27.sh 29 sid)
+export ECALL_OTP27_ERL ECALL_OTP29_ERL
 mkdir -p _build
 status=0
 test/with_epmd.sh rebar3 ct --sname "ecall_ct_$$" --readable true "$@" | tee _build/ct.out || status=$?

@@ -1,7 +1,9 @@
 %% The data path on two real nodes: this node (started by rebar3 ct with
-%% -sname) and node B running ecall, on OTP 25 (group otp25) and on OTP 27
-%% (group otp27: the `erl' named by ECALL_OTP27_ERL, which test/otp27.sh
-%% prepares). Every node talks to a private epmd (test/with_epmd.sh).
+%% -sname) and node B running ecall, on OTP 25 (group otp25), on OTP 27
+%% (group otp27: the `erl' named by ECALL_OTP27_ERL) and on OTP 29 (group
+%% otp29: ECALL_OTP29_ERL, Debian unstable's release; Debian has no OTP 28),
+%% both prepared by test/otp27.sh. Every node talks to a private epmd
+%% (test/with_epmd.sh).
 -module(ecall_data_path_SUITE).
 
 -include_lib("common_test/include/ct.hrl").
@@ -20,14 +22,15 @@ suite() ->
     [{timetrap, {minutes, 5}}].
 
 all() ->
-    [{group, otp25}, {group, otp27}].
+    [{group, otp25}, {group, otp27}, {group, otp29}].
 
 groups() ->
     DataPath = [exactly_once_in_order, large_messages_in_order, links_are_hidden_cnodes, ping_cnode,
                 fallback_without_link, names_and_aliases, malformed_element_skipped,
                 link_loss_is_reported_and_healed],
     [{otp25, [], DataPath},
-     {otp27, [], DataPath}].
+     {otp27, [], DataPath},
+     {otp29, [], DataPath}].
 
 init_per_suite(Config) ->
     ok = ecall_test_nodes:start_ecall(),
@@ -36,10 +39,11 @@ init_per_suite(Config) ->
 end_per_suite(_Config) ->
     ok = application:stop(ecall).
 
-init_per_group(otp27, Config) ->
-    Erl = os:getenv("ECALL_OTP27_ERL", ""),
-    %% A missing OTP 27 is a failure, not a skip: the README's test command
-    %% prepares it.
+init_per_group(Group, Config) when Group =:= otp27; Group =:= otp29 ->
+    Var = string:uppercase("ECALL_" ++ atom_to_list(Group) ++ "_ERL"),
+    Erl = os:getenv(Var, ""),
+    %% A missing release is a failure, not a skip: the README's test
+    %% command prepares it.
     ?assert(filelib:is_regular(Erl)),
     start_b(Config, Erl);
 init_per_group(_Group, Config) ->

@@ -13,7 +13,8 @@
 
 -export([all/0, suite/0, init_per_suite/1, end_per_suite/1]).
 -export([deep_terms_over_links/1, deep_terms_over_accepted_connections/1,
-         oversized_frame_closes_one_connection/1, large_message_over_link_in_fragments/1]).
+         oversized_frame_closes_one_connection/1, large_message_over_link_in_fragments/1,
+         unknown_messages_to_discovery_stop_discovery_only/1]).
 %% Run on peers.
 -export([deep_list/1, deep_tuple/1, send_and_wait_close/2]).
 
@@ -22,7 +23,9 @@ suite() ->
 
 all() ->
     [deep_terms_over_links, deep_terms_over_accepted_connections,
-     oversized_frame_closes_one_connection, large_message_over_link_in_fragments].
+     oversized_frame_closes_one_connection, large_message_over_link_in_fragments,
+     %% Last: it leaves this node without discovery.
+     unknown_messages_to_discovery_stop_discovery_only].
 
 init_per_suite(Config) ->
     ok = ecall_test_nodes:start_ecall(),
@@ -148,3 +151,38 @@ send_and_wait_close({_, Node} = To, Msg) ->
     true = erlang:monitor_node(Node, true),
     To ! Msg,
     receive {nodedown, Node} -> closed after 10000 -> still_open end.
+
+%% Any node can send the discovery scope process (OTP's pg, registered as
+%% ecall_pg) a message it does not know, and pg crashes on it (OTP 25's pg
+%% does on the discovery message of OTP 29's). Six such messages from B,
+%% each after the scope came back: discovery restarts each time, then gives
+%% up; the C-node, the connection to B and its links are the same processes
+%% throughout, and messages still go through the links.
+unknown_messages_to_discovery_stop_discovery_only(Config) ->
+    B = ?config(b, Config),
+    CNode = whereis(ecall_cnode),
+    Conn = whereis(ecall_conn:name(B)),
+    {ok, #{connects := Connects}} = ecall:stats(B),
+    DiscoverySup = whereis(ecall_discovery_sup),
+    SupRef = monitor(process, DiscoverySup),
+    lists:foreach(
+      fun(_) ->
+              Pg = whereis(ecall_pg),
+              Ref = monitor(process, Pg),
+              _ = erpc:call(B, erlang, send, [{ecall_pg, node()}, {discover, self(), 1}]),
+              receive {'DOWN', Ref, process, Pg, _} -> ok end,
+              %% Answered once the supervisor has restarted (or given up).
+              catch supervisor:which_children(DiscoverySup)
+      end, lists:seq(1, 6)),
+    receive {'DOWN', SupRef, process, DiscoverySup, Why} ->
+            ?assertEqual(shutdown, Why)
+    end,
+    ?assertEqual(undefined, whereis(ecall_discovery_sup)),
+    ?assertEqual(CNode, whereis(ecall_cnode)),
+    ?assertEqual(Conn, whereis(ecall_conn:name(B))),
+    ?assert(lists:keymember(ecall, 1, application:which_applications())),
+    {ok, #{connects := Connects, links_up := 2} = S0} = ecall:stats(B),
+    ?assertEqual({ok, B}, ecall:call(B, ecall_test_nodes, whoami, [])),
+    {ok, S1} = ecall:stats(B),
+    %% Counted when pushed, before the call returns.
+    ?assertEqual(maps:get(pushed, S0) + 1, maps:get(pushed, S1)).

@@ -1,14 +1,21 @@
 #!/usr/bin/env bash
-# Prints the path of an OTP 27 `erl`, preparing it first if needed.
+# Prints the path of an OTP 27 `erl` (or, with arguments `RELEASE SUITE`,
+# of the OTP release that Debian suite ships: `29 sid`), preparing it first
+# if needed.
 #
-# Debian 13 ships OTP 27, built against a newer libc than this Debian 12
-# machine has, so the packages are unpacked (not installed) into a cache
-# outside the clone, and the emulator's binaries are pointed at the unpacked
-# loader and libraries with patchelf. The cache makes every run
-# after the first free of downloads. Progress goes to stderr.
+# Debian 13 (trixie) ships OTP 27 and unstable (sid) OTP 29, built against
+# a newer libc than this Debian 12 machine has, so the packages are
+# unpacked (not installed) into a cache outside the clone, and the
+# emulator's binaries are pointed at the unpacked loader and libraries with
+# patchelf. The cache makes every run after the first free of downloads.
+# Progress goes to stderr. Cache: ECALL_OTP27_CACHE for 27 (default
+# /var/cache/ecall-otp27), ECALL_OTP<RELEASE>_CACHE for the others.
 set -euo pipefail
 
-cache=${ECALL_OTP27_CACHE:-/var/cache/ecall-otp27}
+release=${1:-27}
+suite=${2:-trixie}
+var=ECALL_OTP${release}_CACHE
+cache=${!var:-/var/cache/ecall-otp$release}
 root=$cache/root
 erl=$root/usr/lib/erlang/bin/erl
 if [ -f "$cache/ready" ] && [ -x "$erl" ]; then
@@ -21,9 +28,9 @@ fi
 parent=$cache
 while [ ! -e "$parent" ]; do parent=$(dirname "$parent"); done
 if [ ! -w "$parent" ]; then
-    echo "otp27.sh: cannot write $parent to unpack OTP 27 into $cache;" >&2
-    echo "otp27.sh: run as root once, or set ECALL_OTP27_CACHE to a writable dir, e.g." >&2
-    echo "otp27.sh:     ECALL_OTP27_CACHE=\$HOME/.cache/ecall-otp27 make test" >&2
+    echo "otp27.sh: cannot write $parent to unpack OTP $release into $cache;" >&2
+    echo "otp27.sh: run as root once, or set $var to a writable dir, e.g." >&2
+    echo "otp27.sh:     $var=\$HOME/.cache/ecall-otp$release make test" >&2
     exit 1
 fi
 if ! command -v patchelf >/dev/null && [ "$(id -u)" -ne 0 ]; then
@@ -41,14 +48,14 @@ fi
 
 rm -rf "$cache"
 mkdir -p "$cache/apt/lists/partial" "$cache/apt/archives/partial" "$cache/debs" "$root"
-echo "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] $uri trixie main" > "$cache/apt/sources.list"
+echo "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] $uri $suite main" > "$cache/apt/sources.list"
 apt_opts=(-o "Dir::Etc::SourceList=$cache/apt/sources.list" -o "Dir::Etc::SourceParts=$cache/apt/none"
           -o "Dir::State::Lists=$cache/apt/lists" -o "Dir::Cache=$cache/apt"
           -o "Dir::Cache::archives=$cache/apt/archives" -o Debug::NoLocking=1 -qq)
-echo "otp27.sh: fetching OTP 27 packages from the trixie suite" >&2
+echo "otp27.sh: fetching OTP $release packages from the $suite suite" >&2
 apt-get "${apt_opts[@]}" update >&2
 pkgs=(erlang-base libc6 libstdc++6 libgcc-s1 libtinfo6 zlib1g libsystemd0
-      libcap2 libgcrypt20 libgpg-error0 liblz4-1 liblzma5 libzstd1)
+      libcap2 libgcrypt20 libgpg-error0 liblz4-1 liblzma5 libzstd1 libsctp1)
 (cd "$cache/debs" && chmod 777 . && apt-get "${apt_opts[@]}" download "${pkgs[@]}" >&2)
 for deb in "$cache"/debs/*.deb; do
     dpkg -x "$deb" "$root"
@@ -63,6 +70,6 @@ for bin in "$root"/usr/lib/erlang/erts-*/bin/{beam.smp,erlexec,erl_child_setup,e
 done
 sed -i "s|ROOTDIR=/usr/lib/erlang\$|ROOTDIR=$root/usr/lib/erlang|" "$erl"
 out=$("$erl" -noshell -eval 'io:put_chars(erlang:system_info(otp_release)), halt().')
-[ "$out" = 27 ] || { echo "otp27.sh: unpacked erl reports OTP '$out'" >&2; exit 1; }
+[ "$out" = "$release" ] || { echo "otp27.sh: unpacked erl reports OTP '$out', not $release" >&2; exit 1; }
 touch "$cache/ready"
 echo "$erl"
