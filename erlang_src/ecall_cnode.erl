@@ -9,7 +9,7 @@
 -module(ecall_cnode).
 -behaviour(gen_server).
 
--export([start_link/0, cnode/0, nodes/0]).
+-export([start_link/0, cnode/0, nodes/0, usable/0]).
 -export([init/1, handle_call/3, handle_cast/2, handle_info/2, terminate/2]).
 
 -include_lib("kernel/include/logger.hrl").
@@ -57,6 +57,11 @@ init([]) ->
             ?LOG_NOTICE("ecall: this node is not distributed (no -sname/-name); "
                         "ecall:send/2 and friends behave as plain ! and erpc", [], ?DOMAIN),
             {ok, #{}};
+        {error, {unsupported_proto_dist, Proto}} ->
+            ?LOG_NOTICE("ecall: distribution over ~s is not supported by the C-node links "
+                        "(they speak plain TCP); connections use the pure-Erlang transport, "
+                        "over the node's own distribution", [Proto], ?DOMAIN),
+            {ok, #{}};
         {error, {no_listen_port, Min, Max}} ->
             ?LOG_WARNING("ecall: inet_dist_listen_min..max (~b..~b) leaves no port for the ~b "
                          "C-node identities (the node takes one); connections use the "
@@ -88,33 +93,63 @@ start_identities() ->
         {false, _} ->
             {error, not_distributed};
         {true, none} ->
-            [Name, Host] = string:split(atom_to_list(node()), "@"),
-            Links = ecall_config:links(),
-            Nodes = [iolist_to_binary([Name, "_ecall_", integer_to_list(K), $@, Host])
-                     || K <- lists:seq(1, Links)],
-            Cookie = atom_to_binary(erlang:get_cookie()),
-            {Min, Max} = listen_ports(),
-            case Min > 0 andalso Max - Min < Links of
-                true ->
-                    %% The node's own listener takes one port of the range;
-                    %% each identity needs another.
-                    {error, {no_listen_port, Min, Max}};
-                false ->
-                    Ref = make_ref(),
-                    Opts = #{tick_ms => tick_ms(),
-                             handshake_ms => ecall_config:get(handshake_timeout),
-                             epmd_port => epmd_port(),
-                             listen_addr => listen_addr(),
-                             listen_min => Min, listen_max => Max},
-                    ok = ecall_nif:cnode_start(Nodes, Cookie, Opts, Ref),
-                    receive
-                        {ecall_cnode, Ref, Result} -> Result
-                    after ?REGISTER_TIMEOUT ->
-                        {error, timeout}
-                    end
+            case proto_dist() of
+                tcp -> start_identities_tcp();
+                {other, Proto} -> {error, {unsupported_proto_dist, Proto}}
             end;
         {true, Why} ->
             {error, {nif_not_loaded, Why}}
+    end.
+
+%% The links speak plain TCP: with another distribution carrier (TLS,
+%% `-proto_dist inet_tls', or a user's module) the peer would not
+%% understand them.
+-spec proto_dist() -> tcp | {other, string()}.
+proto_dist() ->
+    case init:get_argument(proto_dist) of
+        {ok, [[Proto | _] | _]} when Proto =:= "inet_tcp"; Proto =:= "inet6_tcp" -> tcp;
+        {ok, [[Proto | _] | _]} -> {other, Proto};
+        _ -> tcp
+    end.
+
+-spec start_identities_tcp() -> {ok, ecall_nif:cnode()} | {error, term()}.
+start_identities_tcp() ->
+    [Name, Host] = string:split(atom_to_list(node()), "@"),
+    Links = ecall_config:links(),
+    Nodes = [iolist_to_binary([Name, "_ecall_", integer_to_list(K), $@, Host])
+             || K <- lists:seq(1, Links)],
+    Cookie = atom_to_binary(erlang:get_cookie()),
+    {Min, Max} = listen_ports(),
+    case Min > 0 andalso Max - Min < Links of
+        true ->
+            %% The node's own listener takes one port of the range; each
+            %% identity needs another.
+            {error, {no_listen_port, Min, Max}};
+        false ->
+            Ref = make_ref(),
+            Opts = #{tick_ms => tick_ms(),
+                     handshake_ms => ecall_config:get(handshake_timeout),
+                     epmd_port => epmd_port(),
+                     listen_addr => listen_addr(),
+                     listen_min => Min, listen_max => Max},
+            ok = ecall_nif:cnode_start(Nodes, Cookie, Opts, Ref),
+            receive
+                {ecall_cnode, Ref, Result} -> Result
+            after ?REGISTER_TIMEOUT ->
+                {error, timeout}
+            end
+    end.
+
+%% @doc Whether connections can use the C-node links: `false' when the
+%% identities were not started because this node's distribution is not
+%% one they can join (then connections use the pure-Erlang transport, over
+%% the node's own distribution).
+-spec usable() -> boolean().
+usable() ->
+    case cnode() of
+        {error, {no_listen_port, _, _}} -> false;
+        {error, {unsupported_proto_dist, _}} -> false;
+        _ -> true
     end.
 
 %% Where the identities listen: where the node's distribution listens, so

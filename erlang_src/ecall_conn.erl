@@ -72,14 +72,13 @@ watcher(Node, K) ->
 
 %% @doc The transport new connections use: `nif' (the default), or
 %% `erlang' when configured so, when the NIF did not load, or when the
-%% C-node identities found no port to listen on.
+%% C-node identities could not start (no port to listen on, or a
+%% distribution carrier other than plain TCP, such as TLS).
 -spec transport() -> nif | erlang.
 transport() ->
-    case {ecall_nif:load_error(), ecall_cnode:cnode()} of
-        %% The listen port range has no room for the identities.
-        {none, {error, {no_listen_port, _, _}}} -> erlang;
-        {none, _} -> ecall_config:get(transport);
-        _ -> erlang
+    case ecall_nif:load_error() =:= none andalso ecall_cnode:usable() of
+        true -> ecall_config:get(transport);
+        false -> erlang
     end.
 
 %% @doc The published transport of `Node': `{Module, State}' (see

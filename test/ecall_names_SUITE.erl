@@ -1,4 +1,6 @@
-%% Long names, IPv6 and where the C-node identities listen.
+%% Long names, IPv6, where the C-node identities listen, and TLS
+%% distribution (which the links do not speak: the pure-Erlang transport
+%% carries the traffic over the node's own TLS connection).
 %%
 %% The nodes here are started with `-name' (on 127.0.0.1 or ::1), which the
 %% Common Test node (`-sname') cannot connect to: they are OTP `peer' nodes
@@ -11,14 +13,16 @@
 
 -export([all/0, suite/0]).
 -export([long_names_ipv4/1, long_names_ipv6/1, use_interface_binds_the_identities/1,
-         listen_port_range_holds_the_identities/1, no_room_in_the_range_means_erlang_transport/1]).
+         listen_port_range_holds_the_identities/1, no_room_in_the_range_means_erlang_transport/1,
+         tls_distribution_uses_the_erlang_transport/1]).
 
 suite() ->
     [{timetrap, {minutes, 5}}].
 
 all() ->
     [long_names_ipv4, long_names_ipv6, use_interface_binds_the_identities,
-     listen_port_range_holds_the_identities, no_room_in_the_range_means_erlang_transport].
+     listen_port_range_holds_the_identities, no_room_in_the_range_means_erlang_transport,
+     tls_distribution_uses_the_erlang_transport].
 
 %% Two `-name' nodes on 127.0.0.1: connect through the C-node links, 100,000
 %% messages from 1,000 callers exactly once and in order, a call.
@@ -86,7 +90,62 @@ no_room_in_the_range_means_erlang_transport(_Config) ->
     ?assertEqual({ok, NY}, peer:call(PX, ecall, call, [NY, erlang, node, []], 30000)),
     stop([X, Y]).
 
+%% Two nodes on TLS distribution (`-proto_dist inet_tls', certificates made
+%% here: a CA and a node certificate for this host, verification on both
+%% ways): ecall starts without C-node identities, says why, and connects,
+%% sends and calls over the pure-Erlang transport, at once (not after a
+%% handshake timeout).
+tls_distribution_uses_the_erlang_transport(Config) ->
+    Dir = ?config(priv_dir, Config),
+    Host = lists:last(string:split(atom_to_list(node()), "@")),
+    F = fun(Name) -> filename:join(Dir, Name) end,
+    Ext = F("ext.cnf"),
+    ok = file:write_file(Ext, ["basicConstraints=CA:FALSE\n",
+                               "extendedKeyUsage=serverAuth,clientAuth\n",
+                               "subjectAltName=DNS:", Host, "\n"]),
+    [openssl(Args) || Args <- [["req -x509 -newkey rsa:2048 -nodes -days 2 -subj /CN=ecall-test-ca",
+                                " -keyout ", F("ca.key"), " -out ", F("ca.pem")],
+                               ["req -newkey rsa:2048 -nodes -subj /CN=", Host,
+                                " -keyout ", F("key.pem"), " -out ", F("node.csr")],
+                               ["x509 -req -days 2 -in ", F("node.csr"), " -CA ", F("ca.pem"),
+                                " -CAkey ", F("ca.key"), " -CAcreateserial -extfile ", Ext,
+                                " -out ", F("cert.pem")]]],
+    Side = [{certfile, F("cert.pem")}, {keyfile, F("key.pem")}, {cacertfile, F("ca.pem")},
+            {verify, verify_peer}],
+    Conf = F("dist.conf"),
+    ok = file:write_file(Conf, io_lib:format(
+        "~p.~n", [[{server, [{fail_if_no_peer_cert, true} | Side]}, {client, Side}]])),
+    Tls = ["-proto_dist", "inet_tls", "-ssl_dist_optfile", Conf],
+    X = {PX, _} = start_short("x", Tls),
+    Y = {_, NY} = start_short("y", Tls),
+    ?assertEqual({error, {unsupported_proto_dist, "inet_tls"}},
+                 peer:call(PX, ecall_cnode, cnode, [])),
+    ?assertEqual(erlang, peer:call(PX, ecall_conn, transport, [])),
+    T0 = erlang:monotonic_time(millisecond),
+    ?assertEqual(ok, peer:call(PX, ecall, connect, [NY], 30000)),
+    ?assertEqual({ok, NY}, peer:call(PX, ecall, call, [NY, erlang, node, []], 30000)),
+    ?assert(erlang:monotonic_time(millisecond) - T0 < 5000),
+    ?assertEqual(100000, peer:call(PX, ecall_test_nodes, many_callers_exactly_once, [NY],
+                                   150000)),
+    {ok, Stats} = peer:call(PX, ecall, stats, [NY]),
+    ?assert(maps:get(requests, Stats) >= 100001),
+    stop([X, Y]).
+
+openssl(Args) ->
+    Out = os:cmd(lists:flatten(["openssl ", Args, " 2>&1; echo rc=$?"])),
+    ?assertMatch({match, _}, re:run(Out, "rc=0\n$"), Out).
+
 %%--------------------------------------------------------------------
+
+%% A `-sname' node (its host name is this node's).
+start_short(Prefix, Extra) ->
+    {ok, Peer, Node} =
+        peer:start_link(#{connection => standard_io, name => peer:random_name(Prefix),
+                          args => ["-setcookie", "ecall_names" | Extra]
+                              ++ ecall_test_nodes:code_args(),
+                          wait_boot => 60000}),
+    {ok, _} = peer:call(Peer, application, ensure_all_started, [ecall], 30000),
+    {Peer, Node}.
 
 start(Prefix, Host, Extra) ->
     Name = peer:random_name(Prefix),
