@@ -1,8 +1,8 @@
 //! The writing half of a connected link.
 
 use super::{
-    LinkDown, LinkShared, WriteSide, AWAKE, GATHERING, GATHER_AFTER, GATHER_BYTES, GATHER_REQUESTS,
-    GATHER_WAIT, SLEEPING,
+    LinkDown, LinkShared, WriteSide, AWAKE, BUSY_SLEEP, GATHERING, GATHER_AFTER, GATHER_BYTES,
+    GATHER_REQUESTS, GATHER_WAIT, SLEEPING,
 };
 use crate::etf::PLAIN_TERMS;
 use crate::fragment::{InFlight, FRAGMENT};
@@ -170,9 +170,13 @@ impl LinkWriter {
                 continue;
             }
             let tick_at = self.last_write + self.tick;
+            let slept = Instant::now();
             if let Some(down) = self.wait(reader, ctl_rx, tick_at, true).await {
                 return down;
             }
+            // Woken that soon: requests are coming faster than passes of
+            // one or two can follow, so the link is busy (see may_gather).
+            gather = slept.elapsed() < BUSY_SLEEP;
         }
     }
 
@@ -392,15 +396,17 @@ fn may_sleep(peer: &Peer, link: &LinkShared, mine: &[usize]) -> bool {
     true
 }
 
-/// Coalescing, the same protocol with another threshold: after a pass that
-/// wrote [`GATHER_AFTER`] requests or more (the link is busy), the writer
+/// Coalescing, the same protocol with another threshold: on a busy link
+/// (the last pass wrote [`GATHER_AFTER`] requests or more, or a push woke
+/// the writer less than [`BUSY_SLEEP`] after it went to sleep) the writer
 /// does not take the few that came meanwhile at once: it waits until one
 /// of its shards holds [`GATHER_REQUESTS`] or [`GATHER_BYTES`] (a push that
 /// sees it wakes the writer) or [`GATHER_WAIT`] has passed. Fewer, larger
 /// batches: fewer writes and wake-ups here, and on the peer fewer messages
 /// to decode and receiver wake-ups, for at most `GATHER_WAIT` of latency on
 /// a busy link. A lone request on a quiet link never waits: the pass before
-/// it wrote less than `GATHER_AFTER`.
+/// it wrote less than `GATHER_AFTER` and the writer slept longer than
+/// `BUSY_SLEEP` (or the request was written alone: `link/side.rs`).
 ///
 /// Returns whether the writer should wait (no shard is past a threshold).
 fn may_gather(peer: &Peer, link: &LinkShared, mine: &[usize]) -> bool {
