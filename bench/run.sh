@@ -46,7 +46,8 @@ erl -sname "bench_a_$$" +sbwt none +sbwtdcpu none +sbwtdio none +P 4000000 ${ECA
     -run ecall_bench main "$@"
 
 if [ "${1:-}" = profile ]; then
-    for f in "$prof"/*.perf; do
+    # Only this run's operation: `messages' and `nodes' speak of this run.
+    for f in "$prof"/"${3:-send}"-*.perf; do
         v=$(basename "$f" .perf)
         perf script -i "$f" 2>/dev/null | "$tools/bin/inferno-collapse-perf" > "$prof/$v.folded"
         "$tools/bin/inferno-flamegraph" --title "ecall $v: both nodes" < "$prof/$v.folded" > "$prof/$v.svg"
