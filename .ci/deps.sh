@@ -23,7 +23,7 @@ case "$rust" in
         ;;
 esac
 
-pkgs=(erlang-nox erlang-dev rebar3 erlang-common-test erlang-dialyzer patchelf python3 iproute2 util-linux)
+pkgs=(erlang-nox erlang-dev rebar3 erlang-common-test erlang-dialyzer patchelf python3 iproute2 util-linux openssl)
 need=()
 command -v erl >/dev/null || need+=(erlang-nox erlang-dev)
 command -v rebar3 >/dev/null || need+=(rebar3)
@@ -35,6 +35,8 @@ command -v python3 >/dev/null || need+=(python3)
 # lowers a descriptor limit (prlimit).
 command -v ip >/dev/null || need+=(iproute2)
 command -v prlimit >/dev/null || need+=(util-linux)
+# The TLS-distribution case makes its certificates with openssl.
+command -v openssl >/dev/null || need+=(openssl)
 if $examples; then
     pkgs+=(elixir)
     command -v mix >/dev/null || need+=(elixir)
