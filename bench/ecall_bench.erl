@@ -80,12 +80,18 @@ run(["cluster" | Rest]) ->
     cluster(Nodes, W);
 run(["hops"]) ->
     hops();
+run(["tls" | Rest]) ->
+    %% bench/run.sh started both nodes on TLS distribution; the C-node links
+    %% do not speak TLS, so ecall runs its pure-Erlang transport there (and
+    %% ecall_nif would be the same variant again).
+    N = case Rest of [] -> 10000; [N0] -> list_to_integer(N0) end,
+    matrix([N], 100, 50, chosen_ops(), [native, ecall_erlang], "tls");
 run(["latency" | Rest]) ->
     latency(case Rest of [] -> 10000; [N] -> list_to_integer(N) end);
 run(["soak", Minutes]) ->
     soak(list_to_integer(Minutes));
 run(Other) ->
-    erlang:error({usage, "demo | quick | full | paced [N K P] | sweep N1,N2,.. K P | micro | large | latency [N] | profile [N [send|cast|call]] | cluster [NODES [WRITERS]] | soak MINUTES", Other}).
+    erlang:error({usage, "demo | quick | full | paced [N K P] | tls [N] | hops | sweep N1,N2,.. K P | micro | large | latency [N] | profile [N [send|cast|call]] | cluster [NODES [WRITERS]] | soak MINUTES", Other}).
 
 %%--------------------------------------------------------------------
 %% Soak: 5,000 writers at 20 msg/s each through ecall for MINUTES; every
@@ -637,7 +643,9 @@ start_b() ->
     {ok, _} = application:ensure_all_started(ecall),
     %% ECALL_BENCH_PERF=1 (the profile mode): B's JIT code gets perf maps.
     Perf = case os:getenv("ECALL_BENCH_PERF") of false -> []; _ -> ["+JPperf", "true"] end,
-    ecall_test_nodes:start_peer(?NODE_ARGS ++ Perf, [?MODULE]).
+    %% ECALL_BENCH_B_FLAGS: more arguments for B (the tls mode's).
+    Extra = string:lexemes(os:getenv("ECALL_BENCH_B_FLAGS", ""), " "),
+    ecall_test_nodes:start_peer(?NODE_ARGS ++ Perf ++ Extra, [?MODULE]).
 
 %% Three sub-maps of ten atom fields (the article's payload; its size in
 %% ETF is printed at the start of a run), or with ECALL_BENCH_PAYLOAD=binary

@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Runs the two-node benchmark:
 #   bench/run.sh demo | quick | full | paced [N K P] | sweep N1,N2,.. K P
-#                | micro | large | latency [N] | profile [N [OP]] | soak MINUTES
+#                | micro | large | latency [N] | tls [N] | hops | profile [N [OP]] | soak MINUTES
 # demo/quick: send, cast, call at 2,000 and 10,000 writers; full: the
 # article's sweep to 150,000 writers; paced: send at N writers, K messages
 # each, P ms apart; sweep: every operation at the writer counts given;
 # micro: push and encode costs per call; large: 10 MB messages beside small
 # ones; latency: a probe's call round trips, idle and under N writers;
+# tls: send, cast, call at N writers, native and ecall, both nodes on TLS
+# distribution; hops: idle round trips leg by leg (! or ecall each way);
 # profile: perf on both nodes during one point per transport, flame graphs
 # and a breakdown; soak: 5,000 writers for MINUTES. Variants (ECALL_BENCH_VARIANTS,
 # comma-separated, default all): native, ecall_erlang, ecall_nif, local;
@@ -22,6 +24,27 @@ cd "$(dirname "$0")/.."
 
 out=_build/bench
 mkdir -p "$out"
+
+# The tls mode: both nodes on TLS distribution (-proto_dist inet_tls), with
+# a CA and a node certificate for this host made here (openssl), peer
+# verification on both ways.
+if [ "${1:-}" = tls ]; then
+    tls="$out/tls"
+    mkdir -p "$tls"
+    host=$(hostname -s)
+    printf 'basicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth,clientAuth\nsubjectAltName=DNS:%s\n' "$host" > "$tls/ext.cnf"
+    openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj /CN=ecall-bench-ca \
+        -keyout "$tls/ca.key" -out "$tls/ca.pem" 2>/dev/null
+    openssl req -newkey rsa:2048 -nodes -subj "/CN=$host" \
+        -keyout "$tls/key.pem" -out "$tls/node.csr" 2>/dev/null
+    openssl x509 -req -days 2 -in "$tls/node.csr" -CA "$tls/ca.pem" -CAkey "$tls/ca.key" \
+        -CAcreateserial -extfile "$tls/ext.cnf" -out "$tls/cert.pem" 2>/dev/null
+    side="{certfile, \"$PWD/$tls/cert.pem\"}, {keyfile, \"$PWD/$tls/key.pem\"}, {cacertfile, \"$PWD/$tls/ca.pem\"}, {verify, verify_peer}"
+    echo "[{server, [{fail_if_no_peer_cert, true}, $side]}, {client, [$side]}]." > "$tls/dist.conf"
+    flags="-proto_dist inet_tls -ssl_dist_optfile $PWD/$tls/dist.conf"
+    export ECALL_BENCH_B_FLAGS="${ECALL_BENCH_B_FLAGS:-} $flags"
+    ECALL_BENCH_ERL_FLAGS="${ECALL_BENCH_ERL_FLAGS:-} $flags"
+fi
 
 # The profile mode: perf records both nodes (Debian's linux-perf), and
 # inferno (from crates.io, built once into a cache outside the clone) turns
