@@ -81,11 +81,11 @@ run(["cluster" | Rest]) ->
 run(["hops"]) ->
     hops();
 run(["tls" | Rest]) ->
-    %% bench/run.sh started both nodes on TLS distribution; the C-node links
-    %% do not speak TLS, so ecall runs its pure-Erlang transport there (and
-    %% ecall_nif would be the same variant again).
+    %% bench/run.sh started both nodes on TLS distribution: native over
+    %% it, the pure-Erlang transport over it, and the C-node links over
+    %% their own TLS connections.
     N = case Rest of [] -> 10000; [N0] -> list_to_integer(N0) end,
-    matrix([N], 100, 50, chosen_ops(), [native, ecall_erlang], "tls");
+    matrix([N], 100, 50, chosen_ops(), [native, ecall_erlang, ecall_nif], "tls");
 run(["latency" | Rest]) ->
     latency(case Rest of [] -> 10000; [N] -> list_to_integer(N) end);
 run(["soak", Minutes]) ->

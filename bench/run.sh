@@ -7,7 +7,7 @@
 # each, P ms apart; sweep: every operation at the writer counts given;
 # micro: push and encode costs per call; large: 10 MB messages beside small
 # ones; latency: a probe's call round trips, idle and under N writers;
-# tls: send, cast, call at N writers, native and ecall, both nodes on TLS
+# tls: send, cast, call at N writers, native and both ecall transports, on TLS
 # distribution; hops: idle round trips leg by leg (! or ecall each way);
 # profile: perf on both nodes during one point per transport, flame graphs
 # and a breakdown; soak: 5,000 writers for MINUTES. Variants (ECALL_BENCH_VARIANTS,

@@ -57,6 +57,11 @@ init([]) ->
             ?LOG_NOTICE("ecall: this node is not distributed (no -sname/-name); "
                         "ecall:send/2 and friends behave as plain ! and erpc", [], ?DOMAIN),
             {ok, #{}};
+        {error, {unsupported_tls, Why}} ->
+            ?LOG_NOTICE("ecall: the C-node links cannot honour this node's TLS distribution "
+                        "options (~ts); connections use the pure-Erlang transport, over the "
+                        "node's own TLS distribution", [Why], ?DOMAIN),
+            {ok, #{}};
         {error, {unsupported_proto_dist, Proto}} ->
             ?LOG_NOTICE("ecall: distribution over ~s is not supported by the C-node links "
                         "(they speak plain TCP); connections use the pure-Erlang transport, "
@@ -94,26 +99,79 @@ start_identities() ->
             {error, not_distributed};
         {true, none} ->
             case proto_dist() of
-                tcp -> start_identities_tcp();
+                tcp -> start_identities_tcp(#{tls => false});
+                {tls, Tls} -> start_identities_tcp(Tls);
+                {tls_unsupported, Why} -> {error, {unsupported_tls, Why}};
                 {other, Proto} -> {error, {unsupported_proto_dist, Proto}}
             end;
         {true, Why} ->
             {error, {nif_not_loaded, Why}}
     end.
 
-%% The links speak plain TCP: with another distribution carrier (TLS,
-%% `-proto_dist inet_tls', or a user's module) the peer would not
-%% understand them.
--spec proto_dist() -> tcp | {other, string()}.
+%% The links speak plain TCP, or TLS for a node on TLS distribution
+%% (`inet_tls', `inet6_tls') when its client options are ones they can
+%% honour (tls_options/0). With another carrier (a user's module) the peer
+%% would not understand them.
+-spec proto_dist() -> tcp | {tls, map()} | {tls_unsupported, string()} | {other, string()}.
 proto_dist() ->
     case init:get_argument(proto_dist) of
-        {ok, [[Proto | _] | _]} when Proto =:= "inet_tcp"; Proto =:= "inet6_tcp" -> tcp;
-        {ok, [[Proto | _] | _]} -> {other, Proto};
-        _ -> tcp
+        {ok, [[Proto | _] | _]} when Proto =:= "inet_tcp"; Proto =:= "inet6_tcp" ->
+            tcp;
+        {ok, [[Proto | _] | _]} when Proto =:= "inet_tls"; Proto =:= "inet6_tls" ->
+            case tls_options() of
+                {ok, Tls} -> {tls, Tls};
+                {error, Why} -> {tls_unsupported, Why}
+            end;
+        {ok, [[Proto | _] | _]} ->
+            {other, Proto};
+        _ ->
+            tcp
     end.
 
--spec start_identities_tcp() -> {ok, ecall_nif:cnode()} | {error, term()}.
-start_identities_tcp() ->
+%% The node's TLS client options, from -ssl_dist_optfile, as the links take
+%% them: `certfile', `keyfile', `cacertfile', `verify' (verify_peer only)
+%% and `server_name_indication' (`disable' only, or absent). Anything else
+%% is refused by name: the links would not do what the node does.
+-spec tls_options() -> {ok, map()} | {error, string()}.
+tls_options() ->
+    case {init:get_argument(ssl_dist_optfile), init:get_argument(ssl_dist_opt)} of
+        {_, {ok, _}} ->
+            {error, "-ssl_dist_opt (only -ssl_dist_optfile is read)"};
+        {{ok, [[File | _] | _]}, _} ->
+            case file:consult(File) of
+                {ok, [Opts]} when is_list(Opts) ->
+                    client_options(proplists:get_value(client, Opts));
+                Other ->
+                    {error, lists:flatten(io_lib:format("~ts: ~p", [File, Other]))}
+            end;
+        _ ->
+            {error, "no -ssl_dist_optfile"}
+    end.
+
+-spec client_options(term()) -> {ok, map()} | {error, string()}.
+client_options(Client) when is_list(Client) ->
+    Known = [certfile, keyfile, cacertfile, verify, server_name_indication],
+    case [K || {K, _} <- Client, not lists:member(K, Known)] of
+        [] ->
+            Get = fun(K) -> proplists:get_value(K, Client) end,
+            Path = fun(undefined) -> <<>>; (P) -> unicode:characters_to_binary(P) end,
+            case {Get(certfile), Get(cacertfile), Get(verify), Get(server_name_indication)} of
+                {undefined, _, _, _} -> {error, "client option certfile missing"};
+                {_, undefined, _, _} -> {error, "client option cacertfile missing"};
+                {_, _, V, _} when V =/= verify_peer -> {error, "client option verify is not verify_peer"};
+                {C, CA, _, Sni} when Sni =:= undefined; Sni =:= disable ->
+                    {ok, #{tls => true, tls_certfile => Path(C), tls_keyfile => Path(Get(keyfile)),
+                           tls_cacertfile => Path(CA), tls_sni => Sni =:= undefined}};
+                _ -> {error, "client option server_name_indication other than disable"}
+            end;
+        Unknown ->
+            {error, lists:flatten(io_lib:format("client options ~p", [Unknown]))}
+    end;
+client_options(_) ->
+    {error, "no client options in -ssl_dist_optfile"}.
+
+-spec start_identities_tcp(map()) -> {ok, ecall_nif:cnode()} | {error, term()}.
+start_identities_tcp(Tls) ->
     [Name, Host] = string:split(atom_to_list(node()), "@"),
     Links = ecall_config:links(),
     Nodes = [iolist_to_binary([Name, "_ecall_", integer_to_list(K), $@, Host])
@@ -131,8 +189,10 @@ start_identities_tcp() ->
                      handshake_ms => ecall_config:get(handshake_timeout),
                      epmd_port => epmd_port(),
                      listen_addr => listen_addr(),
-                     listen_min => Min, listen_max => Max},
-            ok = ecall_nif:cnode_start(Nodes, Cookie, Opts, Ref),
+                     listen_min => Min, listen_max => Max,
+                     tls => false, tls_certfile => <<>>, tls_keyfile => <<>>,
+                     tls_cacertfile => <<>>, tls_sni => false},
+            ok = ecall_nif:cnode_start(Nodes, Cookie, maps:merge(Opts, Tls), Ref),
             receive
                 {ecall_cnode, Ref, Result} -> Result
             after ?REGISTER_TIMEOUT ->
@@ -149,6 +209,7 @@ usable() ->
     case cnode() of
         {error, {no_listen_port, _, _}} -> false;
         {error, {unsupported_proto_dist, _}} -> false;
+        {error, {unsupported_tls, _}} -> false;
         _ -> true
     end.
 

@@ -1,6 +1,7 @@
 %% Long names, IPv6, where the C-node identities listen, and TLS
-%% distribution (which the links do not speak: the pure-Erlang transport
-%% carries the traffic over the node's own TLS connection).
+%% distribution (the links speak TLS too when the node's options allow;
+%% otherwise the pure-Erlang transport carries the traffic over the node's
+%% own TLS connection).
 %%
 %% The nodes here are started with `-name' (on 127.0.0.1 or ::1), which the
 %% Common Test node (`-sname') cannot connect to: they are OTP `peer' nodes
@@ -14,7 +15,8 @@
 -export([all/0, suite/0]).
 -export([long_names_ipv4/1, long_names_ipv6/1, use_interface_binds_the_identities/1,
          listen_port_range_holds_the_identities/1, no_room_in_the_range_means_erlang_transport/1,
-         tls_distribution_uses_the_erlang_transport/1]).
+         tls_links/1, tls_options_not_honoured_use_the_erlang_transport/1,
+         tls_untrusted_peer_is_refused_both_ways/1]).
 
 suite() ->
     [{timetrap, {minutes, 5}}].
@@ -22,7 +24,8 @@ suite() ->
 all() ->
     [long_names_ipv4, long_names_ipv6, use_interface_binds_the_identities,
      listen_port_range_holds_the_identities, no_room_in_the_range_means_erlang_transport,
-     tls_distribution_uses_the_erlang_transport].
+     tls_links, tls_options_not_honoured_use_the_erlang_transport,
+     tls_untrusted_peer_is_refused_both_ways].
 
 %% Two `-name' nodes on 127.0.0.1: connect through the C-node links, 100,000
 %% messages from 1,000 callers exactly once and in order, a call.
@@ -92,44 +95,92 @@ no_room_in_the_range_means_erlang_transport(_Config) ->
 
 %% Two nodes on TLS distribution (`-proto_dist inet_tls', certificates made
 %% here: a CA and a node certificate for this host, verification on both
-%% ways): ecall starts without C-node identities, says why, and connects,
-%% sends and calls over the pure-Erlang transport, at once (not after a
-%% handshake timeout).
-tls_distribution_uses_the_erlang_transport(Config) ->
-    Dir = ?config(priv_dir, Config),
-    Host = lists:last(string:split(atom_to_list(node()), "@")),
-    F = fun(Name) -> filename:join(Dir, Name) end,
-    Ext = F("ext.cnf"),
-    ok = file:write_file(Ext, ["basicConstraints=CA:FALSE\n",
-                               "extendedKeyUsage=serverAuth,clientAuth\n",
-                               "subjectAltName=DNS:", Host, "\n"]),
-    [openssl(Args) || Args <- [["req -x509 -newkey rsa:2048 -nodes -days 2 -subj /CN=ecall-test-ca",
-                                " -keyout ", F("ca.key"), " -out ", F("ca.pem")],
-                               ["req -newkey rsa:2048 -nodes -subj /CN=", Host,
-                                " -keyout ", F("key.pem"), " -out ", F("node.csr")],
-                               ["x509 -req -days 2 -in ", F("node.csr"), " -CA ", F("ca.pem"),
-                                " -CAkey ", F("ca.key"), " -CAcreateserial -extfile ", Ext,
-                                " -out ", F("cert.pem")]]],
-    Side = [{certfile, F("cert.pem")}, {keyfile, F("key.pem")}, {cacertfile, F("ca.pem")},
-            {verify, verify_peer}],
-    Conf = F("dist.conf"),
-    ok = file:write_file(Conf, io_lib:format(
-        "~p.~n", [[{server, [{fail_if_no_peer_cert, true} | Side]}, {client, Side}]])),
+%% ways): the C-node links speak TLS too, with the node's client options,
+%% and carry 100,000 messages exactly once and in order, in batches.
+tls_links(Config) ->
+    Conf = tls_conf(Config, "good", "ca", []),
     Tls = ["-proto_dist", "inet_tls", "-ssl_dist_optfile", Conf],
     X = {PX, _} = start_short("x", Tls),
     Y = {_, NY} = start_short("y", Tls),
-    ?assertEqual({error, {unsupported_proto_dist, "inet_tls"}},
+    ?assertMatch({ok, _}, peer:call(PX, ecall_cnode, cnode, [])),
+    ?assertEqual(nif, peer:call(PX, ecall_conn, transport, [])),
+    ?assertEqual(ok, peer:call(PX, ecall, connect, [NY], 30000)),
+    ?assertEqual({ok, NY}, peer:call(PX, ecall, call, [NY, erlang, node, []], 30000)),
+    ?assertEqual(100000, peer:call(PX, ecall_test_nodes, many_callers_exactly_once, [NY],
+                                   150000)),
+    {ok, Stats} = peer:call(PX, ecall, stats, [NY]),
+    ?assertEqual(2, maps:get(links_up, Stats)),
+    ?assert(maps:get(requests, Stats) >= 100001),
+    ?assert(maps:get(requests, Stats) > 2 * maps:get(batches, Stats)),
+    stop([X, Y]).
+
+%% Client options the links cannot honour (here `verify_none'): no C-node
+%% identities, one notice, and the pure-Erlang transport over the node's
+%% own TLS distribution, at once (not after a handshake timeout).
+tls_options_not_honoured_use_the_erlang_transport(Config) ->
+    Conf = tls_conf(Config, "lax", "ca", [{verify, verify_none}]),
+    Tls = ["-proto_dist", "inet_tls", "-ssl_dist_optfile", Conf],
+    X = {PX, _} = start_short("x", Tls),
+    Y = {_, NY} = start_short("y", Tls),
+    ?assertMatch({error, {unsupported_tls, "client option verify is not verify_peer"}},
                  peer:call(PX, ecall_cnode, cnode, [])),
     ?assertEqual(erlang, peer:call(PX, ecall_conn, transport, [])),
     T0 = erlang:monotonic_time(millisecond),
     ?assertEqual(ok, peer:call(PX, ecall, connect, [NY], 30000)),
     ?assertEqual({ok, NY}, peer:call(PX, ecall, call, [NY, erlang, node, []], 30000)),
     ?assert(erlang:monotonic_time(millisecond) - T0 < 5000),
-    ?assertEqual(100000, peer:call(PX, ecall_test_nodes, many_callers_exactly_once, [NY],
-                                   150000)),
-    {ok, Stats} = peer:call(PX, ecall, stats, [NY]),
-    ?assert(maps:get(requests, Stats) >= 100001),
     stop([X, Y]).
+
+%% A peer whose certificate comes from another CA: the links refuse it
+%% (their TLS handshake fails, the reason says TLS) and ecall:connect/1
+%% fails, both ways, as the nodes' own distribution does.
+tls_untrusted_peer_is_refused_both_ways(Config) ->
+    Good = tls_conf(Config, "trusted", "ca", []),
+    Other = tls_conf(Config, "stranger", "otherca", []),
+    X = {PX, NX} = start_short("x", ["-proto_dist", "inet_tls", "-ssl_dist_optfile", Good,
+                                     "-ecall", "connect_timeout", "3000"]),
+    Y = {PY, NY} = start_short("y", ["-proto_dist", "inet_tls", "-ssl_dist_optfile", Other,
+                                     "-ecall", "connect_timeout", "3000"]),
+    ?assertEqual(pang, peer:call(PX, net_adm, ping, [NY], 30000)),
+    ?assertMatch({error, _}, peer:call(PX, ecall, connect, [NY], 30000)),
+    ?assertMatch({error, _}, peer:call(PY, ecall, connect, [NX], 30000)),
+    stop([X, Y]).
+
+%% Certificates in their own directory Name: a CA (Ca: two names give two
+%% unrelated CAs) and a node certificate for this host signed by it; and
+%% an ssl_dist_optfile with verification both ways (`Client' options
+%% replace the client's defaults). Returns the optfile's path.
+tls_conf(Config, Name, Ca, Client) ->
+    Root = ?config(priv_dir, Config),
+    CaDir = filename:join(Root, Ca),
+    Dir = filename:join(Root, Name),
+    ok = filelib:ensure_path(Dir),
+    Host = lists:last(string:split(atom_to_list(node()), "@")),
+    C = fun(F) -> filename:join(CaDir, F) end,
+    F = fun(File) -> filename:join(Dir, File) end,
+    case filelib:is_regular(C("ca.pem")) of
+        true ->
+            ok;
+        false ->
+            ok = filelib:ensure_path(CaDir),
+            openssl(["req -x509 -newkey rsa:2048 -nodes -days 2 -subj /CN=ecall-test-", Ca,
+                     " -keyout ", C("ca.key"), " -out ", C("ca.pem")])
+    end,
+    Ext = F("ext.cnf"),
+    ok = file:write_file(Ext, ["basicConstraints=CA:FALSE\n",
+                               "extendedKeyUsage=serverAuth,clientAuth\n",
+                               "subjectAltName=DNS:", Host, "\n"]),
+    openssl(["req -newkey rsa:2048 -nodes -subj /CN=", Host,
+             " -keyout ", F("key.pem"), " -out ", F("node.csr")]),
+    openssl(["x509 -req -days 2 -in ", F("node.csr"), " -CA ", C("ca.pem"),
+             " -CAkey ", C("ca.key"), " -CAcreateserial -extfile ", Ext, " -out ", F("cert.pem")]),
+    Side = [{certfile, F("cert.pem")}, {keyfile, F("key.pem")}, {cacertfile, C("ca.pem")},
+            {verify, verify_peer}],
+    ClientSide = lists:ukeymerge(1, lists:ukeysort(1, Client), lists:ukeysort(1, Side)),
+    Conf = F("dist.conf"),
+    ok = file:write_file(Conf, io_lib:format(
+        "~p.~n", [[{server, [{fail_if_no_peer_cert, true} | Side]}, {client, ClientSide}]])),
+    Conf.
 
 openssl(Args) ->
     Out = os:cmd(lists:flatten(["openssl ", Args, " 2>&1; echo rc=$?"])),

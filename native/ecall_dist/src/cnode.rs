@@ -156,6 +156,8 @@ pub struct IdentityConfig {
     pub epmd_port: u16,
     /// Where the listener for incoming connections binds.
     pub listen: Listen,
+    /// TLS for the links (the node runs TLS distribution), or plain TCP.
+    pub tls: Option<crate::stream::TlsClient>,
 }
 
 /// Where an identity listens: where the node's own distribution listens
@@ -459,8 +461,8 @@ async fn serve_passive(
 /// A connection made by [`connect`].
 #[derive(Debug)]
 pub struct Connected {
-    /// The socket, handshake done.
-    pub stream: TcpStream,
+    /// The socket (TLS when the identity has it), handshake done.
+    pub stream: crate::stream::LinkStream,
     /// The peer's creation (its incarnation; 0 if it did not say).
     pub creation: u32,
     /// Whether both sides use the atom cache on this connection.
@@ -496,9 +498,16 @@ pub async fn connect(me: &Identity, peer: &str, cookie: &str) -> Result<Connecte
         .await
         .map_err(Error::io("connect to the peer"))?;
     let _ = stream.set_nodelay(true);
+    let stream = match &me.config.tls {
+        None => crate::stream::LinkStream::Tcp(stream),
+        Some(tls) => tls.connect(name.host(), stream).await?,
+    };
     let mut local = me.local_node();
     local.flags = link_flags();
     let offered = local.flags.bits();
+    // OTP's TLS distribution frames handshake messages with 4 bytes.
+    let tls = matches!(stream, crate::stream::LinkStream::Tls(_));
+    let stream = crate::stream::Packet4::new(stream, tls);
     let mut hs = erl_dist::handshake::ClientSideHandshake::new(stream.compat(), local, cookie);
     let status = hs
         .execute_send_name(erl_dist::LOWEST_DISTRIBUTION_PROTOCOL_VERSION)
@@ -531,7 +540,7 @@ pub async fn connect(me: &Identity, peer: &str, cookie: &str) -> Result<Connecte
         )));
     }
     Ok(Connected {
-        stream: stream.into_inner(),
+        stream: stream.into_inner().into_inner(),
         creation: peer.creation.map_or(0, |c| c.get()),
         // Both sides' flags decide, as in OTP's handshake.
         atom_cache: offered & peer.flags.bits() & DIST_HDR_ATOM_CACHE != 0,

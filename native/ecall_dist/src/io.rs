@@ -98,6 +98,15 @@ pub(crate) async fn write_all_vectored<W: AsyncWrite + Unpin>(
             off = 0;
         }
     }
+    // TLS keeps what it was given until flushed (plain TCP: nothing to do).
+    let flush = wr.flush();
+    match piece_due {
+        Some(due) => match tokio::time::timeout_at(due, flush).await {
+            Ok(r) => r.map_err(Some)?,
+            Err(_) => return Err(None),
+        },
+        None => flush.await.map_err(Some)?,
+    }
     Ok(())
 }
 

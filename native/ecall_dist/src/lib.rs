@@ -37,11 +37,13 @@ pub mod io;
 pub mod link;
 pub mod peer;
 pub mod shard;
+pub mod stream;
 
 pub use cnode::{Identity, IdentityConfig, Listen};
 pub use link::{LinkDown, LinkEvents};
 pub use peer::{Peer, PeerConfig, Push};
 pub use shard::BatchCaps;
+pub use stream::{TlsClient, TlsOptions};
 
 /// Errors of the C-node.
 #[derive(Debug)]

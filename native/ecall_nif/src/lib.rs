@@ -89,6 +89,14 @@ struct CNodeOpts {
     /// Port range to listen on; `0, 0`: any.
     listen_min: u16,
     listen_max: u16,
+    /// TLS on the links (the node runs TLS distribution), with the node's
+    /// client options (`ssl_dist_optfile`); the files are read on a
+    /// runtime thread, not here.
+    tls: bool,
+    tls_certfile: String,
+    tls_keyfile: String,
+    tls_cacertfile: String,
+    tls_sni: bool,
 }
 
 /// Starts identities `nodes` (full names) registered with the epmd on
@@ -109,7 +117,18 @@ fn cnode_start(
         listen_addr,
         listen_min,
         listen_max,
+        tls,
+        tls_certfile,
+        tls_keyfile,
+        tls_cacertfile,
+        tls_sni,
     } = opts;
+    let tls = tls.then_some(ecall_dist::TlsOptions {
+        certfile: tls_certfile,
+        keyfile: tls_keyfile,
+        cacertfile: tls_cacertfile,
+        sni: tls_sni,
+    });
     let addr = listen_addr.parse().map_err(|_| rustler::Error::BadArg)?;
     if nodes.is_empty()
         || tick_ms == 0
@@ -129,7 +148,14 @@ fn cnode_start(
     runtime().spawn(async move {
         let mut ids = Vec::with_capacity(nodes.len());
         let mut failure = None;
-        for node in nodes {
+        let tls = match tls.as_ref().map(ecall_dist::TlsClient::new).transpose() {
+            Ok(tls) => tls,
+            Err(e) => {
+                failure = Some(e.to_string());
+                None
+            }
+        };
+        for node in nodes.into_iter().filter(|_| failure.is_none()) {
             let cfg = IdentityConfig {
                 node,
                 cookie: cookie.clone(),
@@ -137,6 +163,7 @@ fn cnode_start(
                 handshake_timeout: Duration::from_millis(handshake_ms),
                 epmd_port,
                 listen: listen.clone(),
+                tls: tls.clone(),
             };
             match Identity::start(cfg).await {
                 Ok(id) => ids.push(id),

@@ -28,8 +28,8 @@ use super::{LinkShared, AWAKE, SLEEPING};
 use crate::atom_cache::OutCache;
 use crate::etf::PLAIN_TERMS;
 use crate::shard::Shard;
+use crate::stream::LinkWrite;
 use std::sync::atomic::{AtomicU64, Ordering};
-use tokio::net::tcp::OwnedWriteHalf;
 
 /// The largest request written alone; larger ones always queue (a single
 /// `send` of more would likely be partial anyway).
@@ -58,7 +58,7 @@ pub(super) fn clock() -> u64 {
 /// sleeps it lies in [`LinkShared::parked`].
 #[derive(Debug)]
 pub(crate) struct WriteSide {
-    pub(super) wr: OwnedWriteHalf,
+    pub(super) wr: LinkWrite,
     /// The connection's atom cache, if both sides use it.
     pub(super) cache: Option<OutCache>,
     /// Frames rewritten through the cache, for one write.
@@ -71,7 +71,7 @@ pub(crate) struct WriteSide {
 }
 
 impl WriteSide {
-    pub(super) fn new(wr: OwnedWriteHalf, atom_cache: bool) -> WriteSide {
+    pub(super) fn new(wr: LinkWrite, atom_cache: bool) -> WriteSide {
         WriteSide {
             wr,
             cache: atom_cache.then(OutCache::default),
@@ -145,6 +145,10 @@ impl LinkShared {
         };
         if self.state.load(Ordering::SeqCst) != SLEEPING {
             // Woken meanwhile (the writer is taking its side back).
+            return Lone::Declined;
+        }
+        if !side.wr.can_try_write() {
+            // TLS: only the writer can write a record.
             return Lone::Declined;
         }
         if !side.pending.is_empty() {

@@ -17,8 +17,8 @@ use std::time::Duration;
 /// How long a closed link waits for the peer to close its side after ours
 /// (see [`LinkWriter::run`]).
 pub const LINGER: Duration = Duration::from_secs(2);
+use crate::stream::LinkWrite;
 use tokio::io::AsyncWriteExt;
-use tokio::net::tcp::OwnedWriteHalf;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -54,7 +54,7 @@ impl LinkWriter {
     pub(super) fn new(
         peer: Arc<Peer>,
         k: usize,
-        wr: OwnedWriteHalf,
+        wr: LinkWrite,
         tick: Duration,
         atom_cache: bool,
         fragments: bool,

@@ -83,6 +83,7 @@ pub async fn identity(epmd: &Epmd, cookie: &str, tick: Duration) -> Arc<Identity
             addr: std::net::Ipv4Addr::LOCALHOST.into(),
             ports: (0, 0),
         },
+        tls: None,
     })
     .await
     .expect("identity starts")

@@ -1,0 +1,408 @@
+//! The socket of a link: plain TCP, or TLS over TCP for a node whose
+//! distribution runs over TLS (`-proto_dist inet_tls`).
+//!
+//! TLS here is a client's: the links connect out to the peer's TLS
+//! distribution listener, presenting the node's certificate (OTP's TLS
+//! distribution asks for one) and checking the peer's against the CA
+//! certificates, as the node's own `ssl_dist_optfile` client options say.
+//! Only those options are understood ([`TlsOptions`]); the Erlang side
+//! refuses the others before it starts any identity. The identities'
+//! listener (pings, `is_auth`) stays plain TCP.
+
+use crate::Error;
+use std::io;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf, ReadHalf, WriteHalf};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::TcpStream;
+use tokio_rustls::client::TlsStream;
+use tokio_rustls::rustls;
+
+/// The TLS client options the links understand (OTP's names): the node's
+/// certificate and key, and the CA certificates its peers' certificates
+/// must chain to. Verification is always on (`verify_peer`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TlsOptions {
+    /// `certfile`: the node's certificate chain (PEM).
+    pub certfile: String,
+    /// `keyfile`: its private key (PEM); the certfile's when empty.
+    pub keyfile: String,
+    /// `cacertfile`: trusted CA certificates (PEM).
+    pub cacertfile: String,
+    /// `server_name_indication`: whether the peer's host name is sent.
+    pub sni: bool,
+}
+
+/// A TLS client configuration made from [`TlsOptions`].
+#[derive(Clone)]
+pub struct TlsClient {
+    connector: tokio_rustls::TlsConnector,
+}
+
+impl std::fmt::Debug for TlsClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("TlsClient")
+    }
+}
+
+impl TlsClient {
+    /// Reads the certificates and the key; fails with what is wrong.
+    pub fn new(opts: &TlsOptions) -> Result<TlsClient, Error> {
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let mut roots = rustls::RootCertStore::empty();
+        for cert in pem_certs(&opts.cacertfile)? {
+            roots
+                .add(cert)
+                .map_err(|e| Error::Config(format!("cacertfile {}: {e}", opts.cacertfile)))?;
+        }
+        let chain = pem_certs(&opts.certfile)?;
+        let keyfile = if opts.keyfile.is_empty() {
+            &opts.certfile
+        } else {
+            &opts.keyfile
+        };
+        let key = rustls_pemfile::private_key(&mut pem_reader(keyfile)?)
+            .map_err(|e| Error::Config(format!("keyfile {keyfile}: {e}")))?
+            .ok_or_else(|| Error::Config(format!("keyfile {keyfile}: no private key")))?;
+        let mut config = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .map_err(|e| Error::Config(format!("TLS: {e}")))?
+            .with_root_certificates(roots)
+            .with_client_auth_cert(chain, key)
+            .map_err(|e| Error::Config(format!("certfile {}: {e}", opts.certfile)))?;
+        config.enable_sni = opts.sni;
+        Ok(TlsClient {
+            connector: tokio_rustls::TlsConnector::from(Arc::new(config)),
+        })
+    }
+
+    /// TLS over `tcp` to `host`, whose certificate must name it.
+    pub(crate) async fn connect(&self, host: &str, tcp: TcpStream) -> Result<LinkStream, Error> {
+        let name = rustls::pki_types::ServerName::try_from(host.to_string())
+            .map_err(|e| Error::Handshake(format!("TLS: server name {host}: {e}")))?;
+        let tls = self
+            .connector
+            .connect(name, tcp)
+            .await
+            .map_err(|e| Error::Handshake(format!("TLS: {e}")))?;
+        Ok(LinkStream::Tls(Box::new(tls)))
+    }
+}
+
+fn pem_reader(path: &str) -> Result<io::BufReader<std::fs::File>, Error> {
+    std::fs::File::open(path)
+        .map(io::BufReader::new)
+        .map_err(|e| Error::Config(format!("{path}: {e}")))
+}
+
+fn pem_certs(path: &str) -> Result<Vec<rustls::pki_types::CertificateDer<'static>>, Error> {
+    let certs: Vec<_> = rustls_pemfile::certs(&mut pem_reader(path)?)
+        .collect::<Result<_, _>>()
+        .map_err(|e| Error::Config(format!("{path}: {e}")))?;
+    if certs.is_empty() {
+        return Err(Error::Config(format!("{path}: no certificate")));
+    }
+    Ok(certs)
+}
+
+/// A link's socket.
+#[derive(Debug)]
+pub enum LinkStream {
+    /// Plain TCP.
+    Tcp(TcpStream),
+    /// TLS over TCP.
+    Tls(Box<TlsStream<TcpStream>>),
+}
+
+/// The read half of a [`LinkStream`].
+#[derive(Debug)]
+pub enum LinkRead {
+    /// Of plain TCP.
+    Tcp(OwnedReadHalf),
+    /// Of TLS.
+    Tls(ReadHalf<TlsStream<TcpStream>>),
+}
+
+/// The write half of a [`LinkStream`].
+#[derive(Debug)]
+pub enum LinkWrite {
+    /// Of plain TCP.
+    Tcp(OwnedWriteHalf),
+    /// Of TLS.
+    Tls(WriteHalf<TlsStream<TcpStream>>),
+}
+
+impl LinkStream {
+    /// The two halves, for the link's reader and writer tasks.
+    pub fn into_split(self) -> (LinkRead, LinkWrite) {
+        match self {
+            LinkStream::Tcp(s) => {
+                let (r, w) = s.into_split();
+                (LinkRead::Tcp(r), LinkWrite::Tcp(w))
+            }
+            LinkStream::Tls(s) => {
+                let (r, w) = tokio::io::split(*s);
+                (LinkRead::Tls(r), LinkWrite::Tls(w))
+            }
+        }
+    }
+}
+
+impl LinkWrite {
+    /// A non-blocking write from any thread (a lone write: link/side.rs),
+    /// on plain TCP only: a TLS record cannot be written half without the
+    /// TLS state, so there it is `WouldBlock` and the writer writes.
+    pub(crate) fn try_write(&self, buf: &[u8]) -> io::Result<usize> {
+        match self {
+            LinkWrite::Tcp(w) => w.try_write(buf),
+            LinkWrite::Tls(_) => Err(io::ErrorKind::WouldBlock.into()),
+        }
+    }
+
+    /// Whether [`LinkWrite::try_write`] can write at all.
+    pub(crate) fn can_try_write(&self) -> bool {
+        matches!(self, LinkWrite::Tcp(_))
+    }
+}
+
+macro_rules! delegate_read {
+    ($t:ty) => {
+        impl AsyncRead for $t {
+            fn poll_read(
+                self: Pin<&mut Self>,
+                cx: &mut Context<'_>,
+                buf: &mut ReadBuf<'_>,
+            ) -> Poll<io::Result<()>> {
+                match self.get_mut() {
+                    Self::Tcp(s) => Pin::new(s).poll_read(cx, buf),
+                    Self::Tls(s) => Pin::new(s).poll_read(cx, buf),
+                }
+            }
+        }
+    };
+}
+
+macro_rules! delegate_write {
+    ($t:ty) => {
+        impl AsyncWrite for $t {
+            fn poll_write(
+                self: Pin<&mut Self>,
+                cx: &mut Context<'_>,
+                buf: &[u8],
+            ) -> Poll<io::Result<usize>> {
+                match self.get_mut() {
+                    Self::Tcp(s) => Pin::new(s).poll_write(cx, buf),
+                    Self::Tls(s) => Pin::new(s).poll_write(cx, buf),
+                }
+            }
+
+            fn poll_write_vectored(
+                self: Pin<&mut Self>,
+                cx: &mut Context<'_>,
+                bufs: &[io::IoSlice<'_>],
+            ) -> Poll<io::Result<usize>> {
+                match self.get_mut() {
+                    Self::Tcp(s) => Pin::new(s).poll_write_vectored(cx, bufs),
+                    Self::Tls(s) => Pin::new(s).poll_write_vectored(cx, bufs),
+                }
+            }
+
+            fn is_write_vectored(&self) -> bool {
+                match self {
+                    Self::Tcp(s) => s.is_write_vectored(),
+                    Self::Tls(s) => s.is_write_vectored(),
+                }
+            }
+
+            fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+                match self.get_mut() {
+                    Self::Tcp(s) => Pin::new(s).poll_flush(cx),
+                    Self::Tls(s) => Pin::new(s).poll_flush(cx),
+                }
+            }
+
+            fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+                match self.get_mut() {
+                    Self::Tcp(s) => Pin::new(s).poll_shutdown(cx),
+                    Self::Tls(s) => Pin::new(s).poll_shutdown(cx),
+                }
+            }
+        }
+    };
+}
+
+delegate_read!(LinkStream);
+delegate_read!(LinkRead);
+delegate_write!(LinkStream);
+delegate_write!(LinkWrite);
+
+/// OTP's TLS distribution frames its handshake messages with a 4-byte
+/// length (`{packet, 4}` in `inet_tls_dist`), where TCP distribution uses
+/// 2 bytes; erl_dist speaks the 2-byte form. During the handshake only,
+/// this adapter turns the 2-byte frames erl_dist writes into 4-byte ones,
+/// and the 4-byte frames the peer sends into 2-byte ones. It reads one
+/// frame at a time, so nothing past the handshake is left in it.
+#[derive(Debug)]
+pub(crate) struct Packet4<S> {
+    inner: S,
+    /// Off: bytes pass through untouched (plain TCP).
+    on: bool,
+    /// Bytes written by erl_dist, not yet a whole 2-byte frame.
+    wbuf: Vec<u8>,
+    /// 4-byte frames ready for the inner stream.
+    out: Vec<u8>,
+    /// The incoming frame being read: its 4-byte header, then its payload.
+    rhdr: [u8; 4],
+    rhdr_len: usize,
+    rpayload: Vec<u8>,
+    rpayload_len: usize,
+    /// The frame rewritten for erl_dist, and how much of it was served.
+    rready: Vec<u8>,
+    rpos: usize,
+}
+
+impl<S> Packet4<S> {
+    pub(crate) fn new(inner: S, on: bool) -> Self {
+        Packet4 {
+            inner,
+            on,
+            wbuf: Vec::new(),
+            out: Vec::new(),
+            rhdr: [0; 4],
+            rhdr_len: 0,
+            rpayload: Vec::new(),
+            rpayload_len: 0,
+            rready: Vec::new(),
+            rpos: 0,
+        }
+    }
+
+    pub(crate) fn into_inner(self) -> S {
+        self.inner
+    }
+}
+
+/// Handshake messages are small; anything larger is not one.
+const MAX_HANDSHAKE_FRAME: usize = 64 * 1024;
+
+impl<S: AsyncRead + Unpin> AsyncRead for Packet4<S> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let me = self.get_mut();
+        if !me.on {
+            return Pin::new(&mut me.inner).poll_read(cx, buf);
+        }
+        loop {
+            if me.rpos < me.rready.len() {
+                let n = (me.rready.len() - me.rpos).min(buf.remaining());
+                buf.put_slice(&me.rready[me.rpos..me.rpos + n]);
+                me.rpos += n;
+                return Poll::Ready(Ok(()));
+            }
+            if me.rhdr_len < 4 {
+                let mut rb = ReadBuf::new(&mut me.rhdr[me.rhdr_len..]);
+                match Pin::new(&mut me.inner).poll_read(cx, &mut rb) {
+                    Poll::Ready(Ok(())) if rb.filled().is_empty() => return Poll::Ready(Ok(())),
+                    Poll::Ready(Ok(())) => me.rhdr_len += rb.filled().len(),
+                    other => return other,
+                }
+                if me.rhdr_len == 4 {
+                    let len = u32::from_be_bytes(me.rhdr) as usize;
+                    if len > MAX_HANDSHAKE_FRAME {
+                        return Poll::Ready(Err(io::Error::new(
+                            io::ErrorKind::InvalidData,
+                            "handshake frame too large",
+                        )));
+                    }
+                    me.rpayload = vec![0; len];
+                    me.rpayload_len = 0;
+                }
+                continue;
+            }
+            if me.rpayload_len < me.rpayload.len() {
+                let mut rb = ReadBuf::new(&mut me.rpayload[me.rpayload_len..]);
+                match Pin::new(&mut me.inner).poll_read(cx, &mut rb) {
+                    Poll::Ready(Ok(())) if rb.filled().is_empty() => {
+                        return Poll::Ready(Err(io::ErrorKind::UnexpectedEof.into()))
+                    }
+                    Poll::Ready(Ok(())) => me.rpayload_len += rb.filled().len(),
+                    other => return other,
+                }
+                continue;
+            }
+            // A whole frame: serve it with a 2-byte length.
+            let len = u16::try_from(me.rpayload.len()).map_err(|_| {
+                io::Error::new(io::ErrorKind::InvalidData, "handshake frame too large")
+            })?;
+            me.rready.clear();
+            me.rready.extend_from_slice(&len.to_be_bytes());
+            me.rready.append(&mut me.rpayload);
+            me.rpos = 0;
+            me.rhdr_len = 0;
+            me.rpayload_len = 0;
+        }
+    }
+}
+
+impl<S: AsyncWrite + Unpin> Packet4<S> {
+    /// Writes what is in `out`; `Pending` until it is all written.
+    fn poll_drain(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        while !self.out.is_empty() {
+            match Pin::new(&mut self.inner).poll_write(cx, &self.out) {
+                Poll::Ready(Ok(0)) => return Poll::Ready(Err(io::ErrorKind::WriteZero.into())),
+                Poll::Ready(Ok(n)) => {
+                    self.out.drain(..n);
+                }
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Packet4<S> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let me = self.get_mut();
+        if !me.on {
+            return Pin::new(&mut me.inner).poll_write(cx, buf);
+        }
+        me.wbuf.extend_from_slice(buf);
+        while me.wbuf.len() >= 2 {
+            let len = usize::from(u16::from_be_bytes([me.wbuf[0], me.wbuf[1]]));
+            if me.wbuf.len() < 2 + len {
+                break;
+            }
+            me.out.extend_from_slice(&(len as u32).to_be_bytes());
+            me.out.extend_from_slice(&me.wbuf[2..2 + len]);
+            me.wbuf.drain(..2 + len);
+        }
+        // The bytes are taken either way; what the socket does not take
+        // now goes at the next write or flush.
+        if let Poll::Ready(Err(e)) = me.poll_drain(cx) {
+            return Poll::Ready(Err(e));
+        }
+        Poll::Ready(Ok(buf.len()))
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let me = self.get_mut();
+        match me.poll_drain(cx) {
+            Poll::Ready(Ok(())) => Pin::new(&mut me.inner).poll_flush(cx),
+            other => other,
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
+    }
+}
