@@ -101,9 +101,14 @@ tls_links(Config) ->
     Conf = tls_conf(Config, "good", "ca", []),
     Tls = ["-proto_dist", "inet_tls", "-ssl_dist_optfile", Conf],
     X = {PX, _} = start_short("x", Tls),
-    Y = {_, NY} = start_short("y", Tls),
+    Y = {PY, NY} = start_short("y", Tls),
     ?assertMatch({ok, _}, peer:call(PX, ecall_cnode, cnode, [])),
     ?assertEqual(nif, peer:call(PX, ecall_conn, transport, [])),
+    %% The identities listen with TLS too: a ping before anything connects
+    %% the nodes opens a new TLS connection to one.
+    [Id | _] = peer:call(PX, ecall, nodes, []),
+    ?assertEqual([], peer:call(PY, erlang, nodes, [connected])),
+    ?assertEqual(pong, peer:call(PY, net_adm, ping, [Id], 30000)),
     ?assertEqual(ok, peer:call(PX, ecall, connect, [NY], 30000)),
     ?assertEqual({ok, NY}, peer:call(PX, ecall, call, [NY, erlang, node, []], 30000)),
     ?assertEqual(100000, peer:call(PX, ecall_test_nodes, many_callers_exactly_once, [NY],

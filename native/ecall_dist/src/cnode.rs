@@ -379,8 +379,14 @@ async fn accept_loop(
         let cancel = cancel.clone();
         tokio::spawn(async move {
             let _ = stream.set_nodelay(true);
-            let hs =
-                tokio::time::timeout(me.handshake_timeout(), server_handshake(&me, stream)).await;
+            let hs = tokio::time::timeout(me.handshake_timeout(), async {
+                let stream = match &me.config.tls {
+                    None => crate::stream::LinkStream::Tcp(stream),
+                    Some(tls) => tls.accept(stream).await?,
+                };
+                server_handshake(&me, stream).await
+            })
+            .await;
             drop(permit);
             match hs {
                 Ok(Ok((stream, peer))) => {
@@ -411,7 +417,13 @@ async fn accept_loop(
     }
 }
 
-async fn server_handshake(me: &Identity, stream: TcpStream) -> Result<(TcpStream, String), String> {
+async fn server_handshake(
+    me: &Identity,
+    stream: crate::stream::LinkStream,
+) -> Result<(crate::stream::LinkStream, String), String> {
+    // OTP's TLS distribution frames handshake messages with 4 bytes.
+    let tls = matches!(stream, crate::stream::LinkStream::Tls(_));
+    let stream = crate::stream::Packet4::new(stream, tls);
     let mut hs = ServerSideHandshake::new(stream.compat(), me.local_node(), &me.config.cookie);
     match hs.execute_recv_name().await.map_err(|e| e.to_string())? {
         Some(_) => {}
@@ -421,13 +433,13 @@ async fn server_handshake(me: &Identity, stream: TcpStream) -> Result<(TcpStream
         .execute_rest(HandshakeStatus::Ok)
         .await
         .map_err(|e| e.to_string())?;
-    Ok((stream.into_inner(), peer.name.to_string()))
+    Ok((stream.into_inner().into_inner(), peer.name.to_string()))
 }
 
 /// Serves a connection on which we send nothing of our own: answers
 /// `is_auth`, ticks, and returns why it ended.
 async fn serve_passive(
-    stream: TcpStream,
+    stream: crate::stream::LinkStream,
     tick: Duration,
     stats: &InboundStats,
     cancel: CancellationToken,
@@ -445,6 +457,11 @@ async fn serve_passive(
                     Some(frame) => wr.write_all(&frame).await,
                     None => return "reader gone".to_string(),
                 },
+            };
+            // TLS holds what it was given until flushed.
+            let r = match r {
+                Ok(()) => wr.flush().await,
+                e => e,
             };
             if let Err(e) = r {
                 return format!("write: {e}");

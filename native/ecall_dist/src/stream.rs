@@ -1,13 +1,14 @@
 //! The socket of a link: plain TCP, or TLS over TCP for a node whose
 //! distribution runs over TLS (`-proto_dist inet_tls`).
 //!
-//! TLS here is a client's: the links connect out to the peer's TLS
-//! distribution listener, presenting the node's certificate (OTP's TLS
-//! distribution asks for one) and checking the peer's against the CA
-//! certificates, as the node's own `ssl_dist_optfile` client options say.
-//! Only those options are understood ([`TlsOptions`]); the Erlang side
-//! refuses the others before it starts any identity. The identities'
-//! listener (pings, `is_auth`) stays plain TCP.
+//! The links connect out to the peer's TLS distribution listener,
+//! presenting the node's certificate (OTP's TLS distribution asks for one)
+//! and checking the peer's against the CA certificates, as the node's own
+//! `ssl_dist_optfile` client options say; the identities' listener (pings,
+//! `is_auth`) accepts TLS with the same certificate, asking for a client
+//! certificate that chains to the same CAs. Only those options are
+//! understood ([`TlsOptions`]); the Erlang side refuses the others before
+//! it starts any identity.
 
 use crate::Error;
 use std::io;
@@ -17,8 +18,8 @@ use std::task::{Context, Poll};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf, ReadHalf, WriteHalf};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
-use tokio_rustls::client::TlsStream;
 use tokio_rustls::rustls;
+use tokio_rustls::TlsStream;
 
 /// The TLS client options the links understand (OTP's names): the node's
 /// certificate and key, and the CA certificates its peers' certificates
@@ -35,10 +36,13 @@ pub struct TlsOptions {
     pub sni: bool,
 }
 
-/// A TLS client configuration made from [`TlsOptions`].
+/// TLS configurations made from [`TlsOptions`]: the links' client side,
+/// and the identities' listener, which asks for (and checks) a client
+/// certificate as OTP's TLS distribution does.
 #[derive(Clone)]
 pub struct TlsClient {
     connector: tokio_rustls::TlsConnector,
+    acceptor: tokio_rustls::TlsAcceptor,
 }
 
 impl std::fmt::Debug for TlsClient {
@@ -66,6 +70,19 @@ impl TlsClient {
         let key = rustls_pemfile::private_key(&mut pem_reader(keyfile)?)
             .map_err(|e| Error::Config(format!("keyfile {keyfile}: {e}")))?
             .ok_or_else(|| Error::Config(format!("keyfile {keyfile}: no private key")))?;
+        let roots = Arc::new(roots);
+        let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+            Arc::clone(&roots),
+            Arc::clone(&provider),
+        )
+        .build()
+        .map_err(|e| Error::Config(format!("cacertfile {}: {e}", opts.cacertfile)))?;
+        let server = rustls::ServerConfig::builder_with_provider(Arc::clone(&provider))
+            .with_safe_default_protocol_versions()
+            .map_err(|e| Error::Config(format!("TLS: {e}")))?
+            .with_client_cert_verifier(verifier)
+            .with_single_cert(chain.clone(), key.clone_key())
+            .map_err(|e| Error::Config(format!("certfile {}: {e}", opts.certfile)))?;
         let mut config = rustls::ClientConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()
             .map_err(|e| Error::Config(format!("TLS: {e}")))?
@@ -75,6 +92,7 @@ impl TlsClient {
         config.enable_sni = opts.sni;
         Ok(TlsClient {
             connector: tokio_rustls::TlsConnector::from(Arc::new(config)),
+            acceptor: tokio_rustls::TlsAcceptor::from(Arc::new(server)),
         })
     }
 
@@ -87,7 +105,17 @@ impl TlsClient {
             .connect(name, tcp)
             .await
             .map_err(|e| Error::Handshake(format!("TLS: {e}")))?;
-        Ok(LinkStream::Tls(Box::new(tls)))
+        Ok(LinkStream::Tls(Box::new(TlsStream::Client(tls))))
+    }
+
+    /// The server side of TLS over an accepted `tcp`.
+    pub(crate) async fn accept(&self, tcp: TcpStream) -> Result<LinkStream, String> {
+        let tls = self
+            .acceptor
+            .accept(tcp)
+            .await
+            .map_err(|e| format!("TLS: {e}"))?;
+        Ok(LinkStream::Tls(Box::new(TlsStream::Server(tls))))
     }
 }
 
