@@ -28,9 +28,10 @@ test-ct:
 	test/ct.sh
 
 # The build without cargo: the message, then ECALL_NO_NIF=1 and two nodes on
-# the pure-Erlang transport.
+# the pure-Erlang transport; and a library installed while two nodes run it.
 test-build:
 	test/no_nif_build.sh
+	test/nif_reinstall.sh
 
 # examples/: a mix project and a relx release, each on two nodes.
 examples: build

@@ -23,7 +23,7 @@ case "$rust" in
         ;;
 esac
 
-pkgs=(erlang-nox erlang-dev rebar3 erlang-common-test erlang-dialyzer patchelf python3 iproute2 util-linux openssl)
+pkgs=(erlang-nox erlang-dev rebar3 erlang-common-test erlang-dialyzer patchelf python3 iproute2 util-linux openssl binutils)
 need=()
 command -v erl >/dev/null || need+=(erlang-nox erlang-dev)
 command -v rebar3 >/dev/null || need+=(rebar3)
@@ -35,8 +35,10 @@ command -v python3 >/dev/null || need+=(python3)
 # lowers a descriptor limit (prlimit).
 command -v ip >/dev/null || need+=(iproute2)
 command -v prlimit >/dev/null || need+=(util-linux)
-# The TLS-distribution case makes its certificates with openssl.
+# The TLS-distribution case makes its certificates with openssl;
+# test/nif_reinstall.sh makes a second library with objcopy.
 command -v openssl >/dev/null || need+=(openssl)
+command -v objcopy >/dev/null || need+=(binutils)
 if $examples; then
     pkgs+=(elixir)
     command -v mix >/dev/null || need+=(elixir)

@@ -84,16 +84,6 @@ elif [ -f "$stamp" ] && [ "$(cat "$stamp")" != "$here" ]; then
 fi
 [ -f "$built" ] || { say "cargo built nothing at $built"; exit 1; }
 
-# A new file renamed into place: a running node that loaded the old library
-# keeps its mapping (copying over it in place would crash that node).
-mkdir -p priv
-tmp=priv/.libecall_nif.so.$$
-trap 'rm -f "$tmp"' EXIT
-if ! { command -v strip >/dev/null 2>&1 && strip -S -o "$tmp" "$built" 2>/dev/null; }; then
-    cp "$built" "$tmp"
-fi
-if cmp -s "$tmp" "$lib"; then
-    rm -f "$tmp"
-else
-    mv -f "$tmp" "$lib"
-fi
+# Stripped, and renamed into place (never copied over the old file, which
+# a running node may have loaded).
+exec native/install_nif.sh "$built" priv
