@@ -107,13 +107,11 @@ reply_monitor({Node, Peer}) ->
 caller_link({_, Peer}) ->
     ecall_nif:caller_link(Peer).
 
-%% Each `per_link' entry is named by its link number (`link', from 1, as
-%% in logs and telemetry): the NIF lists them in link order.
+%% Each `per_link' entry carries its link number (`link', from 1, as in
+%% logs and telemetry).
 -spec stats(state()) -> map().
 stats({_, Peer}) ->
-    #{per_link := PerLink} = Stats = ecall_nif:peer_stats(Peer),
-    Named = [L#{link => K} || {K, L} <- lists:zip(lists:seq(1, length(PerLink)), PerLink)],
-    Stats#{transport => nif, per_link => Named}.
+    (ecall_nif:peer_stats(Peer))#{transport => nif}.
 
 -spec close(state(), term()) -> non_neg_integer().
 close({_, Peer}, _Why) ->

@@ -31,7 +31,7 @@ mod atoms {
         ok, error, send, full, closed, wait, retry, ecall_link, ecall_cnode, ecall_room,
         up, down, alive, badarg,
         pushed, batches, requests, bytes, writes, dropped, connects, disconnects,
-        stalls, cached_atoms, queued_bytes, links_up, overflow_waits, overflow_drops, per_link, fragmented, lone, lone_partial, wakes, closed_drops, links, shards, accepted, refused,
+        stalls, cached_atoms, queued_bytes, links_up, overflow_waits, overflow_drops, per_link, link, fragmented, lone, lone_partial, wakes, closed_drops, links, shards, accepted, refused,
         node, creation, port, inbound_frames, inbound_answered, inbound_ignored, inbound_malformed,
         handshakes_shed, accept_errors, stopped,
         // Link-down reasons (see `down_reason`).
@@ -518,12 +518,16 @@ fn peer_stats<'a>(env: Env<'a>, peer: ResourceArc<PeerRes>) -> NifResult<Term<'a
     ];
     let per_link: Vec<Term> = links
         .iter()
-        .map(|l| {
+        .enumerate()
+        .map(|(k, l)| {
             let mut pairs: Vec<(Atom, u64)> = counters
                 .iter()
                 .map(|(k, f)| (*k, f(l).load(Relaxed)))
                 .collect();
             pairs.push((atoms::up(), u64::from(l.up.load(Relaxed))));
+            // Numbered from 1, as in logs, telemetry and the identities'
+            // names (`<node>_ecall_<link>`).
+            pairs.push((atoms::link(), k as u64 + 1));
             map_of(env, &pairs)
         })
         .collect::<NifResult<_>>()?;
