@@ -19,7 +19,7 @@
 
 use crate::cnode::Identity;
 use crate::etf::BatchHeader;
-use crate::link::{self, LinkEvents, LinkShared, LinkStats, Lone};
+use crate::link::{self, LinkEvents, LinkShared, LinkStats};
 use crate::shard::{Backlog, BatchCaps, Shard};
 use crate::Error;
 use std::collections::VecDeque;
@@ -271,7 +271,7 @@ impl Peer {
         // callers still waiting for room are woken by the writer's
         // releases, and only queued requests make the writer release.
         if let Some(element) = lone.filter(|_| !admitted) {
-            if link.write_lone(&self.shards[shard], element, &st.cached_atoms) != Lone::Declined {
+            if link.write_lone(&self.shards[shard], element, &st.cached_atoms) {
                 st.pushed.fetch_add(1, Ordering::Relaxed);
                 return Push::Queued;
             }

@@ -79,7 +79,7 @@ mod side;
 mod task;
 mod writer;
 
-pub(crate) use side::{Lone, WriteSide};
+pub(crate) use side::WriteSide;
 pub use side::{LONE_GAP, LONE_MAX};
 
 pub(crate) use task::link_task;

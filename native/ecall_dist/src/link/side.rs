@@ -89,72 +89,67 @@ impl WriteSide {
     }
 }
 
-/// How a lone write went.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Lone {
-    /// Not tried: the writer is awake, the side is busy, or the request is
-    /// large. Queue it.
-    Declined,
-    /// On the socket, whole (the writer was woken, for what comes next).
-    Written,
-    /// Partly on the socket; the writer was woken to write the rest.
-    Pending,
+impl WriteSide {
+    /// Whether a lone write may use this side: plain TCP (a TLS record is
+    /// the writer's to write), and nothing left of an earlier lone write
+    /// (the writer, already woken, writes it; requests queue behind it).
+    fn takes_lone(&self) -> bool {
+        self.wr.can_try_write() && self.pending.is_empty()
+    }
 }
 
 impl LinkShared {
-    fn quiet_enough(&self, now: u64) -> bool {
-        now.wrapping_sub(self.quiet_since.load(Ordering::Relaxed)) >= LONE_GAP_NS
+    /// The time now if the writer sleeps on a link quiet for [`LONE_GAP`]
+    /// (the clock is read only then: a push to a busy link pays one load).
+    fn quiet_now(&self) -> Option<u64> {
+        if self.state.load(Ordering::SeqCst) != SLEEPING {
+            return None;
+        }
+        let now = clock();
+        (now.wrapping_sub(self.quiet_since.load(Ordering::Relaxed)) >= LONE_GAP_NS).then_some(now)
     }
 
     /// Whether a small push would be written alone now.
     pub(crate) fn lone_ready(&self) -> bool {
-        self.state.load(Ordering::SeqCst) == SLEEPING
-            && self.quiet_enough(clock())
+        self.quiet_now().is_some()
             && self
                 .parked
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .as_ref()
-                .is_some_and(|s| s.pending.is_empty())
+                .is_some_and(WriteSide::takes_lone)
     }
 
     /// Writes `element` as a batch of one of `shard`, from the caller's
-    /// thread, if the link's writer sleeps (see the module docs). Never
-    /// blocks: the lock is only tried and the socket is non-blocking.
-    /// Atoms sent as cache references are added to `cached_atoms`.
+    /// thread, if the link's writer sleeps on a quiet link (see the module
+    /// docs); returns whether it took the request (else the caller queues
+    /// it). Never blocks: the lock is only tried and the socket is
+    /// non-blocking. Atoms sent as cache references are added to
+    /// `cached_atoms`.
     pub(crate) fn write_lone(
         &self,
         shard: &Shard,
         element: &[u8],
         cached_atoms: &AtomicU64,
-    ) -> Lone {
-        if element.len() > LONE_MAX || self.state.load(Ordering::SeqCst) != SLEEPING {
-            return Lone::Declined;
+    ) -> bool {
+        if element.len() > LONE_MAX {
+            return false;
         }
-        let now = clock();
-        if !self.quiet_enough(now) {
-            // The link is in use: this request wakes the writer, and those
-            // that follow queue behind it, in batches.
-            return Lone::Declined;
-        }
+        // A link in use: this request wakes the writer, and those that
+        // follow queue behind it, in batches.
+        let Some(now) = self.quiet_now() else {
+            return false;
+        };
         let Ok(mut parked) = self.parked.try_lock() else {
-            return Lone::Declined;
+            return false;
         };
-        let Some(side) = parked.as_mut() else {
-            return Lone::Declined;
+        let Some(side) = parked.as_mut().filter(|s| s.takes_lone()) else {
+            return false;
         };
+        // Again under the lock: the writer may have been woken meanwhile
+        // (it takes its side back under this lock before writing).
         if self.state.load(Ordering::SeqCst) != SLEEPING {
-            // Woken meanwhile (the writer is taking its side back).
-            return Lone::Declined;
-        }
-        if !side.wr.can_try_write() {
-            // TLS: only the writer can write a record.
-            return Lone::Declined;
-        }
-        if !side.pending.is_empty() {
-            // The rest of an earlier lone write: the writer, already woken,
-            // writes it; this request queues behind it.
-            return Lone::Declined;
+            return false;
         }
         shard.lone_frame(element, &mut side.plain);
         let frame: &[u8] = match side.cache.as_mut() {
@@ -179,18 +174,17 @@ impl LinkShared {
             ls.writes.fetch_add(1, Ordering::Relaxed);
             ls.bytes.fetch_add(written as u64, Ordering::Relaxed);
         }
-        let lone = if written == frame.len() {
-            Lone::Written
-        } else {
+        let partial = written < frame.len();
+        if partial {
             ls.lone_partial.fetch_add(1, Ordering::Relaxed);
             side.pending = frame[written..].to_vec();
-            Lone::Pending
-        };
+        }
         self.quiet_since.store(now, Ordering::Relaxed);
         drop(parked);
-        if lone == Lone::Pending && self.state.swap(AWAKE, Ordering::AcqRel) != AWAKE {
+        // The rest goes with the writer, woken for it.
+        if partial && self.state.swap(AWAKE, Ordering::AcqRel) != AWAKE {
             self.notify.notify_one();
         }
-        lone
+        true
     }
 }

@@ -182,20 +182,21 @@ impl LinkWriter {
 
     /// Waits for a push to wake the writer (the state was set by
     /// `may_sleep` or `may_gather`), a control frame to write, the reader
-    /// to end, or `until`; at `until` a sleeping writer (`tick`) writes a
-    /// tick. Returns why the link ends, if it does.
+    /// to end, or `until`. A sleeping writer (`asleep`, not gathering) lends
+    /// its side to lone writes meanwhile, and at `until` writes a tick.
+    /// Returns why the link ends, if it does.
     async fn wait(
         &mut self,
         reader: &mut JoinHandle<LinkDown>,
         ctl_rx: &mut mpsc::Receiver<Vec<u8>>,
         until: Instant,
-        tick: bool,
+        asleep: bool,
     ) -> Option<LinkDown> {
         let peer = Arc::clone(&self.peer);
         let link = &peer.links[self.k];
         // Only a sleeping writer lends its side to lone writes: a
         // gathering one is busy, and requests should wait for company.
-        if tick {
+        if asleep {
             // Quiet from now on (before the side is lent: a lone write
             // right after this writer's last write would find a busy link).
             link.quiet_since
@@ -210,7 +211,7 @@ impl LinkWriter {
             _ = tokio::time::sleep_until(until) => Woke::Timer,
         };
         link.state.store(AWAKE, Ordering::Relaxed);
-        if tick {
+        if asleep {
             // Taken back before anything is written: a lone write in
             // progress holds the lock for one non-blocking send at most.
             self.side = lock(&link.parked).take();
@@ -236,7 +237,7 @@ impl LinkWriter {
             Woke::Ctl(Some(ctl)) => self.write(&[&ctl]).await.err(),
             Woke::Ctl(None) => None,
             Woke::Reader(down) => Some(down),
-            Woke::Timer if tick => {
+            Woke::Timer if asleep => {
                 let r = write_with_deadline(
                     &link.stats,
                     &mut side.wr,
