@@ -76,37 +76,21 @@ pub fn link_flags() -> DistributionFlags {
 /// accepted connections), no monitors (we do not answer them). `V4_NC` and
 /// `UNLINK_ID` are mandatory from OTP 26.
 pub fn flags() -> DistributionFlags {
-    DistributionFlags::from_bits_truncate(
-        EXTENDED_REFERENCES
-            | FUN_TAGS
-            | NEW_FUN_TAGS
-            | EXTENDED_PIDS_PORTS
-            | EXPORT_PTR_TAG
-            | BIT_BINARIES
-            | NEW_FLOATS
-            | UTF8_ATOMS
-            | MAP_TAG
-            | BIG_CREATION
-            | HANDSHAKE_23
-            | MANDATORY_25_DIGEST
-            | UNLINK_ID
-            | V4_NC,
-    )
+    DistributionFlags::from_bits_truncate(DIGEST_25 | MANDATORY_25_DIGEST | UNLINK_ID | V4_NC)
 }
 
 /// The flags OTP 25's `DFLAG_MANDATORY_25_DIGEST` stands for (a peer that
-/// sets that bit has all of them).
-pub const DIGEST_25: u64 = EXTENDED_REFERENCES
-    | FUN_TAGS
-    | EXTENDED_PIDS_PORTS
-    | NEW_FUN_TAGS
-    | EXPORT_PTR_TAG
-    | BIT_BINARIES
-    | NEW_FLOATS
-    | UTF8_ATOMS
-    | MAP_TAG
-    | BIG_CREATION
-    | HANDSHAKE_23;
+/// sets that bit has all of them): [`REQUIRED_FLAGS`], which are exactly
+/// that set.
+pub const DIGEST_25: u64 = {
+    let mut bits = 0;
+    let mut i = 0;
+    while i < REQUIRED_FLAGS.len() {
+        bits |= REQUIRED_FLAGS[i].0;
+        i += 1;
+    }
+    bits
+};
 
 /// What the links need a peer to understand: the encodings that
 /// `term_to_binary` on an OTP 25+ node writes into the frames (new pids,

@@ -312,6 +312,25 @@ impl<S> Packet4<S> {
     }
 }
 
+/// Reads more of `buf` from `filled` on: `Ok(false)` at end of stream.
+fn poll_fill<S: AsyncRead + Unpin>(
+    inner: &mut S,
+    cx: &mut Context<'_>,
+    buf: &mut [u8],
+    filled: &mut usize,
+) -> Poll<io::Result<bool>> {
+    let mut rb = ReadBuf::new(&mut buf[*filled..]);
+    match Pin::new(inner).poll_read(cx, &mut rb) {
+        Poll::Ready(Ok(())) => {
+            let n = rb.filled().len();
+            *filled += n;
+            Poll::Ready(Ok(n > 0))
+        }
+        Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
+        Poll::Pending => Poll::Pending,
+    }
+}
+
 /// Handshake messages are small; anything larger is not one.
 const MAX_HANDSHAKE_FRAME: usize = 64 * 1024;
 
@@ -333,11 +352,15 @@ impl<S: AsyncRead + Unpin> AsyncRead for Packet4<S> {
                 return Poll::Ready(Ok(()));
             }
             if me.rhdr_len < 4 {
-                let mut rb = ReadBuf::new(&mut me.rhdr[me.rhdr_len..]);
-                match Pin::new(&mut me.inner).poll_read(cx, &mut rb) {
-                    Poll::Ready(Ok(())) if rb.filled().is_empty() => return Poll::Ready(Ok(())),
-                    Poll::Ready(Ok(())) => me.rhdr_len += rb.filled().len(),
-                    other => return other,
+                match poll_fill(&mut me.inner, cx, &mut me.rhdr, &mut me.rhdr_len) {
+                    // End of stream between frames: the reader sees it.
+                    Poll::Ready(Ok(false)) if me.rhdr_len == 0 => return Poll::Ready(Ok(())),
+                    Poll::Ready(Ok(false)) => {
+                        return Poll::Ready(Err(io::ErrorKind::UnexpectedEof.into()))
+                    }
+                    Poll::Ready(Ok(true)) => {}
+                    Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                    Poll::Pending => return Poll::Pending,
                 }
                 if me.rhdr_len == 4 {
                     let len = u32::from_be_bytes(me.rhdr) as usize;
@@ -353,15 +376,14 @@ impl<S: AsyncRead + Unpin> AsyncRead for Packet4<S> {
                 continue;
             }
             if me.rpayload_len < me.rpayload.len() {
-                let mut rb = ReadBuf::new(&mut me.rpayload[me.rpayload_len..]);
-                match Pin::new(&mut me.inner).poll_read(cx, &mut rb) {
-                    Poll::Ready(Ok(())) if rb.filled().is_empty() => {
+                match poll_fill(&mut me.inner, cx, &mut me.rpayload, &mut me.rpayload_len) {
+                    Poll::Ready(Ok(false)) => {
                         return Poll::Ready(Err(io::ErrorKind::UnexpectedEof.into()))
                     }
-                    Poll::Ready(Ok(())) => me.rpayload_len += rb.filled().len(),
-                    other => return other,
+                    Poll::Ready(Ok(true)) => continue,
+                    Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                    Poll::Pending => return Poll::Pending,
                 }
-                continue;
             }
             // A whole frame: serve it with a 2-byte length.
             let len = u16::try_from(me.rpayload.len()).map_err(|_| {
@@ -432,5 +454,47 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Packet4<S> {
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    #[tokio::test]
+    async fn packet4_rewrites_handshake_frames_both_ways() {
+        let (ours, mut peer) = tokio::io::duplex(1024);
+        let mut p = Packet4::new(ours, true);
+        // What erl_dist writes (2-byte lengths, in pieces) reaches the peer
+        // with 4-byte lengths.
+        p.write_all(&[0, 3]).await.unwrap();
+        p.write_all(b"abc").await.unwrap();
+        p.flush().await.unwrap();
+        let mut got = [0u8; 7];
+        peer.read_exact(&mut got).await.unwrap();
+        assert_eq!(&got, b"\0\0\0\x03abc");
+        // What the peer writes with 4-byte lengths reads with 2.
+        peer.write_all(b"\0\0\0\x02hi\0\0\0\x01!").await.unwrap();
+        let mut back = [0u8; 7];
+        p.read_exact(&mut back).await.unwrap();
+        assert_eq!(&back, b"\0\x02hi\0\x01!");
+        // Off: untouched.
+        let (ours, mut peer) = tokio::io::duplex(64);
+        let mut plain = Packet4::new(ours, false);
+        plain.write_all(&[0, 1, 7]).await.unwrap();
+        let mut same = [0u8; 3];
+        peer.read_exact(&mut same).await.unwrap();
+        assert_eq!(same, [0, 1, 7]);
+    }
+
+    #[tokio::test]
+    async fn packet4_refuses_a_length_off_the_wire_past_the_bound() {
+        let (ours, mut peer) = tokio::io::duplex(64);
+        let mut p = Packet4::new(ours, true);
+        peer.write_all(&u32::MAX.to_be_bytes()).await.unwrap();
+        let mut buf = [0u8; 2];
+        let e = p.read_exact(&mut buf).await.unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidData);
     }
 }
