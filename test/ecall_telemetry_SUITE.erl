@@ -212,14 +212,21 @@ reap_and_close_count_drops(_Config) ->
     {_, #{reason := normal}} = event([ecall, connection, down], C),
     {#{closed_drops := Queued, dropped := Lost}, _} = event([ecall, connection, close], C),
     ct:pal("close: ~b queued dropped, ~b lost before", [Queued, Lost]),
-    ?assertEqual(After, Queued),
+    %% The tail is still queued at the close. So are chunks pushed after
+    %% the reap, when this machine runs the loop slower than the 1 s stall
+    %% timeout: the count is checked as an account of every push, not as
+    %% a figure that depends on when the reap came.
+    ?assert(Queued >= After),
     ?assert(Lost > 0),
     {ok, Last} = ecall:last_stats(C),
-    ?assertMatch(#{state := closed, closed_drops := After, stalls := S} when S >= 1, Last),
+    ?assertMatch(#{state := closed, closed_drops := Queued, stalls := S} when S >= 1, Last),
     ?assertEqual(Lost, maps:get(dropped, Last)),
+    #{pushed := Pushed, requests := Written} = Last,
+    ?assertEqual(300 + After, Pushed),
+    ?assertEqual(Pushed, Written + Lost + Queued),
     Line = close_line(lists:flatten(io_lib:format("connection to ~p closed", [C]))),
     ct:pal("logged: ~ts", [Line]),
-    ?assertNotEqual(nomatch, string:find(Line, integer_to_list(After) ++ " queued requests dropped")),
+    ?assertNotEqual(nomatch, string:find(Line, integer_to_list(Queued) ++ " queued requests dropped")),
     ?assertNotEqual(nomatch, string:find(Line, integer_to_list(Lost) ++ " lost")),
     flush_traces(),
     peer:stop(Peer).

@@ -154,7 +154,11 @@ send_payload_seq(To, Payload, N) ->
     ok.
 
 flush_traces() ->
-    receive {trace, _, _, _} -> flush_traces() after 0 -> ok end.
+    receive
+        {trace, _, _, _} -> flush_traces();
+        {trace_ts, _, _, _, _} -> flush_traces()
+    after 0 -> ok
+    end.
 
 %% B answers back through its own links.
 connect_back(B) ->
