@@ -85,7 +85,7 @@ full_budget_blocks_without_loss(_Config) ->
         {collected, Collector, Result} ->
             ?assertEqual(#{total => Total, callers => 20, out_of_order => 0, last_seq_ok => 20},
                          Result)
-    after 60000 -> ct:fail(lost_under_budget)
+    after 60000 -> ct:fail({lost_under_budget, ecall:stats(C)})
     end,
     {ok, Stats} = ecall:stats(C),
     ct:pal("budget test: ~p", [Stats]),

@@ -294,7 +294,8 @@ impl Peer {
     /// After [`Push::Full`]: registers `wake`, to be called with `true` once
     /// `size` bytes may fit (callers are woken in the order they came) or
     /// with `false` if the peer closes. Returns `false`, without
-    /// registering, if there is room already.
+    /// registering, if there is room already. `wake` may be called before
+    /// this returns (room freed while it registered).
     pub fn wait_room(&self, size: usize, wake: Box<dyn FnOnce(bool) + Send>) -> bool {
         let mut w = self.waiters.lock().unwrap_or_else(|p| p.into_inner());
         if self.is_closed() {
@@ -302,29 +303,45 @@ impl Peer {
             wake(false);
             return true;
         }
-        let queued = self.stats.queued_bytes.load(Ordering::Acquire);
+        let queued = self.stats.queued_bytes.load(Ordering::SeqCst);
         // Room now, or nothing queued at all (a request larger than the
         // whole budget goes alone; with nothing queued no write would ever
         // wake it).
         if w.is_empty() && (queued + size <= self.config.max_queue_bytes || queued == 0) {
             return false;
         }
+        #[cfg(test)]
+        tests::registration_window();
         w.push_back((size, wake));
-        self.waiting.store(w.len(), Ordering::Relaxed);
+        self.waiting.store(w.len(), Ordering::SeqCst);
         self.stats.waits.fetch_add(1, Ordering::Relaxed);
+        drop(w);
+        // A release between the load of `queued` above and the store of
+        // `waiting` saw no waiter and woke nobody; if it freed everything,
+        // no later write would wake us. So look again, now that `waiting`
+        // is published (both sides are SeqCst: a release either sees the
+        // waiter, or its decrement is seen here). Without this, callers
+        // blocked on a full budget could wait for ever under load.
+        self.wake_fitting();
         true
     }
 
     /// Gives `bytes` back to the budget and wakes, in order, the waiters
     /// that now fit.
     pub(crate) fn release(&self, bytes: usize) {
-        let queued = self.stats.queued_bytes.fetch_sub(bytes, Ordering::AcqRel) - bytes;
-        if self.waiting.load(Ordering::Relaxed) == 0 {
+        self.stats.queued_bytes.fetch_sub(bytes, Ordering::SeqCst);
+        if self.waiting.load(Ordering::SeqCst) == 0 {
             return;
         }
+        self.wake_fitting();
+    }
+
+    /// Wakes, in order, the waiters that fit in the room left now.
+    fn wake_fitting(&self) {
         let mut woken = Vec::new();
         {
             let mut w = self.waiters.lock().unwrap_or_else(|p| p.into_inner());
+            let queued = self.stats.queued_bytes.load(Ordering::SeqCst);
             let mut room = self.config.max_queue_bytes.saturating_sub(queued);
             // Wake in order while the next waiter fits; always wake one when
             // nothing is queued, so that an oversized request still goes.
@@ -335,7 +352,7 @@ impl Peer {
                 room = room.saturating_sub(*size);
                 woken.push(w.pop_front().map(|(_, f)| f));
             }
-            self.waiting.store(w.len(), Ordering::Relaxed);
+            self.waiting.store(w.len(), Ordering::SeqCst);
         }
         for f in woken.into_iter().flatten() {
             f(true);
@@ -489,6 +506,125 @@ mod tests {
             [("first", true), ("second", true), ("third", true)]
         );
         assert_eq!(peer.stats.waits.load(Ordering::Relaxed), 3);
+    }
+
+    thread_local! {
+        /// Run by `wait_room` between its look at the budget and its
+        /// registration, on the caller's thread.
+        static IN_WINDOW: std::cell::RefCell<Option<Box<dyn FnOnce()>>> =
+            const { std::cell::RefCell::new(None) };
+    }
+
+    pub(super) fn registration_window() {
+        if let Some(f) = IN_WINDOW.with(|w| w.borrow_mut().take()) {
+            f();
+        }
+    }
+
+    /// A writer's release that lands while a caller registers for room
+    /// (after the caller saw the budget full, before it is listed as
+    /// waiting) sees no waiter and wakes nobody. When that release freed
+    /// everything, no later write comes to wake the caller, and every
+    /// caller behind it (no barging) waits for ever: the hang the overload
+    /// suite met under load. The caller looks again once registered.
+    #[test]
+    fn a_release_while_registering_still_wakes_the_caller() {
+        let peer = Arc::new(test_peer(1100));
+        let mut element = vec![BINARY_EXT, 0, 0, 1, 0xf0];
+        element.resize(5 + 0x1f0, 7);
+        assert_eq!(peer.push(0, &element, false), Push::Queued);
+        assert_eq!(peer.push(0, &element, false), Push::Queued);
+        assert_eq!(peer.push(0, &element, false), Push::Full);
+        let writer = peer.clone();
+        IN_WINDOW.with(|w| {
+            *w.borrow_mut() = Some(Box::new(move || {
+                let frame = writer.shards[0].take().unwrap();
+                writer.release(frame.payload);
+            }))
+        });
+        let woken = Arc::new(Mutex::new(Vec::new()));
+        let w = woken.clone();
+        let wake = Box::new(move |room| w.lock().unwrap_or_else(|p| p.into_inner()).push(room));
+        assert!(peer.wait_room(element.len(), wake));
+        assert!(
+            IN_WINDOW.with(|w| w.borrow().is_none()),
+            "the window was reached"
+        );
+        assert_eq!(peer.stats.queued_bytes.load(Ordering::SeqCst), 0);
+        assert_eq!(*woken.lock().unwrap_or_else(|p| p.into_inner()), [true]);
+        assert_eq!(peer.waiting.load(Ordering::SeqCst), 0);
+    }
+
+    /// The blocking protocol under contention: callers that find the
+    /// budget full wait for room while a writer thread takes and releases
+    /// batches; every request gets through, none is woken without room.
+    #[test]
+    fn blocked_callers_are_never_left_waiting() {
+        use std::sync::atomic::AtomicUsize;
+        use std::sync::mpsc;
+        const CALLERS: usize = 6;
+        const EACH: usize = 5_000;
+        let peer = Arc::new(test_peer(1000));
+        let mut element = vec![BINARY_EXT, 0, 0, 1, 0xf0];
+        element.resize(5 + 0x1f0, 7);
+        let finished = Arc::new(AtomicUsize::new(0));
+        let writer = {
+            let (peer, finished) = (peer.clone(), finished.clone());
+            std::thread::spawn(move || {
+                let mut taken = 0usize;
+                let deadline = std::time::Instant::now() + Duration::from_secs(60);
+                while finished.load(Ordering::SeqCst) < CALLERS {
+                    match peer.shards[0].take() {
+                        Some(frame) => {
+                            taken += frame.count as usize;
+                            peer.release(frame.payload);
+                        }
+                        None => std::thread::yield_now(),
+                    }
+                    assert!(
+                        std::time::Instant::now() < deadline,
+                        "callers still blocked: {} waiting, {} bytes queued",
+                        peer.waiting.load(Ordering::SeqCst),
+                        peer.stats.queued_bytes.load(Ordering::SeqCst)
+                    );
+                }
+                while let Some(frame) = peer.shards[0].take() {
+                    taken += frame.count as usize;
+                }
+                taken
+            })
+        };
+        let callers: Vec<_> = (0..CALLERS)
+            .map(|_| {
+                let (peer, finished, element) = (peer.clone(), finished.clone(), element.clone());
+                std::thread::spawn(move || {
+                    for _ in 0..EACH {
+                        if peer.push(0, &element, false) == Push::Full {
+                            let (tx, rx) = mpsc::channel();
+                            let wake = Box::new(move |room| {
+                                let _ = tx.send(room);
+                            });
+                            if peer.wait_room(element.len(), wake) {
+                                assert!(rx.recv().unwrap(), "woken without room");
+                            }
+                            assert_eq!(peer.push(0, &element, true), Push::Queued);
+                        }
+                    }
+                    finished.fetch_add(1, Ordering::SeqCst);
+                })
+            })
+            .collect();
+        // The writer first: it fails the test at its deadline if callers
+        // hang (joining those would hang the test instead).
+        let taken = writer.join().expect("the writer gave up");
+        for c in callers {
+            c.join().unwrap();
+        }
+        assert_eq!(taken, CALLERS * EACH);
+        assert_eq!(
+            peer.stats.pushed.load(Ordering::Relaxed),
+            (CALLERS * EACH) as u64
+        );
     }
 
     /// Closing releases every waiter, with no room.
