@@ -128,25 +128,50 @@ proto_dist() ->
             tcp
     end.
 
-%% The node's TLS client options, from -ssl_dist_optfile, as the links take
-%% them: `certfile', `keyfile', `cacertfile', `verify' (verify_peer only)
-%% and `server_name_indication' (`disable' only, or absent). Anything else
-%% is refused by name: the links would not do what the node does.
+%% The node's TLS client options, as the links take them: `certfile',
+%% `keyfile', `cacertfile', `verify' (verify_peer only) and
+%% `server_name_indication' (`disable' only, or absent). Anything else is
+%% refused by name: the links would not do what the node does. They are
+%% found where OTP's inet_tls_dist finds them: the `client' section of
+%% -ssl_dist_optfile, or, when the file has none (or there is no file),
+%% the `client_'-prefixed -ssl_dist_opt arguments.
 -spec tls_options() -> {ok, map()} | {error, string()}.
 tls_options() ->
-    case {init:get_argument(ssl_dist_optfile), init:get_argument(ssl_dist_opt)} of
-        {_, {ok, _}} ->
-            {error, "-ssl_dist_opt (only -ssl_dist_optfile is read)"};
-        {{ok, [[File | _] | _]}, _} ->
+    Args = init:get_argument(ssl_dist_opt),
+    case init:get_argument(ssl_dist_optfile) of
+        {ok, [[File | _] | _]} ->
             case file:consult(File) of
                 {ok, [Opts]} when is_list(Opts) ->
-                    client_options(proplists:get_value(client, Opts));
+                    case proplists:get_value(client, Opts) of
+                        undefined -> arg_options(Args);
+                        Client -> client_options(Client)
+                    end;
                 Other ->
                     {error, lists:flatten(io_lib:format("~ts: ~p", [File, Other]))}
             end;
         _ ->
-            {error, "no -ssl_dist_optfile"}
+            arg_options(Args)
     end.
+
+-spec arg_options({ok, [[string()]]} | error) -> {ok, map()} | {error, string()}.
+arg_options({ok, Args}) ->
+    client_options(client_args(lists:append(Args)));
+arg_options(error) ->
+    {error, "no client options in -ssl_dist_optfile or -ssl_dist_opt"}.
+
+%% `-ssl_dist_opt client_certfile F client_verify verify_peer ...' as a
+%% proplist, the way inet_tls_dist reads it (pairs; `server_' ones skipped).
+-spec client_args([string()]) -> [{atom(), string() | atom()}].
+client_args(["client_" ++ Opt, Value | Rest]) ->
+    Typed = case Opt of
+                "verify" -> list_to_atom(Value);
+                _ -> Value
+            end,
+    [{list_to_atom(Opt), Typed} | client_args(Rest)];
+client_args([_, _ | Rest]) ->
+    client_args(Rest);
+client_args(_) ->
+    [].
 
 -spec client_options(term()) -> {ok, map()} | {error, string()}.
 client_options(Client) when is_list(Client) ->

@@ -15,7 +15,8 @@
 -export([all/0, suite/0]).
 -export([long_names_ipv4/1, long_names_ipv6/1, use_interface_binds_the_identities/1,
          listen_port_range_holds_the_identities/1, no_room_in_the_range_means_erlang_transport/1,
-         tls_links/1, tls_links_ipv6/1, tls_options_not_honoured_use_the_erlang_transport/1,
+         tls_links/1, tls_links_ipv6/1, tls_links_from_ssl_dist_opt/1,
+         tls_options_not_honoured_use_the_erlang_transport/1,
          tls_untrusted_peer_is_refused_both_ways/1]).
 
 suite() ->
@@ -24,7 +25,8 @@ suite() ->
 all() ->
     [long_names_ipv4, long_names_ipv6, use_interface_binds_the_identities,
      listen_port_range_holds_the_identities, no_room_in_the_range_means_erlang_transport,
-     tls_links, tls_links_ipv6, tls_options_not_honoured_use_the_erlang_transport,
+     tls_links, tls_links_ipv6, tls_links_from_ssl_dist_opt,
+     tls_options_not_honoured_use_the_erlang_transport,
      tls_untrusted_peer_is_refused_both_ways].
 
 %% Two `-name' nodes on 127.0.0.1: connect through the C-node links, 100,000
@@ -134,6 +136,40 @@ tls_links_ipv6(Config) ->
     ?assertEqual(pong, peer:call(PY, net_adm, ping, [Id], 30000)),
     exchange(X, Y),
     stop([X, Y]).
+
+%% The same options given as `-ssl_dist_opt' arguments instead of a file
+%% (`client_certfile', ..., as OTP reads them): the links take the client
+%% ones and carry a call and a burst, through TLS links; a peer's options
+%% that they cannot honour (here `client_verify verify_none') still send
+%% it to the pure-Erlang transport.
+tls_links_from_ssl_dist_opt(Config) ->
+    Conf = tls_conf(Config, "args", "ca", []),
+    Dir = filename:dirname(Conf),
+    Ca = filename:join([filename:dirname(Dir), "ca", "ca.pem"]),
+    Side = fun(S, Verify) ->
+                   [Opt || {K, V} <- [{"certfile", filename:join(Dir, "cert.pem")},
+                                      {"keyfile", filename:join(Dir, "key.pem")},
+                                      {"cacertfile", Ca}, {"verify", Verify}],
+                           Opt <- ["-ssl_dist_opt", S ++ K, V]]
+           end,
+    Args = fun(Verify) ->
+                   ["-proto_dist", "inet_tls" | Side("server_", "verify_peer")]
+                       ++ ["-ssl_dist_opt", "server_fail_if_no_peer_cert", "true"
+                           | Side("client_", Verify)]
+           end,
+    X = {PX, _} = start_short("x", Args("verify_peer")),
+    Y = {_, NY} = start_short("y", Args("verify_peer")),
+    Z = {PZ, _} = start_short("z", Args("verify_none")),
+    ?assertEqual(nif, peer:call(PX, ecall_conn, transport, [])),
+    ?assertEqual(ok, peer:call(PX, ecall, connect, [NY], 30000)),
+    ?assertEqual({ok, NY}, peer:call(PX, ecall, call, [NY, erlang, node, []], 30000)),
+    {ok, Stats} = peer:call(PX, ecall, stats, [NY]),
+    ?assertEqual(2, maps:get(links_up, Stats)),
+    ?assert(maps:get(requests, Stats) >= 1),
+    ?assertMatch({error, {unsupported_tls, "client option verify is not verify_peer"}},
+                 peer:call(PZ, ecall_cnode, cnode, [])),
+    ?assertEqual(erlang, peer:call(PZ, ecall_conn, transport, [])),
+    stop([X, Y, Z]).
 
 %% Client options the links cannot honour (here `verify_none'): no C-node
 %% identities, one notice, and the pure-Erlang transport over the node's
