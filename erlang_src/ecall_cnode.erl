@@ -142,38 +142,67 @@ tls_options() ->
         {ok, [[File | _] | _]} ->
             case file:consult(File) of
                 {ok, [Opts]} when is_list(Opts) ->
-                    case proplists:get_value(client, Opts) of
-                        undefined -> arg_options(Args);
-                        Client -> client_options(Client)
-                    end;
+                    Client = case proplists:get_value(client, Opts) of
+                                 undefined -> arg_options(client, Args);
+                                 C -> C
+                             end,
+                    Server = case proplists:get_value(server, Opts) of
+                                 undefined -> arg_options(server, Args);
+                                 S -> S
+                             end,
+                    with_server(client_options(Client), Server);
                 Other ->
                     {error, lists:flatten(io_lib:format("~ts: ~p", [File, Other]))}
             end;
         _ ->
-            arg_options(Args)
+            with_server(client_options(arg_options(client, Args)), arg_options(server, Args))
     end.
 
--spec arg_options({ok, [[string()]]} | error) -> {ok, map()} | {error, string()}.
-arg_options({ok, Args}) ->
-    client_options(client_args(lists:append(Args)));
-arg_options(error) ->
-    {error, "no client options in -ssl_dist_optfile or -ssl_dist_opt"}.
+%% The identities' listener takes the node's server `certfile', `keyfile'
+%% and `cacertfile' (each absent one: the client's). It always asks for a
+%% client certificate; the server's other options are not applied there.
+%% That listener answers pings and `is_auth' only: no request goes through
+%% it.
+-spec with_server({ok, map()} | {error, string()}, term()) -> {ok, map()} | {error, string()}.
+with_server({ok, Tls}, Server) when is_list(Server) ->
+    Path = fun(K) ->
+                   case proplists:get_value(K, Server) of
+                       undefined -> <<>>;
+                       P -> unicode:characters_to_binary(P)
+                   end
+           end,
+    {ok, Tls#{tls_server_certfile => Path(certfile), tls_server_keyfile => Path(keyfile),
+              tls_server_cacertfile => Path(cacertfile)}};
+with_server(Result, _) ->
+    Result.
 
-%% `-ssl_dist_opt client_certfile F client_verify verify_peer ...' as a
-%% proplist, the way inet_tls_dist reads it (pairs; `server_' ones skipped).
--spec client_args([string()]) -> [{atom(), string() | atom()}].
-client_args(["client_" ++ Opt, Value | Rest]) ->
-    Typed = case Opt of
-                "verify" -> list_to_atom(Value);
-                _ -> Value
-            end,
-    [{list_to_atom(Opt), Typed} | client_args(Rest)];
-client_args([_, _ | Rest]) ->
-    client_args(Rest);
-client_args(_) ->
+%% The `client_' or `server_' -ssl_dist_opt arguments as a proplist, the
+%% way inet_tls_dist reads them (pairs; the other side's skipped).
+-spec arg_options(client | server, {ok, [[string()]]} | error) -> [{atom(), term()}].
+arg_options(Side, {ok, Args}) ->
+    side_args(atom_to_list(Side) ++ "_", lists:append(Args));
+arg_options(_, error) ->
+    [].
+
+-spec side_args(string(), [string()]) -> [{atom(), term()}].
+side_args(Prefix, [Key, Value | Rest]) ->
+    case lists:prefix(Prefix, Key) of
+        true ->
+            Opt = lists:nthtail(length(Prefix), Key),
+            Typed = case Opt of
+                        "verify" -> list_to_atom(Value);
+                        _ -> Value
+                    end,
+            [{list_to_atom(Opt), Typed} | side_args(Prefix, Rest)];
+        false ->
+            side_args(Prefix, Rest)
+    end;
+side_args(_, _) ->
     [].
 
 -spec client_options(term()) -> {ok, map()} | {error, string()}.
+client_options([]) ->
+    {error, "no client options in -ssl_dist_optfile or -ssl_dist_opt"};
 client_options(Client) when is_list(Client) ->
     Known = [certfile, keyfile, cacertfile, verify, server_name_indication],
     case [K || {K, _} <- Client, not lists:member(K, Known)] of
@@ -193,7 +222,7 @@ client_options(Client) when is_list(Client) ->
             {error, lists:flatten(io_lib:format("client options ~p", [Unknown]))}
     end;
 client_options(_) ->
-    {error, "no client options in -ssl_dist_optfile"}.
+    {error, "client options in -ssl_dist_optfile are not a list"}.
 
 -spec start_identities_tcp(map()) -> {ok, ecall_nif:cnode()} | {error, term()}.
 start_identities_tcp(Tls) ->
@@ -216,7 +245,9 @@ start_identities_tcp(Tls) ->
                      listen_addr => listen_addr(),
                      listen_min => Min, listen_max => Max,
                      tls => false, tls_certfile => <<>>, tls_keyfile => <<>>,
-                     tls_cacertfile => <<>>, tls_sni => false},
+                     tls_cacertfile => <<>>, tls_sni => false,
+                     tls_server_certfile => <<>>, tls_server_keyfile => <<>>,
+                     tls_server_cacertfile => <<>>},
             ok = ecall_nif:cnode_start(Nodes, Cookie, maps:merge(Opts, Tls), Ref),
             receive
                 {ecall_cnode, Ref, Result} -> Result

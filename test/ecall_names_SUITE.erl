@@ -16,6 +16,7 @@
 -export([long_names_ipv4/1, long_names_ipv6/1, use_interface_binds_the_identities/1,
          listen_port_range_holds_the_identities/1, no_room_in_the_range_means_erlang_transport/1,
          tls_links/1, tls_links_ipv6/1, tls_links_from_ssl_dist_opt/1,
+         tls_listener_uses_the_server_options/1,
          tls_options_not_honoured_use_the_erlang_transport/1,
          tls_untrusted_peer_is_refused_both_ways/1]).
 
@@ -26,6 +27,7 @@ all() ->
     [long_names_ipv4, long_names_ipv6, use_interface_binds_the_identities,
      listen_port_range_holds_the_identities, no_room_in_the_range_means_erlang_transport,
      tls_links, tls_links_ipv6, tls_links_from_ssl_dist_opt,
+     tls_listener_uses_the_server_options,
      tls_options_not_honoured_use_the_erlang_transport,
      tls_untrusted_peer_is_refused_both_ways].
 
@@ -171,6 +173,32 @@ tls_links_from_ssl_dist_opt(Config) ->
     ?assertEqual(erlang, peer:call(PZ, ecall_conn, transport, [])),
     stop([X, Y, Z]).
 
+%% The identities' listener presents the node's server certificate, the
+%% links the client one. Here each is good for its role only (extended key
+%% usage serverAuth, clientAuth), as OTP checks: a peer's ping to an
+%% identity is answered, and the links connect and carry a call.
+tls_listener_uses_the_server_options(Config) ->
+    {SCert, SKey, Ca} = tls_cert(Config, "server_only", "ca", "serverAuth"),
+    {CCert, CKey, Ca} = tls_cert(Config, "client_only", "ca", "clientAuth"),
+    Side = fun(Cert, Key) ->
+                   [{certfile, Cert}, {keyfile, Key}, {cacertfile, Ca}, {verify, verify_peer}]
+           end,
+    Conf = filename:join(filename:dirname(SCert), "split.conf"),
+    ok = file:write_file(Conf, io_lib:format(
+        "~p.~n", [[{server, [{fail_if_no_peer_cert, true} | Side(SCert, SKey)]},
+                   {client, Side(CCert, CKey)}]])),
+    Tls = ["-proto_dist", "inet_tls", "-ssl_dist_optfile", Conf],
+    X = {PX, _} = start_short("x", Tls),
+    Y = {PY, NY} = start_short("y", Tls),
+    ?assertEqual(nif, peer:call(PX, ecall_conn, transport, [])),
+    [Id | _] = peer:call(PX, ecall, nodes, []),
+    ?assertEqual(pong, peer:call(PY, net_adm, ping, [Id], 30000)),
+    ?assertEqual(ok, peer:call(PX, ecall, connect, [NY], 30000)),
+    ?assertEqual({ok, NY}, peer:call(PX, ecall, call, [NY, erlang, node, []], 30000)),
+    {ok, Stats} = peer:call(PX, ecall, stats, [NY]),
+    ?assertEqual(2, maps:get(links_up, Stats)),
+    stop([X, Y]).
+
 %% Client options the links cannot honour (here `verify_none'): no C-node
 %% identities, one notice, and the pure-Erlang transport over the node's
 %% own TLS distribution, at once (not after a handshake timeout).
@@ -208,6 +236,18 @@ tls_untrusted_peer_is_refused_both_ways(Config) ->
 %% an ssl_dist_optfile with verification both ways (`Client' options
 %% replace the client's defaults). Returns the optfile's path.
 tls_conf(Config, Name, Ca, Client) ->
+    {Cert, Key, CaPem} = tls_cert(Config, Name, Ca, "serverAuth,clientAuth"),
+    Side = [{certfile, Cert}, {keyfile, Key}, {cacertfile, CaPem}, {verify, verify_peer}],
+    ClientSide = lists:ukeymerge(1, lists:ukeysort(1, Client), lists:ukeysort(1, Side)),
+    Conf = filename:join(filename:dirname(Cert), "dist.conf"),
+    ok = file:write_file(Conf, io_lib:format(
+        "~p.~n", [[{server, [{fail_if_no_peer_cert, true} | Side]}, {client, ClientSide}]])),
+    Conf.
+
+%% A certificate for this host in directory Name, for the extended key
+%% usages Eku, signed by CA Ca (made on first use). Returns the paths of
+%% the certificate, its key and the CA certificate.
+tls_cert(Config, Name, Ca, Eku) ->
     Root = ?config(priv_dir, Config),
     CaDir = filename:join(Root, Ca),
     Dir = filename:join(Root, Name),
@@ -228,19 +268,13 @@ tls_conf(Config, Name, Ca, Client) ->
     %% against the IP names.
     Ext = F("ext.cnf"),
     ok = file:write_file(Ext, ["basicConstraints=CA:FALSE\n",
-                               "extendedKeyUsage=serverAuth,clientAuth\n",
+                               "extendedKeyUsage=", Eku, "\n",
                                "subjectAltName=DNS:", Host, ",DNS:::1,IP:127.0.0.1,IP:::1\n"]),
     openssl(["req -newkey rsa:2048 -nodes -subj /CN=", Host,
              " -keyout ", F("key.pem"), " -out ", F("node.csr")]),
     openssl(["x509 -req -days 2 -in ", F("node.csr"), " -CA ", C("ca.pem"),
              " -CAkey ", C("ca.key"), " -CAcreateserial -extfile ", Ext, " -out ", F("cert.pem")]),
-    Side = [{certfile, F("cert.pem")}, {keyfile, F("key.pem")}, {cacertfile, C("ca.pem")},
-            {verify, verify_peer}],
-    ClientSide = lists:ukeymerge(1, lists:ukeysort(1, Client), lists:ukeysort(1, Side)),
-    Conf = F("dist.conf"),
-    ok = file:write_file(Conf, io_lib:format(
-        "~p.~n", [[{server, [{fail_if_no_peer_cert, true} | Side]}, {client, ClientSide}]])),
-    Conf.
+    {F("cert.pem"), F("key.pem"), C("ca.pem")}.
 
 openssl(Args) ->
     Out = os:cmd(lists:flatten(["openssl ", Args, " 2>&1; echo rc=$?"])),

@@ -4,9 +4,10 @@
 //! The links connect out to the peer's TLS distribution listener,
 //! presenting the node's certificate (OTP's TLS distribution asks for one)
 //! and checking the peer's against the CA certificates, as the node's own
-//! `ssl_dist_optfile` client options say; the identities' listener (pings,
-//! `is_auth`) accepts TLS with the same certificate, asking for a client
-//! certificate that chains to the same CAs. Only those options are
+//! client options say; the identities' listener (pings, `is_auth`) accepts
+//! TLS with the node's server certificate, key and CAs (the client's where
+//! the server's are not given), asking for a client certificate that
+//! chains to those CAs. Only those options are
 //! understood ([`TlsOptions`]); the Erlang side refuses the others before
 //! it starts any identity.
 
@@ -34,6 +35,36 @@ pub struct TlsOptions {
     pub cacertfile: String,
     /// `server_name_indication`: whether the peer's host name is sent.
     pub sni: bool,
+    /// The node's server options for the identities' listener: its
+    /// `certfile`, `keyfile` and `cacertfile`; each empty one is the
+    /// client's.
+    pub server_certfile: String,
+    /// See `server_certfile`.
+    pub server_keyfile: String,
+    /// See `server_certfile`.
+    pub server_cacertfile: String,
+}
+
+impl TlsOptions {
+    /// The listener's certificate, key and CA files: the server options
+    /// where given, else the client's. A server key goes with a server
+    /// certificate only (an empty one: the key is in that certfile).
+    fn server_files(&self) -> (&str, &str, &str) {
+        let ca = first_set(&self.server_cacertfile, &self.cacertfile);
+        if self.server_certfile.is_empty() {
+            (&self.certfile, &self.keyfile, ca)
+        } else {
+            (&self.server_certfile, &self.server_keyfile, ca)
+        }
+    }
+}
+
+fn first_set<'a>(a: &'a str, b: &'a str) -> &'a str {
+    if a.is_empty() {
+        b
+    } else {
+        a
+    }
 }
 
 /// TLS configurations made from [`TlsOptions`]: the links' client side,
@@ -52,44 +83,33 @@ impl std::fmt::Debug for TlsClient {
 }
 
 impl TlsClient {
-    /// Reads the certificates and the key; fails with what is wrong.
+    /// Reads the certificates and the keys; fails with what is wrong.
     pub fn new(opts: &TlsOptions) -> Result<TlsClient, Error> {
         let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let mut roots = rustls::RootCertStore::empty();
-        for cert in pem_certs(&opts.cacertfile)? {
-            roots
-                .add(cert)
-                .map_err(|e| Error::Config(format!("cacertfile {}: {e}", opts.cacertfile)))?;
-        }
-        let chain = pem_certs(&opts.certfile)?;
-        let keyfile = if opts.keyfile.is_empty() {
-            &opts.certfile
-        } else {
-            &opts.keyfile
-        };
-        let key = rustls_pemfile::private_key(&mut pem_reader(keyfile)?)
-            .map_err(|e| Error::Config(format!("keyfile {keyfile}: {e}")))?
-            .ok_or_else(|| Error::Config(format!("keyfile {keyfile}: no private key")))?;
-        let roots = Arc::new(roots);
-        let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
-            Arc::clone(&roots),
-            Arc::clone(&provider),
-        )
-        .build()
-        .map_err(|e| Error::Config(format!("cacertfile {}: {e}", opts.cacertfile)))?;
-        let server = rustls::ServerConfig::builder_with_provider(Arc::clone(&provider))
+        let (chain, key) = pem_identity(&opts.certfile, &opts.keyfile)?;
+        let mut config = rustls::ClientConfig::builder_with_provider(Arc::clone(&provider))
             .with_safe_default_protocol_versions()
             .map_err(|e| Error::Config(format!("TLS: {e}")))?
-            .with_client_cert_verifier(verifier)
-            .with_single_cert(chain.clone(), key.clone_key())
-            .map_err(|e| Error::Config(format!("certfile {}: {e}", opts.certfile)))?;
-        let mut config = rustls::ClientConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()
-            .map_err(|e| Error::Config(format!("TLS: {e}")))?
-            .with_root_certificates(roots)
+            .with_root_certificates(Arc::new(pem_roots(&opts.cacertfile)?))
             .with_client_auth_cert(chain, key)
             .map_err(|e| Error::Config(format!("certfile {}: {e}", opts.certfile)))?;
         config.enable_sni = opts.sni;
+        // The listener: the node's server files, asking for a client
+        // certificate from its CAs (OTP's `fail_if_no_peer_cert').
+        let (certfile, keyfile, cacertfile) = opts.server_files();
+        let (chain, key) = pem_identity(certfile, keyfile)?;
+        let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+            Arc::new(pem_roots(cacertfile)?),
+            Arc::clone(&provider),
+        )
+        .build()
+        .map_err(|e| Error::Config(format!("cacertfile {cacertfile}: {e}")))?;
+        let server = rustls::ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .map_err(|e| Error::Config(format!("TLS: {e}")))?
+            .with_client_cert_verifier(verifier)
+            .with_single_cert(chain, key)
+            .map_err(|e| Error::Config(format!("certfile {certfile}: {e}")))?;
         Ok(TlsClient {
             connector: tokio_rustls::TlsConnector::from(Arc::new(config)),
             acceptor: tokio_rustls::TlsAcceptor::from(Arc::new(server)),
@@ -117,6 +137,37 @@ impl TlsClient {
             .map_err(|e| format!("TLS: {e}"))?;
         Ok(LinkStream::Tls(Box::new(TlsStream::Server(tls))))
     }
+}
+
+/// The CA certificates of `path`.
+fn pem_roots(path: &str) -> Result<rustls::RootCertStore, Error> {
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in pem_certs(path)? {
+        roots
+            .add(cert)
+            .map_err(|e| Error::Config(format!("cacertfile {path}: {e}")))?;
+    }
+    Ok(roots)
+}
+
+/// A certificate chain and its private key (from `certfile` when
+/// `keyfile` is empty).
+fn pem_identity(
+    certfile: &str,
+    keyfile: &str,
+) -> Result<
+    (
+        Vec<rustls::pki_types::CertificateDer<'static>>,
+        rustls::pki_types::PrivateKeyDer<'static>,
+    ),
+    Error,
+> {
+    let chain = pem_certs(certfile)?;
+    let keyfile = first_set(keyfile, certfile);
+    let key = rustls_pemfile::private_key(&mut pem_reader(keyfile)?)
+        .map_err(|e| Error::Config(format!("keyfile {keyfile}: {e}")))?
+        .ok_or_else(|| Error::Config(format!("keyfile {keyfile}: no private key")))?;
+    Ok((chain, key))
 }
 
 fn pem_reader(path: &str) -> Result<io::BufReader<std::fs::File>, Error> {

@@ -97,6 +97,11 @@ struct CNodeOpts {
     tls_keyfile: String,
     tls_cacertfile: String,
     tls_sni: bool,
+    /// The node's server files for the identities' listener (empty: the
+    /// client's).
+    tls_server_certfile: String,
+    tls_server_keyfile: String,
+    tls_server_cacertfile: String,
 }
 
 /// Starts identities `nodes` (full names) registered with the epmd on
@@ -122,12 +127,18 @@ fn cnode_start(
         tls_keyfile,
         tls_cacertfile,
         tls_sni,
+        tls_server_certfile,
+        tls_server_keyfile,
+        tls_server_cacertfile,
     } = opts;
     let tls = tls.then_some(ecall_dist::TlsOptions {
         certfile: tls_certfile,
         keyfile: tls_keyfile,
         cacertfile: tls_cacertfile,
         sni: tls_sni,
+        server_certfile: tls_server_certfile,
+        server_keyfile: tls_server_keyfile,
+        server_cacertfile: tls_server_cacertfile,
     });
     let addr = listen_addr.parse().map_err(|_| rustler::Error::BadArg)?;
     if nodes.is_empty()
