@@ -165,16 +165,27 @@ tls_options() ->
 %% it.
 -spec with_server({ok, map()} | {error, string()}, term()) -> {ok, map()} | {error, string()}.
 with_server({ok, Tls}, Server) when is_list(Server) ->
-    Path = fun(K) ->
-                   case proplists:get_value(K, Server) of
-                       undefined -> <<>>;
-                       P -> unicode:characters_to_binary(P)
-                   end
-           end,
-    {ok, Tls#{tls_server_certfile => Path(certfile), tls_server_keyfile => Path(keyfile),
-              tls_server_cacertfile => Path(cacertfile)}};
+    Files = [{K, file_name(proplists:get_value(K, Server, ""))}
+             || K <- [certfile, keyfile, cacertfile]],
+    case [K || {K, error} <- Files] of
+        [] ->
+            [{_, Cert}, {_, Key}, {_, Ca}] = Files,
+            {ok, Tls#{tls_server_certfile => Cert, tls_server_keyfile => Key,
+                      tls_server_cacertfile => Ca}};
+        [K | _] ->
+            {error, lists:flatten(io_lib:format("server option ~p is not a file name", [K]))}
+    end;
 with_server(Result, _) ->
     Result.
+
+-spec file_name(term()) -> binary() | error.
+file_name(Name) ->
+    try unicode:characters_to_binary(Name) of
+        Bin when is_binary(Bin) -> Bin;
+        _ -> error
+    catch
+        error:badarg -> error
+    end.
 
 %% The `client_' or `server_' -ssl_dist_opt arguments as a proplist, the
 %% way inet_tls_dist reads them (pairs; the other side's skipped).

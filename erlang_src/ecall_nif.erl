@@ -59,7 +59,9 @@ log_off() -> erlang:nif_error(nif_not_loaded).
                         epmd_port := 1..65535, listen_addr := binary(),
                         listen_min := 0..65535, listen_max := 0..65535,
                         tls := boolean(), tls_certfile := binary(), tls_keyfile := binary(),
-                        tls_cacertfile := binary(), tls_sni := boolean()}.
+                        tls_cacertfile := binary(), tls_sni := boolean(),
+                        tls_server_certfile := binary(), tls_server_keyfile := binary(),
+                        tls_server_cacertfile := binary()}.
 
 -spec cnode_start([binary()], binary(), cnode_opts(), reference()) -> ok.
 cnode_start(_Nodes, _Cookie, _Opts, _Ref) -> erlang:nif_error(nif_not_loaded).
