@@ -137,25 +137,33 @@ proto_dist() ->
 %% the `client_'-prefixed -ssl_dist_opt arguments.
 -spec tls_options() -> {ok, map()} | {error, string()}.
 tls_options() ->
-    Args = init:get_argument(ssl_dist_opt),
+    case optfile() of
+        {ok, Opts} ->
+            Args = init:get_argument(ssl_dist_opt),
+            %% OTP reads a side from the file when the file has it, else
+            %% from that side's arguments.
+            Side = fun(S) ->
+                           case proplists:get_value(S, Opts) of
+                               undefined -> arg_options(S, Args);
+                               Section -> Section
+                           end
+                   end,
+            with_server(client_options(Side(client)), Side(server));
+        {error, _} = Error ->
+            Error
+    end.
+
+%% The -ssl_dist_optfile's terms ([] without one).
+-spec optfile() -> {ok, list()} | {error, string()}.
+optfile() ->
     case init:get_argument(ssl_dist_optfile) of
         {ok, [[File | _] | _]} ->
             case file:consult(File) of
-                {ok, [Opts]} when is_list(Opts) ->
-                    Client = case proplists:get_value(client, Opts) of
-                                 undefined -> arg_options(client, Args);
-                                 C -> C
-                             end,
-                    Server = case proplists:get_value(server, Opts) of
-                                 undefined -> arg_options(server, Args);
-                                 S -> S
-                             end,
-                    with_server(client_options(Client), Server);
-                Other ->
-                    {error, lists:flatten(io_lib:format("~ts: ~p", [File, Other]))}
+                {ok, [Opts]} when is_list(Opts) -> {ok, Opts};
+                Other -> {error, lists:flatten(io_lib:format("~ts: ~p", [File, Other]))}
             end;
         _ ->
-            with_server(client_options(arg_options(client, Args)), arg_options(server, Args))
+            {ok, []}
     end.
 
 %% The identities' listener takes the node's server `certfile', `keyfile'
@@ -165,18 +173,26 @@ tls_options() ->
 %% it.
 -spec with_server({ok, map()} | {error, string()}, term()) -> {ok, map()} | {error, string()}.
 with_server({ok, Tls}, Server) when is_list(Server) ->
-    Files = [{K, file_name(proplists:get_value(K, Server, ""))}
-             || K <- [certfile, keyfile, cacertfile]],
-    case [K || {K, error} <- Files] of
-        [] ->
-            [{_, Cert}, {_, Key}, {_, Ca}] = Files,
+    case files(Server, "server", [certfile, keyfile, cacertfile]) of
+        {ok, [Cert, Key, Ca]} ->
             {ok, Tls#{tls_server_certfile => Cert, tls_server_keyfile => Key,
                       tls_server_cacertfile => Ca}};
-        [K | _] ->
-            {error, lists:flatten(io_lib:format("server option ~p is not a file name", [K]))}
+        Error ->
+            Error
     end;
 with_server(Result, _) ->
     Result.
+
+%% The file names of `Keys' in `Options' as binaries (`<<>>' for an absent
+%% one), or an error naming the first that is not a file name.
+-spec files(list(), string(), [atom()]) -> {ok, [binary()]} | {error, string()}.
+files(Options, Side, Keys) ->
+    Names = [{K, file_name(proplists:get_value(K, Options, ""))} || K <- Keys],
+    case [K || {K, error} <- Names] of
+        [] -> {ok, [N || {_, N} <- Names]};
+        [K | _] -> {error, lists:flatten(io_lib:format("~s option ~p is not a file name",
+                                                       [Side, K]))}
+    end.
 
 -spec file_name(term()) -> binary() | error.
 file_name(Name) ->
@@ -219,14 +235,18 @@ client_options(Client) when is_list(Client) ->
     case [K || {K, _} <- Client, not lists:member(K, Known)] of
         [] ->
             Get = fun(K) -> proplists:get_value(K, Client) end,
-            Path = fun(undefined) -> <<>>; (P) -> unicode:characters_to_binary(P) end,
             case {Get(certfile), Get(cacertfile), Get(verify), Get(server_name_indication)} of
                 {undefined, _, _, _} -> {error, "client option certfile missing"};
                 {_, undefined, _, _} -> {error, "client option cacertfile missing"};
                 {_, _, V, _} when V =/= verify_peer -> {error, "client option verify is not verify_peer"};
-                {C, CA, _, Sni} when Sni =:= undefined; Sni =:= disable ->
-                    {ok, #{tls => true, tls_certfile => Path(C), tls_keyfile => Path(Get(keyfile)),
-                           tls_cacertfile => Path(CA), tls_sni => Sni =:= undefined}};
+                {_, _, _, Sni} when Sni =:= undefined; Sni =:= disable ->
+                    case files(Client, "client", [certfile, keyfile, cacertfile]) of
+                        {ok, [Cert, Key, Ca]} ->
+                            {ok, #{tls => true, tls_certfile => Cert, tls_keyfile => Key,
+                                   tls_cacertfile => Ca, tls_sni => Sni =:= undefined}};
+                        Error ->
+                            Error
+                    end;
                 _ -> {error, "client option server_name_indication other than disable"}
             end;
         Unknown ->
