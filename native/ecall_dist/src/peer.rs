@@ -256,10 +256,12 @@ impl Peer {
             return Push::Closed;
         }
         let st = &self.stats;
-        // Callers already waiting for room go first: no barging.
+        // Callers already waiting for room go first: no barging. An
+        // oversized request is refused here too, and let through alone by
+        // `wait_room` when nothing is queued.
         if !admitted
             && (self.waiting.load(Ordering::Relaxed) > 0
-                || st.queued_bytes.load(Ordering::Relaxed) + len > self.config.max_queue_bytes)
+                || !self.fits(len, st.queued_bytes.load(Ordering::Relaxed), false))
         {
             st.full.fetch_add(1, Ordering::Relaxed);
             return Push::Full;
@@ -304,10 +306,7 @@ impl Peer {
             return true;
         }
         let queued = self.stats.queued_bytes.load(Ordering::SeqCst);
-        // Room now, or nothing queued at all (a request larger than the
-        // whole budget goes alone; with nothing queued no write would ever
-        // wake it).
-        if w.is_empty() && (queued + size <= self.config.max_queue_bytes || queued == 0) {
+        if w.is_empty() && self.fits(size, queued, true) {
             return false;
         }
         #[cfg(test)]
@@ -336,20 +335,26 @@ impl Peer {
         self.wake_fitting();
     }
 
+    /// Whether a request of `size` bytes may be queued on top of `queued`:
+    /// when it fits the budget, or when nothing is queued and it is the
+    /// first admitted (a request larger than the whole budget goes alone;
+    /// with nothing queued no write would ever make room for it).
+    fn fits(&self, size: usize, queued: usize, first: bool) -> bool {
+        queued + size <= self.config.max_queue_bytes || (queued == 0 && first)
+    }
+
     /// Wakes, in order, the waiters that fit in the room left now.
     fn wake_fitting(&self) {
         let mut woken = Vec::new();
         {
             let mut w = self.waiters.lock().unwrap_or_else(|p| p.into_inner());
-            let queued = self.stats.queued_bytes.load(Ordering::SeqCst);
-            let mut room = self.config.max_queue_bytes.saturating_sub(queued);
-            // Wake in order while the next waiter fits; always wake one when
-            // nothing is queued, so that an oversized request still goes.
-            while let Some((size, _)) = w.front() {
-                if *size > room && !(queued == 0 && woken.is_empty()) {
+            // Wake in order while the next waiter fits.
+            let mut queued = self.stats.queued_bytes.load(Ordering::SeqCst);
+            while let Some(&(size, _)) = w.front() {
+                if !self.fits(size, queued, woken.is_empty()) {
                     break;
                 }
-                room = room.saturating_sub(*size);
+                queued += size;
                 woken.push(w.pop_front().map(|(_, f)| f));
             }
             self.waiting.store(w.len(), Ordering::SeqCst);
