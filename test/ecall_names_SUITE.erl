@@ -44,15 +44,23 @@ long_names_ipv4(_Config) ->
 %% nodes, the peer pings one of them (a new connection to its listener).
 long_names_ipv6(_Config) ->
     Inet6 = ["-proto_dist", "inet6_tcp"],
-    X = {PX, _} = start("x", "::1", Inet6),
-    Y = {PY, _} = start("y", "::1", Inet6),
-    [Id | _] = peer:call(PX, ecall, nodes, []),
-    ?assertMatch("x" ++ _, atom_to_list(Id)),
-    ?assertEqual([], peer:call(PY, erlang, nodes, [connected])),
-    ?assertEqual(pong, peer:call(PY, net_adm, ping, [Id], 30000)),
+    X = start("x", "::1", Inet6),
+    Y = start("y", "::1", Inet6),
+    ?assertMatch("x" ++ _, atom_to_list(ping_identity(X, Y))),
     exchange(X, Y),
     stop([X, Y]).
 
+%% Before anything connects the two nodes, Y pings one of X's C-node
+%% identities: a new connection to the identities' listener (over TLS
+%% when the nodes run TLS distribution). Returns the identity.
+ping_identity({PX, _}, {PY, _}) ->
+    [Id | _] = peer:call(PX, ecall, nodes, []),
+    ?assertEqual([], peer:call(PY, erlang, nodes, [connected])),
+    ?assertEqual(pong, peer:call(PY, net_adm, ping, [Id], 30000)),
+    Id.
+
+%% X connects to Y and sends 100,000 messages from 1,000 callers, exactly
+%% once and in order, and a call, through the links; returns X's stats.
 exchange({PX, _}, {_, NY}) ->
     ?assertEqual(ok, peer:call(PX, ecall, connect, [NY], 30000)),
     ?assertEqual(100000, peer:call(PX, ecall_test_nodes, many_callers_exactly_once, [NY],
@@ -61,7 +69,8 @@ exchange({PX, _}, {_, NY}) ->
     %% Through the links, not the fallback.
     {ok, Stats} = peer:call(PX, ecall, stats, [NY]),
     ?assert(maps:get(requests, Stats) >= 100001),
-    ?assertEqual(2, maps:get(links_up, Stats)).
+    ?assertEqual(2, maps:get(links_up, Stats)),
+    Stats.
 
 %% With `inet_dist_use_interface' the identities listen on that address
 %% only, as the node does: 127.0.0.1 answers, 127.0.0.2 (loopback as well)
@@ -105,21 +114,11 @@ tls_links(Config) ->
     Conf = tls_conf(Config, "good", "ca", []),
     Tls = ["-proto_dist", "inet_tls", "-ssl_dist_optfile", Conf],
     X = {PX, _} = start_short("x", Tls),
-    Y = {PY, NY} = start_short("y", Tls),
+    Y = start_short("y", Tls),
     ?assertMatch({ok, _}, peer:call(PX, ecall_cnode, cnode, [])),
     ?assertEqual(nif, peer:call(PX, ecall_conn, transport, [])),
-    %% The identities listen with TLS too: a ping before anything connects
-    %% the nodes opens a new TLS connection to one.
-    [Id | _] = peer:call(PX, ecall, nodes, []),
-    ?assertEqual([], peer:call(PY, erlang, nodes, [connected])),
-    ?assertEqual(pong, peer:call(PY, net_adm, ping, [Id], 30000)),
-    ?assertEqual(ok, peer:call(PX, ecall, connect, [NY], 30000)),
-    ?assertEqual({ok, NY}, peer:call(PX, ecall, call, [NY, erlang, node, []], 30000)),
-    ?assertEqual(100000, peer:call(PX, ecall_test_nodes, many_callers_exactly_once, [NY],
-                                   150000)),
-    {ok, Stats} = peer:call(PX, ecall, stats, [NY]),
-    ?assertEqual(2, maps:get(links_up, Stats)),
-    ?assert(maps:get(requests, Stats) >= 100001),
+    ping_identity(X, Y),
+    Stats = exchange(X, Y),
     ?assert(maps:get(requests, Stats) > 2 * maps:get(batches, Stats)),
     stop([X, Y]).
 
@@ -131,11 +130,9 @@ tls_links_ipv6(Config) ->
     Conf = tls_conf(Config, "good6", "ca", []),
     Tls = ["-proto_dist", "inet6_tls", "-ssl_dist_optfile", Conf],
     X = {PX, _} = start("x", "::1", Tls),
-    Y = {PY, _} = start("y", "::1", Tls),
+    Y = start("y", "::1", Tls),
     ?assertEqual(nif, peer:call(PX, ecall_conn, transport, [])),
-    [Id | _] = peer:call(PX, ecall, nodes, []),
-    ?assertEqual([], peer:call(PY, erlang, nodes, [connected])),
-    ?assertEqual(pong, peer:call(PY, net_adm, ping, [Id], 30000)),
+    ping_identity(X, Y),
     exchange(X, Y),
     stop([X, Y]).
 
@@ -189,10 +186,9 @@ tls_listener_uses_the_server_options(Config) ->
                    {client, Side(CCert, CKey)}]])),
     Tls = ["-proto_dist", "inet_tls", "-ssl_dist_optfile", Conf],
     X = {PX, _} = start_short("x", Tls),
-    Y = {PY, NY} = start_short("y", Tls),
+    Y = {_, NY} = start_short("y", Tls),
     ?assertEqual(nif, peer:call(PX, ecall_conn, transport, [])),
-    [Id | _] = peer:call(PX, ecall, nodes, []),
-    ?assertEqual(pong, peer:call(PY, net_adm, ping, [Id], 30000)),
+    ping_identity(X, Y),
     ?assertEqual(ok, peer:call(PX, ecall, connect, [NY], 30000)),
     ?assertEqual({ok, NY}, peer:call(PX, ecall, call, [NY, erlang, node, []], 30000)),
     {ok, Stats} = peer:call(PX, ecall, stats, [NY]),
