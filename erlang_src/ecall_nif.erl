@@ -11,6 +11,7 @@
 -export([cnode_start/4, cnode_info/1,
          peer_open/6, peer_close/1, peer_stats/1, overflow_drop/1,
          send/3, push/3, push_iovec/3, caller_link/1, wait_room/3]).
+-export([encode/1]).
 
 -on_load(init/0).
 
@@ -99,6 +100,11 @@ push(_Peer, _Request, _Admitted) -> erlang:nif_error(nif_not_loaded).
 -spec push_iovec(peer(), [binary()], boolean()) ->
           ok | closed | {full, non_neg_integer()}.
 push_iovec(_Peer, _IoVec, _Admitted) -> erlang:nif_error(nif_not_loaded).
+
+%% `Term' in external format, encoded as a push encodes it (for tests
+%% and the benchmark): `binary_to_term(encode(T))' is equal to `T'.
+-spec encode(term()) -> binary().
+encode(_Term) -> erlang:nif_error(nif_not_loaded).
 
 %% The link (0-based) that carries the calling process's requests.
 -spec caller_link(peer()) -> non_neg_integer().

@@ -14,7 +14,8 @@
          init_per_group/2, end_per_group/2]).
 -export([exactly_once_in_order/1, large_messages_in_order/1, links_are_hidden_cnodes/1,
          ping_cnode/1, fallback_without_link/1, names_and_aliases/1,
-         malformed_element_skipped/1, link_loss_is_reported_and_healed/1]).
+         malformed_element_skipped/1, link_loss_is_reported_and_healed/1,
+         every_term_kind_arrives_equal/1]).
 
 -import(ecall_test_nodes, [start_node/1, stop_node/1, many_callers_exactly_once/1, send_seq/2]).
 
@@ -27,7 +28,7 @@ all() ->
 groups() ->
     DataPath = [exactly_once_in_order, large_messages_in_order, links_are_hidden_cnodes, ping_cnode,
                 fallback_without_link, names_and_aliases, malformed_element_skipped,
-                link_loss_is_reported_and_healed],
+                link_loss_is_reported_and_healed, every_term_kind_arrives_equal],
     [{otp25, [], DataPath},
      {otp27, [], DataPath},
      {otp29, [], DataPath}].
@@ -223,3 +224,100 @@ link_loss_is_reported_and_healed(Config) ->
     after 5000 -> ct:fail(no_rust_log)
     end,
     ok = logger:remove_handler(ecall_test_rust_log).
+
+%% Every kind of term crosses the links equal to what was sent. The NIF
+%% encodes requests itself (atoms from a per-thread cache, and through
+%% term_to_binary whatever it does not write itself: pids, ports,
+%% references, funs, bignums, bitstrings, improper lists, atoms it has not
+%% seen yet), and the link writer rewrites atoms into cache references: both
+%% must give the peer an equal term. The peer answers with `!', so what comes
+%% back went through native distribution only on the way home.
+every_term_kind_arrives_equal(Config) ->
+    B = ?config(b, Config),
+    Self = self(),
+    Terms = term_kinds(B) ++ random_terms(400),
+    %% Locally first: the encoding decodes to an equal term.
+    [?assert(binary_to_term(ecall_nif:encode(T)) =:= T) || T <- Terms],
+    Mirror = erpc:call(B, erlang, spawn, [fun() -> mirror(Self) end]),
+    %% Twice: the second time every atom comes from the NIF's cache.
+    Sent = Terms ++ Terms,
+    lists:foreach(fun(T) -> ecall:send(Mirror, T) end, Sent),
+    ecall:send(Mirror, mirror_done),
+    Got = mirrored([]),
+    ?assertEqual(length(Sent), length(Got)),
+    Bad = [{T, G} || {T, G} <- lists:zip(Sent, Got), T =/= G],
+    ?assertEqual([], lists:sublist(Bad, 3)).
+
+mirror(To) ->
+    receive
+        mirror_done -> To ! mirror_done;
+        T -> To ! {mirrored, T}, mirror(To)
+    end.
+
+mirrored(Acc) ->
+    receive
+        {mirrored, T} -> mirrored([T | Acc]);
+        mirror_done -> lists:reverse(Acc)
+    after 20000 -> ct:fail({mirror_stalled, length(Acc)})
+    end.
+
+term_kinds(B) ->
+    Big = binary:copy(<<"0123456789">>, 10000),
+    Deep = lists:foldl(fun(_, A) -> [A] end, [], lists:seq(1, 10000)),
+    [%% Atoms: empty, Latin-1, Unicode, the longest, and ones no cache has.
+     '', a, 'hello world', '\x{e9}t\x{e9}', list_to_atom([16#65E5, 16#672C]),
+     list_to_atom(lists:duplicate(255, $x)), list_to_atom(lists:duplicate(255, 16#65E5)),
+     list_to_atom("fresh_" ++ integer_to_list(erlang:unique_integer([positive]))),
+     true, false, undefined,
+     %% Integers at every boundary of the external format.
+     0, 255, 256, -1, -256, 2147483647, -2147483648, 2147483648, -2147483649,
+     1 bsl 59, -(1 bsl 59), (1 bsl 63) - 1, -(1 bsl 63), 1 bsl 63, -(1 bsl 63) - 1,
+     1 bsl 64, 1 bsl 200, -(1 bsl 200),
+     %% Floats, -0.0 included.
+     0.0, -0.0, 1.5, -1.0e300, 5.0e-324, 1.7976931348623157e308,
+     %% Binaries and bitstrings.
+     <<>>, <<"abc">>, Big, binary:part(Big, 3, 1000), <<1:3>>, <<"ab", 5:4>>,
+     %% Lists: strings, improper, nested, long.
+     [], "string", [16#65E5, 16#672C], [1, 2, 3], [a | b], [1, [2, [3 | 4]]],
+     lists:seq(1, 5000), Deep,
+     %% Tuples, small and large.
+     {}, {a}, {a, {b, {c}}}, list_to_tuple(lists:seq(1, 300)),
+     %% Maps: empty, flat, large (a hash map), complex keys.
+     #{}, #{a => 1, b => [x]}, maps:from_list([{K, K * 2} || K <- lists:seq(1, 100)]),
+     #{{a, 1} => [x], <<"k">> => 1.0, [1] => #{nested => #{deeper => self()}}},
+     %% Pids, ports, references, funs: local and the peer's.
+     self(), erpc:call(B, erlang, self, []), hd(erlang:ports()), make_ref(),
+     erpc:call(B, erlang, make_ref, []), alias(),
+     fun lists:map/2, fun() -> ok end,
+     %% A message as applications send them.
+     {'$gen_cast', {update, #{id => 42, name => <<"n">>, tags => [a, b]}}}].
+
+%% Random nested terms from a fixed seed (the failure message names the
+%% terms).
+random_terms(N) ->
+    rand:seed(exsss, {1, 2, 3}),
+    [random_term(4) || _ <- lists:seq(1, N)].
+
+random_term(0) ->
+    random_leaf();
+random_term(D) ->
+    case rand:uniform(8) of
+        1 -> list_to_tuple([random_term(D - 1) || _ <- lists:seq(1, rand:uniform(4) - 1)]);
+        2 -> [random_term(D - 1) || _ <- lists:seq(1, rand:uniform(4) - 1)];
+        3 -> maps:from_list([{random_leaf(), random_term(D - 1)} || _ <- lists:seq(1, rand:uniform(5))]);
+        4 -> [random_leaf() | random_leaf()];
+        _ -> random_leaf()
+    end.
+
+random_leaf() ->
+    case rand:uniform(9) of
+        1 -> list_to_atom("k" ++ integer_to_list(rand:uniform(50)));
+        2 -> rand:uniform(1 bsl (rand:uniform(70))) - (1 bsl 34);
+        3 -> rand:uniform(300);
+        4 -> (rand:uniform() - 0.5) * math:pow(10, rand:uniform(40));
+        5 -> rand:bytes(rand:uniform(20) - 1);
+        6 -> <<(rand:uniform(127)):7>>;
+        7 -> [rand:uniform(255) || _ <- lists:seq(1, rand:uniform(6) - 1)];
+        8 -> self();
+        9 -> make_ref()
+    end.

@@ -18,11 +18,11 @@ use ecall_dist::{
     BatchCaps, Identity, IdentityConfig, LinkDown, LinkEvents, Listen, Peer, PeerConfig, Push,
 };
 use rustler::env::OwnedEnv;
-use rustler::types::tuple::make_tuple;
 use rustler::{Atom, Binary, Encoder, Env, LocalPid, NifResult, Resource, ResourceArc, Term};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
+mod encode;
 mod log;
 
 mod atoms {
@@ -378,8 +378,10 @@ fn send<'a>(
     to: Term<'a>,
     msg: Term<'a>,
 ) -> NifResult<Term<'a>> {
-    let req = make_tuple(env, &[atoms::send().encode(env), to, msg]);
-    push(env, &peer.peer, req, false)
+    let shard = caller_shard(env);
+    encode::tuple_with(env, &[atoms::send().to_term(env), to, msg], |element| {
+        pushed(env, peer.peer.push(shard, element, false), element.len())
+    })
 }
 
 /// Queues any request term (`{send, ...}`, `{cast, ...}`, `{call, ...}`)
@@ -433,12 +435,30 @@ fn caller_link(env: Env<'_>, peer: ResourceArc<PeerRes>) -> usize {
 }
 
 fn push<'a>(env: Env<'a>, peer: &Peer, req: Term<'a>, admitted: bool) -> NifResult<Term<'a>> {
-    let bin = req.to_binary();
-    let element = ecall_dist::etf::element_body(bin.as_slice()).ok_or(rustler::Error::BadArg)?;
-    Ok(match peer.push(caller_shard(env), element, admitted) {
+    let shard = caller_shard(env);
+    encode::term_with(env, req, |element| {
+        pushed(env, peer.push(shard, element, admitted), element.len())
+    })
+}
+
+/// The answer to a push of `size` element bytes.
+fn pushed(env: Env<'_>, push: Push, size: usize) -> NifResult<Term<'_>> {
+    Ok(match push {
         Push::Queued => atoms::ok().encode(env),
-        Push::Full => (atoms::full(), element.len()).encode(env),
+        Push::Full => (atoms::full(), size).encode(env),
         Push::Closed => atoms::closed().encode(env),
+    })
+}
+
+/// `term` in external format as a push encodes it (for tests and the
+/// benchmark: `binary_to_term/1` of it must give `term` back).
+#[rustler::nif]
+fn encode<'a>(env: Env<'a>, term: Term<'a>) -> NifResult<Binary<'a>> {
+    encode::term_with(env, term, |bytes| {
+        let mut bin = rustler::NewBinary::new(env, bytes.len() + 1);
+        bin.as_mut_slice()[0] = 131;
+        bin.as_mut_slice()[1..].copy_from_slice(bytes);
+        Ok(bin.into())
     })
 }
 

@@ -1,0 +1,345 @@
+//! The one encode of each request, in place of `enif_term_to_binary`.
+//!
+//! Why: the encode is most of a push, and most of the encode of a typical
+//! message is its atoms. `term_to_binary` looks up and writes out the text
+//! of every atom every time; here an atom's encoding is looked up in a small
+//! per-thread cache keyed by the atom's term word (atoms never move or die,
+//! so the word names the atom for the life of the VM). The bytes go straight
+//! into a per-thread buffer that the shard copies from, instead of a fresh
+//! refc binary per push. `bench/run.sh micro` has the figures.
+//!
+//! What: plain external format, no version byte (what a shard splices into
+//! a batch). Small and 32-bit integers, floats, atoms, binaries, tuples,
+//! proper lists and maps are written here; any other subterm (pids, ports,
+//! references, funs, bignums, bitstrings, improper lists) and every atom
+//! the cache has not seen yet is written by `enif_term_to_binary` on its
+//! own, so every term encodes, and decodes to an equal term
+//! (`ecall_data_path_SUITE:encode_roundtrip`).
+//!
+//! Depth costs no stack: the walk keeps the terms still to write on a
+//! vector, so a deeply nested term cannot overflow a scheduler's stack.
+
+use rustler::sys::{
+    enif_get_tuple, enif_map_iterator_create, enif_map_iterator_destroy,
+    enif_map_iterator_get_pair, enif_map_iterator_prev, ErlNifMapIterator, ErlNifMapIteratorEntry,
+    ErlNifTerm,
+};
+use rustler::{Binary, Env, Term, TermType};
+use std::cell::RefCell;
+use std::hash::{Hash, Hasher};
+use std::mem::MaybeUninit;
+
+const SMALL_INTEGER_EXT: u8 = 97;
+const INTEGER_EXT: u8 = 98;
+const NEW_FLOAT_EXT: u8 = 70;
+const SMALL_TUPLE_EXT: u8 = 104;
+const LARGE_TUPLE_EXT: u8 = 105;
+const NIL_EXT: u8 = 106;
+const LIST_EXT: u8 = 108;
+const BINARY_EXT: u8 = 109;
+const SMALL_BIG_EXT: u8 = 110;
+const MAP_EXT: u8 = 116;
+
+/// Cached atom encodings per thread (a direct-mapped table: a collision
+/// replaces the older entry).
+const ATOM_SLOTS: usize = 4096;
+/// Longer atom encodings are not cached (they stay correct, only slower):
+/// the cache holds at most `ATOM_SLOTS * ATOM_MAX` bytes per thread.
+const ATOM_MAX: usize = 64;
+/// A buffer that grew past this for one large request is given back.
+const BUF_KEEP: usize = 1 << 20;
+
+struct AtomCache {
+    /// Term word of the atom in each slot.
+    keys: Vec<Option<ErlNifTerm>>,
+    /// Its encoding (tag, length, text).
+    bytes: Vec<Vec<u8>>,
+}
+
+impl AtomCache {
+    fn new() -> Self {
+        AtomCache {
+            keys: vec![None; ATOM_SLOTS],
+            bytes: vec![Vec::new(); ATOM_SLOTS],
+        }
+    }
+
+    fn slot(word: ErlNifTerm) -> usize {
+        // The word itself, through `Hash` (its field is private).
+        let mut h = Word(0);
+        word.hash(&mut h);
+        (h.0.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> (64 - 12)) as usize
+    }
+}
+
+/// A "hasher" that keeps the one word hashed into it.
+struct Word(u64);
+
+impl Hasher for Word {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0 << 8) | u64::from(b);
+        }
+    }
+    fn write_usize(&mut self, n: usize) {
+        self.0 = n as u64;
+    }
+}
+
+/// One thread's encoder: the atom cache, the work stack and the output
+/// buffer, kept from one push to the next (no allocation per push).
+struct Encoder {
+    atoms: AtomCache,
+    todo: Vec<Work>,
+    buf: Vec<u8>,
+}
+
+thread_local! {
+    static ENCODER: RefCell<Encoder> = RefCell::new(Encoder {
+        atoms: AtomCache::new(),
+        todo: Vec::new(),
+        buf: Vec::new(),
+    });
+}
+
+/// What is still to write: terms of the NIF call's env, by their words.
+enum Work {
+    Term(ErlNifTerm),
+    /// The rest of a proper list whose `LIST_EXT` header is written.
+    Cells(ErlNifTerm),
+    /// The `NIL_EXT` tail of a list.
+    Nil,
+}
+
+/// Encodes the tuple of `elements` into this thread's buffer and hands the
+/// bytes to `f` (which must not encode again on this thread).
+pub fn tuple_with<'a, R>(env: Env<'a>, elements: &[Term<'a>], f: impl FnOnce(&[u8]) -> R) -> R {
+    with_encoder(
+        |e| {
+            tuple_header(&mut e.buf, elements.len());
+            for &t in elements {
+                e.term(env, t);
+            }
+        },
+        f,
+    )
+}
+
+/// Encodes `t` into this thread's buffer and hands the bytes to `f` (which
+/// must not encode again on this thread).
+pub fn term_with<'a, R>(env: Env<'a>, t: Term<'a>, f: impl FnOnce(&[u8]) -> R) -> R {
+    with_encoder(|e| e.term(env, t), f)
+}
+
+fn with_encoder<R>(encode: impl FnOnce(&mut Encoder), f: impl FnOnce(&[u8]) -> R) -> R {
+    ENCODER.with(|cell| {
+        let mut e = cell.borrow_mut();
+        e.buf.clear();
+        encode(&mut e);
+        let r = f(&e.buf);
+        if e.buf.capacity() > BUF_KEEP {
+            e.buf = Vec::new();
+        }
+        if e.todo.capacity() > BUF_KEEP / 8 {
+            e.todo = Vec::new();
+        }
+        r
+    })
+}
+
+fn tuple_header(out: &mut Vec<u8>, arity: usize) {
+    if arity < 256 {
+        out.extend_from_slice(&[SMALL_TUPLE_EXT, arity as u8]);
+    } else {
+        out.push(LARGE_TUPLE_EXT);
+        out.extend_from_slice(&(arity as u32).to_be_bytes());
+    }
+}
+
+impl Encoder {
+    fn term<'a>(&mut self, env: Env<'a>, root: Term<'a>) {
+        let Encoder {
+            atoms,
+            todo,
+            buf: out,
+        } = self;
+        todo.push(Work::Term(root.as_c_arg()));
+        while let Some(w) = todo.pop() {
+            let t = match w {
+                // SAFETY: every word on the stack is a term of `env`: the root,
+                // or an element, cell, key or value of one.
+                Work::Term(raw) => unsafe { Term::new(env, raw) },
+                Work::Nil => {
+                    out.push(NIL_EXT);
+                    continue;
+                }
+                Work::Cells(raw) => {
+                    // SAFETY: as above.
+                    let list = unsafe { Term::new(env, raw) };
+                    // Proper (its length was taken), so a cell or `[]`.
+                    if let Ok((head, tail)) = list.list_get_cell() {
+                        todo.push(Work::Cells(tail.as_c_arg()));
+                        todo.push(Work::Term(head.as_c_arg()));
+                    }
+                    continue;
+                }
+            };
+            // A term word names one term: a word the cache holds is that atom,
+            // with no call into the VM to ask what the term is.
+            let word = t.as_c_arg();
+            let slot = AtomCache::slot(word);
+            if atoms.keys[slot] == Some(word) {
+                out.extend_from_slice(&atoms.bytes[slot]);
+                continue;
+            }
+            match t.get_type() {
+                TermType::Atom => atom(t, slot, atoms, out),
+                TermType::Integer => match t.decode::<i64>() {
+                    Ok(i) => integer(i, out),
+                    Err(_) => fallback(t, out),
+                },
+                TermType::Float => match t.decode::<f64>() {
+                    Ok(f) => {
+                        out.push(NEW_FLOAT_EXT);
+                        out.extend_from_slice(&f.to_bits().to_be_bytes());
+                    }
+                    Err(_) => fallback(t, out),
+                },
+                TermType::Binary => match Binary::from_term(t) {
+                    Ok(b) => {
+                        out.push(BINARY_EXT);
+                        out.extend_from_slice(&(b.len() as u32).to_be_bytes());
+                        out.extend_from_slice(b.as_slice());
+                    }
+                    // A bitstring that is not a whole number of bytes.
+                    Err(_) => fallback(t, out),
+                },
+                TermType::Tuple => {
+                    let mut arity = 0;
+                    let mut array: *const ErlNifTerm = std::ptr::null();
+                    // SAFETY: `t` is a valid term of `env` (it came from a NIF
+                    // argument or from a term of one); on success the VM points
+                    // `array` at the tuple's `arity` elements, which live as
+                    // long as the tuple, that is for this NIF call.
+                    let ok = unsafe {
+                        enif_get_tuple(env.as_c_arg(), t.as_c_arg(), &mut arity, &mut array)
+                    };
+                    if ok == 0 {
+                        fallback(t, out);
+                        continue;
+                    }
+                    let arity = arity as usize;
+                    tuple_header(out, arity);
+                    for i in (0..arity).rev() {
+                        // SAFETY: `i < arity`, within the array the VM gave.
+                        let raw = unsafe { *array.add(i) };
+                        todo.push(Work::Term(raw));
+                    }
+                }
+                TermType::List => {
+                    if t.is_empty_list() {
+                        out.push(NIL_EXT);
+                        continue;
+                    }
+                    match t.list_length() {
+                        Ok(n) => {
+                            out.push(LIST_EXT);
+                            out.extend_from_slice(&(n as u32).to_be_bytes());
+                            todo.push(Work::Nil);
+                            todo.push(Work::Cells(t.as_c_arg()));
+                        }
+                        // Improper.
+                        Err(_) => fallback(t, out),
+                    }
+                }
+                TermType::Map => {
+                    if !map(env, t, todo, out) {
+                        fallback(t, out);
+                    }
+                }
+                _ => fallback(t, out),
+            }
+        }
+    }
+}
+
+/// Writes the header of map `t` and queues its keys and values. The pairs
+/// go out in the map's own order (walked from the tail, since the stack
+/// turns it around), sorted for a small map, as `term_to_binary` writes
+/// them: the peer sorts a small map's keys as it decodes it, and sorted
+/// keys cost it a check instead of a sort (written in reverse, the blast of
+/// `bench/run.sh micro` ran at 298k against 452k msg/s). False if `t` could
+/// not be iterated (nothing written then).
+fn map(env: Env<'_>, t: Term<'_>, todo: &mut Vec<Work>, out: &mut Vec<u8>) -> bool {
+    let Ok(size) = t.map_size() else {
+        return false;
+    };
+    let mut iter = MaybeUninit::<ErlNifMapIterator>::uninit();
+    // SAFETY: `t` is a map of `env`; the iterator is initialised by the
+    // VM on success and destroyed below before this function returns.
+    let ok = unsafe {
+        enif_map_iterator_create(
+            env.as_c_arg(),
+            t.as_c_arg(),
+            iter.as_mut_ptr(),
+            ErlNifMapIteratorEntry::ERL_NIF_MAP_ITERATOR_TAIL,
+        )
+    };
+    if ok == 0 {
+        return false;
+    }
+    out.push(MAP_EXT);
+    out.extend_from_slice(&(size as u32).to_be_bytes());
+    let mut key = ErlNifTerm::default();
+    let mut value = ErlNifTerm::default();
+    // SAFETY: the iterator was created above and is used only in `env`;
+    // the pairs it gives are terms of `env`.
+    unsafe {
+        while enif_map_iterator_get_pair(env.as_c_arg(), iter.as_mut_ptr(), &mut key, &mut value)
+            != 0
+        {
+            todo.push(Work::Term(value));
+            todo.push(Work::Term(key));
+            enif_map_iterator_prev(env.as_c_arg(), iter.as_mut_ptr());
+        }
+        enif_map_iterator_destroy(env.as_c_arg(), iter.as_mut_ptr());
+    }
+    true
+}
+
+/// An atom the cache does not hold (in `slot`): encoded by the VM, and
+/// kept.
+fn atom(t: Term<'_>, slot: usize, atoms: &mut AtomCache, out: &mut Vec<u8>) {
+    let start = out.len();
+    fallback(t, out);
+    let enc = &out[start..];
+    if enc.len() <= ATOM_MAX {
+        atoms.keys[slot] = Some(t.as_c_arg());
+        atoms.bytes[slot].clear();
+        atoms.bytes[slot].extend_from_slice(enc);
+    }
+}
+
+fn integer(i: i64, out: &mut Vec<u8>) {
+    if (0..=255).contains(&i) {
+        out.extend_from_slice(&[SMALL_INTEGER_EXT, i as u8]);
+    } else if let Ok(i) = i32::try_from(i) {
+        out.push(INTEGER_EXT);
+        out.extend_from_slice(&i.to_be_bytes());
+    } else {
+        // SMALL_BIG_EXT: digit count, sign, magnitude little-endian.
+        let m = i.unsigned_abs().to_le_bytes();
+        let n = 8 - m.iter().rev().take_while(|&&b| b == 0).count();
+        out.extend_from_slice(&[SMALL_BIG_EXT, n as u8, u8::from(i < 0)]);
+        out.extend_from_slice(&m[..n]);
+    }
+}
+
+/// `t` through `enif_term_to_binary`, without its version byte.
+fn fallback(t: Term<'_>, out: &mut Vec<u8>) {
+    let bin = t.to_binary();
+    out.extend_from_slice(&bin.as_slice()[1..]);
+}
