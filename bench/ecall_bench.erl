@@ -588,9 +588,9 @@ micro() ->
     Atoms = term_to_binary([list_to_atom("atom_" ++ integer_to_list(I)) || I <- lists:seq(1, 100)]),
     Request = {send, Sink, Payload},
     io:format("micro: encode of the request {send, Pid, Payload}: term_to_binary ~.1f ns, "
-              "the NIF's encoder (ecall_nif:encode/1) ~.1f ns~n",
+              "the NIF's encoder (ecall_nif:encoded_size/1) ~.1f ns~n",
               [per_call(fun() -> term_to_binary(Request) end, 100000),
-               per_call(fun() -> ecall_nif:encode(Request) end, 100000)]),
+               per_call(fun() -> ecall_nif:encoded_size(Request) end, 100000)]),
     io:format("micro: term_to_binary of the payload ~.1f ns, binary_to_term ~.1f ns, "
               "one atom decoded from text ~.1f ns~n",
               [per_call(fun() -> term_to_binary(Payload) end, 100000),

@@ -11,7 +11,7 @@
 -export([cnode_start/4, cnode_info/1,
          peer_open/6, peer_close/1, peer_stats/1, overflow_drop/1,
          send/3, push/3, push_iovec/3, caller_link/1, wait_room/3]).
--export([encode/1]).
+-export([encode/1, encoded_size/1]).
 
 -on_load(init/0).
 
@@ -105,6 +105,12 @@ push_iovec(_Peer, _IoVec, _Admitted) -> erlang:nif_error(nif_not_loaded).
 %% and the benchmark): `binary_to_term(encode(T))' is equal to `T'.
 -spec encode(term()) -> binary().
 encode(_Term) -> erlang:nif_error(nif_not_loaded).
+
+%% How a push encodes `Term': its size in bytes, whether some atom stays
+%% text, and how many atoms went as encode-time cache references (for
+%% tests and the benchmark).
+-spec encoded_size(term()) -> {non_neg_integer(), boolean(), non_neg_integer()}.
+encoded_size(_Term) -> erlang:nif_error(nif_not_loaded).
 
 %% The link (0-based) that carries the calling process's requests.
 -spec caller_link(peer()) -> non_neg_integer().

@@ -15,7 +15,7 @@
 -export([exactly_once_in_order/1, large_messages_in_order/1, links_are_hidden_cnodes/1,
          ping_cnode/1, fallback_without_link/1, names_and_aliases/1,
          malformed_element_skipped/1, link_loss_is_reported_and_healed/1,
-         every_term_kind_arrives_equal/1]).
+         every_term_kind_arrives_equal/1, atoms_past_the_ids_go_as_text/1]).
 
 -import(ecall_test_nodes, [start_node/1, stop_node/1, many_callers_exactly_once/1, send_seq/2]).
 
@@ -28,7 +28,8 @@ all() ->
 groups() ->
     DataPath = [exactly_once_in_order, large_messages_in_order, links_are_hidden_cnodes, ping_cnode,
                 fallback_without_link, names_and_aliases, malformed_element_skipped,
-                link_loss_is_reported_and_healed, every_term_kind_arrives_equal],
+                link_loss_is_reported_and_healed, every_term_kind_arrives_equal,
+                atoms_past_the_ids_go_as_text],
     [{otp25, [], DataPath},
      {otp27, [], DataPath},
      {otp29, [], DataPath}].
@@ -238,6 +239,10 @@ every_term_kind_arrives_equal(Config) ->
     Terms = term_kinds(B) ++ random_terms(400),
     %% Locally first: the encoding decodes to an equal term.
     [?assert(binary_to_term(ecall_nif:encode(T)) =:= T) || T <- Terms],
+    %% A plain message's atoms (the pid's node name too) go as encode-time
+    %% cache references, nothing as text; a fun's atoms stay text.
+    ?assertMatch({_, false, 3}, ecall_nif:encoded_size({send, self(), #{a => 1}})),
+    ?assertMatch({_, true, _}, ecall_nif:encoded_size({fun() -> ok end})),
     Mirror = erpc:call(B, erlang, spawn, [fun() -> mirror(Self) end]),
     %% Twice: the second time every atom comes from the NIF's cache.
     Sent = Terms ++ Terms,
@@ -321,3 +326,19 @@ random_leaf() ->
         8 -> self();
         9 -> make_ref()
     end.
+
+%% Only the first 200 atoms a node's encoder meets get ids; later ones go
+%% as text (and through the link's own atom cache), mixed with ids in one
+%% message, and arrive all the same.
+atoms_past_the_ids_go_as_text(Config) ->
+    B = ?config(b, Config),
+    Self = self(),
+    Fresh = [list_to_atom("past_ids_" ++ integer_to_list(erlang:unique_integer([positive])))
+             || _ <- lists:seq(1, 300)],
+    Term = {ok, Fresh, #{Fresh => lists:reverse(Fresh)}},
+    ?assertMatch({_, true, _}, ecall_nif:encoded_size(Term)),
+    Mirror = erpc:call(B, erlang, spawn, [fun() -> mirror(Self) end]),
+    Term = ecall:send(Mirror, Term),
+    _ = ecall:send(Mirror, {ok, Term}),
+    ecall:send(Mirror, mirror_done),
+    ?assertEqual([Term, {ok, Term}], mirrored([])).

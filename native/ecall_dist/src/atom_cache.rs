@@ -7,17 +7,23 @@
 //! goes over a connection as text once; afterwards it is a two-byte
 //! reference into a cache the receiver keeps for that connection.
 //!
-//! How: frames are still built by splicing the callers' bytes (plain
-//! external format, atoms as text). Just before a frame is written, the
-//! link writer — a runtime thread, never a scheduler — passes over its
-//! terms once and replaces atoms by cache references, prefixing the
-//! distribution header that declares them. Nothing is decoded into terms;
-//! the pass copies bytes and rewrites atoms only. The same walker, turned
-//! around, expands references in frames a peer sends us.
+//! How: most atoms never reach this module as text. The NIF's encoder
+//! writes an atom that has an encode-time id ([`crate::atom_ids`]) as a
+//! reference already, and a batch made only of such atoms goes out behind
+//! a header that lists the ids ([`OutCache::ids_header`]): no pass over its
+//! bytes. A frame with atoms as text (ticks and answers, messages past the
+//! ids, large messages from `term_to_iovec`) is rewritten just before it is
+//! written: the link writer — a runtime thread, never a scheduler — passes
+//! over its terms once and replaces text atoms by references into a cache
+//! of its own, in slots 256 and up ([`OutCache::encode`]); id references
+//! in it are kept, the header listing the ids first. Nothing is decoded
+//! into terms; the pass copies bytes and rewrites atoms only. The same
+//! walker, turned around, expands references in frames a peer sends us.
 //!
-//! Cache state is per connection and starts empty on each connection; the
-//! sender's view and the receiver's stay equal because frames are written in
-//! order on one socket.
+//! Cache state is per connection and starts empty on each connection
+//! (the ids are declared again on each); the sender's view and the
+//! receiver's stay equal because frames are written in order on one
+//! socket.
 //!
 //! Format (erl_ext_dist, "Distribution Header"): `131 68 N Flags Refs`, then
 //! the terms without their version byte. Flags holds one nibble per
@@ -135,7 +141,7 @@ fn atom_then<A: Atoms>(
 }
 
 /// The text of a plain atom at `inp[pos..]`: (utf8, start, len, next).
-pub(crate) fn atom_text(inp: &[u8], pos: usize) -> Option<(bool, usize, usize, usize)> {
+pub fn atom_text(inp: &[u8], pos: usize) -> Option<(bool, usize, usize, usize)> {
     let (utf8, start, len) = match *inp.get(pos)? {
         SMALL_ATOM_UTF8_EXT => (true, pos + 2, *inp.get(pos + 1)? as usize),
         ATOM_UTF8_EXT => (true, pos + 3, u16_at(inp, pos + 1)?),
@@ -163,6 +169,14 @@ pub struct OutCache {
     in_msg: Vec<u8>,
     refs: Vec<Ref>,
     terms: Vec<u8>,
+    /// Ids ([`crate::atom_ids`]) listed in the header being built: the
+    /// header lists ids `0..ids` first, so that reference `i` is id `i`.
+    ids: usize,
+    /// Ids declared on this connection (with their text, once).
+    declared: usize,
+    /// Tests of the per-connection cache alone: no ids listed.
+    #[cfg(test)]
+    no_ids: bool,
     /// Atoms written as references (monotonic).
     pub hits: u64,
 }
@@ -174,10 +188,18 @@ impl Default for OutCache {
             in_msg: vec![0; SLOTS],
             refs: Vec::with_capacity(MAX_REFS),
             terms: Vec::new(),
+            ids: 0,
+            declared: 0,
+            #[cfg(test)]
+            no_ids: false,
             hits: 0,
         }
     }
 }
+
+/// The per-connection cache keeps to the slots from here on: segment 0
+/// belongs to the encode-time ids ([`crate::atom_ids`]).
+const DYNAMIC_FROM: usize = 256;
 
 fn slot_of(text: &[u8]) -> u16 {
     // FNV-1a: short keys, good spread, no state.
@@ -185,7 +207,7 @@ fn slot_of(text: &[u8]) -> u16 {
     for &b in text {
         h = (h ^ u32::from(b)).wrapping_mul(0x0100_0193);
     }
-    (h % SLOTS as u32) as u16
+    (DYNAMIC_FROM as u32 + h % (SLOTS - DYNAMIC_FROM) as u32) as u16
 }
 
 struct Encoding<'a> {
@@ -194,6 +216,18 @@ struct Encoding<'a> {
 
 impl Atoms for Encoding<'_> {
     fn atom(&mut self, inp: &[u8], pos: usize, out: &mut Vec<u8>) -> Option<usize> {
+        if inp[pos] == ATOM_CACHE_REF {
+            // An id the encoder chose (atom_ids): reference `id` of the
+            // header, which lists ids first. Refused if the header does not
+            // list it (an element is encoded before it is written, so its
+            // ids are always listed).
+            let id = *inp.get(pos + 1)?;
+            if usize::from(id) >= self.cache.ids {
+                return None;
+            }
+            self.cache.hits += 1;
+            return copy(inp, pos, 2, out);
+        }
         let (utf8, start, len, next) = atom_text(inp, pos)?;
         let text = &inp[start..start + len];
         // Latin-1 text is UTF-8 too when it is ASCII; otherwise leave it.
@@ -203,7 +237,7 @@ impl Atoms for Encoding<'_> {
         let c = &mut *self.cache;
         let slot = slot_of(text);
         let idx = match c.in_msg[slot as usize] {
-            0 if c.refs.len() < MAX_REFS => {
+            0 if c.ids + c.refs.len() < MAX_REFS => {
                 let new = c.slots[slot as usize].as_deref() != Some(text);
                 c.refs.push(Ref {
                     slot,
@@ -227,7 +261,7 @@ impl Atoms for Encoding<'_> {
         };
         c.hits += 1;
         out.push(ATOM_CACHE_REF);
-        out.push(idx as u8);
+        out.push((c.ids + idx) as u8);
         Some(next)
     }
 }
@@ -241,13 +275,15 @@ impl OutCache {
     pub fn encode(&mut self, body: &[u8], out: &mut Vec<u8>) -> usize {
         let mut terms = std::mem::take(&mut self.terms);
         terms.clear();
+        self.ids = self.listed_ids();
         let ok = {
             let mut enc = Encoding { cache: self };
             walk_body(&mut enc, body, &mut terms)
         };
         if !ok {
-            // Something we do not walk: send it with an empty header and
-            // every atom as text. Forget the references planned for it.
+            // Something we do not walk: send it with only the ids in the
+            // header and every other atom as text. Forget the references
+            // planned for it.
             for r in self.refs.drain(..) {
                 self.in_msg[r.slot as usize] = 0;
             }
@@ -255,51 +291,173 @@ impl OutCache {
             strip_versions(body, &mut terms);
         }
         let start = out.len();
-        out.extend_from_slice(&[0, 0, 0, 0, VERSION, DIST_HEADER, self.refs.len() as u8]);
-        if !self.refs.is_empty() {
-            let long = self.refs.iter().any(|r| r.new && r.len > 255);
-            // One nibble per reference, then the long-atoms nibble.
-            let mut nibbles = self
-                .refs
-                .iter()
-                .map(|r| (u8::from(r.new) << 3) | (r.slot >> 8) as u8);
-            let total = self.refs.len() + 1;
-            for i in (0..total).step_by(2) {
-                let lo = if i < self.refs.len() {
-                    nibbles.next().unwrap_or(0)
-                } else {
-                    u8::from(long)
-                };
-                let hi = if i + 1 < self.refs.len() {
-                    nibbles.next().unwrap_or(0)
-                } else if i + 1 == self.refs.len() {
-                    u8::from(long)
-                } else {
-                    0
-                };
-                out.push(lo | (hi << 4));
-            }
-            for r in self.refs.drain(..) {
-                out.push((r.slot & 0xff) as u8);
-                self.in_msg[r.slot as usize] = 0;
-                if r.new {
-                    let text = &body[r.start..r.start + r.len];
-                    if long {
-                        out.extend_from_slice(&(r.len as u16).to_be_bytes());
-                    } else {
-                        out.push(r.len as u8);
-                    }
-                    out.extend_from_slice(text);
-                    self.slots[r.slot as usize] = Some(text.into());
-                }
-            }
-        }
+        out.extend_from_slice(&[0, 0, 0, 0, VERSION, DIST_HEADER]);
+        self.put_refs(body, out);
         let header_len = out.len() - start - 4;
         out.extend_from_slice(&terms);
         let len = (out.len() - start - 4) as u32;
         out[start..start + 4].copy_from_slice(&len.to_be_bytes());
         self.terms = terms;
         header_len
+    }
+
+    /// Ids a header lists now: every id given so far.
+    fn listed_ids(&self) -> usize {
+        #[cfg(test)]
+        if self.no_ids {
+            return 0;
+        }
+        crate::atom_ids::count()
+    }
+
+    /// A cache whose headers list no ids, for tests of the per-connection
+    /// cache alone (ids are process-wide, and other tests give some).
+    #[cfg(test)]
+    pub(crate) fn without_ids() -> OutCache {
+        OutCache {
+            no_ids: true,
+            ..OutCache::default()
+        }
+    }
+
+    /// The front of a message whose atoms are all ids or text (nothing to
+    /// rewrite): appends the length of a frame whose terms (without version
+    /// bytes) take `terms_len` bytes, and its distribution header, which
+    /// lists the ids given so far. The caller appends the terms.
+    pub fn ids_header(&mut self, terms_len: usize, out: &mut Vec<u8>) {
+        self.ids = self.listed_ids();
+        let start = out.len();
+        out.extend_from_slice(&[0, 0, 0, 0, VERSION, DIST_HEADER]);
+        self.put_refs(&[], out);
+        let len = (out.len() - start - 4 + terms_len) as u32;
+        out[start..start + 4].copy_from_slice(&len.to_be_bytes());
+    }
+
+    /// The reference part of a first fragment's header (after its ids):
+    /// the ids given so far, as [`OutCache::ids_header`] lists them.
+    pub fn fragment_refs(&mut self, out: &mut Vec<u8>) {
+        self.ids = self.listed_ids();
+        self.put_refs(&[], out);
+    }
+
+    /// Appends the header's references, from the count byte on: ids
+    /// `0..self.ids` (declared with their text the first time on this
+    /// connection), then the message's own `refs` (texts in `body`), and
+    /// clears the latter.
+    fn put_refs(&mut self, body: &[u8], out: &mut Vec<u8>) {
+        let ids = self.ids;
+        let n = ids + self.refs.len();
+        out.push(n as u8);
+        if n == 0 {
+            return;
+        }
+        let declared = self.declared;
+        let long = self.refs.iter().any(|r| r.new && r.len > 255);
+        // One nibble per reference (bit 3: new, bits 0-2: segment), then
+        // the long-atoms nibble; two to a byte, low first. Ids live in
+        // segment 0.
+        let nibble = |i: usize| -> u8 {
+            if i < ids {
+                u8::from(i >= declared) << 3
+            } else if i < n {
+                let r = &self.refs[i - ids];
+                (u8::from(r.new) << 3) | (r.slot >> 8) as u8
+            } else if i == n {
+                u8::from(long)
+            } else {
+                0
+            }
+        };
+        for i in (0..=n).step_by(2) {
+            out.push(nibble(i) | (nibble(i + 1) << 4));
+        }
+        for id in 0..ids {
+            out.push(id as u8);
+            if id >= declared {
+                // Given before `count()` was read: always set.
+                let text = crate::atom_ids::text(id as u8).unwrap_or(b"");
+                if long {
+                    out.extend_from_slice(&(text.len() as u16).to_be_bytes());
+                } else {
+                    out.push(text.len() as u8);
+                }
+                out.extend_from_slice(text);
+            }
+        }
+        self.declared = declared.max(ids);
+        for r in self.refs.drain(..) {
+            out.push((r.slot & 0xff) as u8);
+            self.in_msg[r.slot as usize] = 0;
+            if r.new {
+                let text = &body[r.start..r.start + r.len];
+                if long {
+                    out.extend_from_slice(&(r.len as u16).to_be_bytes());
+                } else {
+                    out.push(r.len as u8);
+                }
+                out.extend_from_slice(text);
+                self.slots[r.slot as usize] = Some(text.into());
+            }
+        }
+    }
+}
+
+/// Rewrites a plain frame (`<len:32> 112 131 control 131 payload`) whose
+/// terms may hold id references ([`crate::atom_ids`]) with every id as
+/// text, for a connection without the atom cache; appends it to `out`.
+/// False, with nothing appended, if a term does not walk.
+pub fn expand_ids(frame: &[u8], out: &mut Vec<u8>) -> bool {
+    let start = out.len();
+    let Some(body) = frame.get(PLAIN_TERMS..) else {
+        return false;
+    };
+    out.extend_from_slice(&[0, 0, 0, 0, PASS_THROUGH]);
+    let mut pos = 0;
+    while pos < body.len() {
+        let next = match body[pos] {
+            VERSION => {
+                out.push(VERSION);
+                walk(&mut ExpandIds, body, pos + 1, out)
+            }
+            _ => None,
+        };
+        match next {
+            Some(p) => pos = p,
+            None => {
+                out.truncate(start);
+                return false;
+            }
+        }
+    }
+    let len = (out.len() - start - 4) as u32;
+    out[start..start + 4].copy_from_slice(&len.to_be_bytes());
+    true
+}
+
+/// Appends the term at the start of `term` (no version byte) with its id
+/// references written as text. False if it does not walk.
+pub fn expand_term(term: &[u8], out: &mut Vec<u8>) -> bool {
+    let start = out.len();
+    match walk(&mut ExpandIds, term, 0, out) {
+        Some(end) if end == term.len() => true,
+        _ => {
+            out.truncate(start);
+            false
+        }
+    }
+}
+
+/// Writes id references as text.
+struct ExpandIds;
+
+impl Atoms for ExpandIds {
+    fn atom(&mut self, inp: &[u8], pos: usize, out: &mut Vec<u8>) -> Option<usize> {
+        if inp[pos] != ATOM_CACHE_REF {
+            return Plain.atom(inp, pos, out);
+        }
+        let text = crate::atom_ids::text(*inp.get(pos + 1)?)?;
+        crate::etf::put_atom(out, std::str::from_utf8(text).ok()?);
+        Some(pos + 2)
     }
 }
 
@@ -314,6 +472,10 @@ struct Skip;
 
 impl Atoms for Skip {
     fn atom(&mut self, inp: &[u8], pos: usize, _out: &mut Vec<u8>) -> Option<usize> {
+        if inp[pos] == ATOM_CACHE_REF {
+            inp.get(pos + 1)?;
+            return Some(pos + 2);
+        }
         atom_text(inp, pos).map(|(_, _, _, next)| next)
     }
 }
@@ -360,6 +522,10 @@ struct Plain;
 
 impl Atoms for Plain {
     fn atom(&mut self, inp: &[u8], pos: usize, out: &mut Vec<u8>) -> Option<usize> {
+        if inp[pos] == ATOM_CACHE_REF {
+            // An id reference (atom_ids), kept as it is.
+            return copy(inp, pos, 2, out);
+        }
         let (_, _, _, next) = atom_text(inp, pos)?;
         copy(inp, pos, next - pos, out)
     }
@@ -553,9 +719,70 @@ mod tests {
         assert!(out.hits > 0);
     }
 
+    /// Terms whose atoms are encode-time ids go out behind `ids_header`
+    /// untouched, the first time with the ids' texts, then by slot only;
+    /// text atoms beside ids go through the cache after them; all decode
+    /// to the same terms, and `expand_term` agrees.
+    #[test]
+    fn encode_time_ids_round_trip() {
+        let r = |name: &str| {
+            [
+                ATOM_CACHE_REF,
+                crate::atom_ids::id_of(name.as_bytes()).unwrap(),
+            ]
+        };
+        // {ids_one, [ids_two, ids_one]} with ids.
+        let mut term = vec![SMALL_TUPLE_EXT, 2];
+        term.extend_from_slice(&r("ids_one"));
+        term.extend_from_slice(&[LIST_EXT, 0, 0, 0, 2]);
+        term.extend_from_slice(&r("ids_two"));
+        term.extend_from_slice(&r("ids_one"));
+        term.push(NIL_EXT);
+        let expect = Term::from(Tuple::from(vec![
+            atom("ids_one"),
+            Term::from(eetf::List::from(vec![atom("ids_two"), atom("ids_one")])),
+        ]));
+        let mut plain = Vec::new();
+        assert!(expand_term(&term, &mut plain));
+        assert_eq!(
+            Term::decode(&[&[VERSION][..], &plain].concat()[..]).unwrap(),
+            expect
+        );
+
+        let (mut out, mut inn) = (OutCache::default(), InCache::default());
+        let mut sizes = Vec::new();
+        for _ in 0..2 {
+            let mut frame = Vec::new();
+            out.ids_header(term.len(), &mut frame);
+            frame.extend_from_slice(&term);
+            let len = u32::from_be_bytes(frame[..4].try_into().unwrap()) as usize;
+            assert_eq!(len, frame.len() - 4);
+            let Some(Decoded::Body(body)) = inn.decode(&frame[4..], 1 << 20) else {
+                panic!("does not decode")
+            };
+            assert_eq!(Term::decode(&body[..]).unwrap(), expect);
+            sizes.push(frame.len());
+        }
+        assert!(sizes[1] < sizes[0], "declared once: {sizes:?}");
+
+        // Ids and a text atom in one term, through the cache's rewrite.
+        let mut mixed = vec![VERSION, SMALL_TUPLE_EXT, 2];
+        mixed.extend_from_slice(&r("ids_two"));
+        crate::etf::put_atom(&mut mixed, "beside_ids");
+        let mut frame = Vec::new();
+        out.encode(&mixed, &mut frame);
+        let Some(Decoded::Body(body)) = inn.decode(&frame[4..], 1 << 20) else {
+            panic!("does not decode")
+        };
+        assert_eq!(
+            Term::decode(&body[..]).unwrap(),
+            Term::from(Tuple::from(vec![atom("ids_two"), atom("beside_ids")]))
+        );
+    }
+
     #[test]
     fn first_fragment_headers_update_the_cache() {
-        let mut out = OutCache::default();
+        let mut out = OutCache::without_ids();
         let mut frame = Vec::new();
         let header_len = out.encode(&enc(&atom("fragmented_atom")), &mut frame);
         // The same header in a first fragment: 131 69 seq fragid N ...
@@ -603,7 +830,7 @@ mod tests {
 
     #[test]
     fn unknown_kinds_go_uncached() {
-        let (mut out, mut inn) = (OutCache::default(), InCache::default());
+        let (mut out, mut inn) = (OutCache::without_ids(), InCache::default());
         // A control term, then a payload holding a LOCAL_EXT (121) we do
         // not walk: the frame still goes, atoms as text.
         let mut body = enc(&Tuple::from(vec![atom("ctl"), atom("x")]).into());
@@ -631,7 +858,7 @@ mod tests {
         ] {
             assert!(inn.decode(f, 1 << 20).is_none(), "{f:?}");
         }
-        let mut out = OutCache::default();
+        let mut out = OutCache::without_ids();
         let mut frame = Vec::new();
         out.encode(&[131, 104, 5, 97], &mut frame);
         assert_eq!(&frame[4..7], &[131, 68, 0]);

@@ -184,10 +184,12 @@ pub fn put_pid(out: &mut Vec<u8>, node: &str, id: u32, serial: u32, creation: u3
 ///
 /// Layout: `<len:32> 112 <131 {6, From, '', To}> <131 {batch, [` `<count:32>`.
 /// The length and the count are placeholders that [`BatchHeader::seal`]
-/// fills in once the batch is complete.
+/// fills in once the batch is complete. Its atoms are id references
+/// ([`crate::atom_ids`]) when they have ids, else text.
 #[derive(Debug, Clone)]
 pub struct BatchHeader {
     bytes: Vec<u8>,
+    text: bool,
 }
 
 impl BatchHeader {
@@ -195,15 +197,32 @@ impl BatchHeader {
     /// registered as `to_name` on the peer.
     pub fn new(from_node: &str, creation: u32, to_name: &str) -> Self {
         let mut b = Vec::with_capacity(64 + from_node.len() + to_name.len());
+        let mut text = false;
+        let mut atom = |b: &mut Vec<u8>, name: &str| match crate::atom_ids::id_of(name.as_bytes()) {
+            Some(id) => b.extend_from_slice(&[ATOM_CACHE_REF, id]),
+            None => {
+                text = true;
+                put_atom(b, name);
+            }
+        };
         b.extend_from_slice(&[0, 0, 0, 0, PASS_THROUGH, VERSION, SMALL_TUPLE_EXT, 4]);
         b.extend_from_slice(&[SMALL_INTEGER_EXT, REG_SEND]);
-        put_pid(&mut b, from_node, 1, 0, creation);
-        put_atom(&mut b, "");
-        put_atom(&mut b, to_name);
+        b.push(NEW_PID_EXT);
+        atom(&mut b, from_node);
+        b.extend_from_slice(&1u32.to_be_bytes());
+        b.extend_from_slice(&0u32.to_be_bytes());
+        b.extend_from_slice(&creation.to_be_bytes());
+        atom(&mut b, "");
+        atom(&mut b, to_name);
         b.extend_from_slice(&[VERSION, SMALL_TUPLE_EXT, 2]);
-        put_atom(&mut b, "batch");
+        atom(&mut b, "batch");
         b.extend_from_slice(&[LIST_EXT, 0, 0, 0, 0]);
-        BatchHeader { bytes: b }
+        BatchHeader { bytes: b, text }
+    }
+
+    /// Whether some of its atoms are text (the ids ran out).
+    pub fn has_text(&self) -> bool {
+        self.text
     }
 
     /// The header bytes, with zero placeholders.

@@ -6,7 +6,7 @@
 //! from the message's batch buffer (no copy): fragment headers are written
 //! in front of slices of it.
 
-use crate::atom_cache;
+use crate::atom_cache::{self, OutCache};
 use crate::etf::{self, FRAG_HEADER, FRAME_LEN, PLAIN_TERMS};
 use crate::shard::Frame;
 use std::ops::Range;
@@ -16,9 +16,9 @@ use std::ops::Range;
 /// waiting behind it.
 pub const FRAGMENT: usize = 64 * 1024;
 
-/// A large message going out one fragment per writer pass. Its terms keep
-/// their atoms as text (a fragment may declare no cache entries), so it has
-/// no ordering ties to the atom cache.
+/// A large message going out one fragment per writer pass. Its terms are
+/// sent as they are: atoms as text, or id references ([`crate::atom_ids`])
+/// that its first fragment's header declares.
 pub(crate) struct InFlight {
     /// The shard it came from (whose next batches wait: per-caller order).
     pub(crate) shard: usize,
@@ -63,17 +63,20 @@ impl InFlight {
     }
 
     /// Appends the next fragment's header to `headers` and returns the byte
-    /// ranges of its data.
-    pub(crate) fn next(&mut self, headers: &mut Vec<Vec<u8>>) -> Vec<Range<usize>> {
+    /// ranges of its data. The first fragment's header lists the ids given
+    /// so far, through the connection's `cache`.
+    pub(crate) fn next(
+        &mut self,
+        headers: &mut Vec<Vec<u8>>,
+        cache: &mut OutCache,
+    ) -> Vec<Range<usize>> {
         let total = self.ranges[0].len() + self.ranges[1].len();
         let len = FRAGMENT.min(total - self.sent);
         let first = self.sent == 0;
         // See the fragment diagram in `etf`. The first fragment's header
-        // declares no atom cache references (N = 0: no flags, no refs).
-        let refs = usize::from(first);
-        let mut h = Vec::with_capacity(FRAME_LEN + FRAG_HEADER + refs);
-        let frame_len = (FRAG_HEADER + refs + len) as u32;
-        h.extend_from_slice(&frame_len.to_be_bytes());
+        // declares the atom cache references (the ids), the others none.
+        let mut h = Vec::with_capacity(FRAME_LEN + FRAG_HEADER + 1);
+        h.extend_from_slice(&[0; FRAME_LEN]);
         let kind = if first {
             etf::DIST_FRAG_HEADER
         } else {
@@ -83,8 +86,10 @@ impl InFlight {
         h.extend_from_slice(&self.seq.to_be_bytes());
         h.extend_from_slice(&self.left.to_be_bytes());
         if first {
-            h.push(0);
+            cache.fragment_refs(&mut h);
         }
+        let frame_len = (h.len() - FRAME_LEN + len) as u32;
+        h[..FRAME_LEN].copy_from_slice(&frame_len.to_be_bytes());
         headers.push(h);
         let mut data = Vec::with_capacity(2);
         let (mut from, mut want) = (self.sent, len);
@@ -130,10 +135,11 @@ mod tests {
             .collect();
         let mut f = InFlight::new(0, frame, 9, ranges);
         assert_eq!(f.left, 4);
+        let mut cache = OutCache::default();
         let (mut headers, mut got) = (Vec::new(), Vec::new());
         while f.left > 0 {
             let left = f.left;
-            let data = f.next(&mut headers);
+            let data = f.next(&mut headers, &mut cache);
             let h = headers.last().unwrap();
             let len: usize = data.iter().map(|r| r.len()).sum();
             let (len_field, rest) = h.split_at(FRAME_LEN);
@@ -149,7 +155,13 @@ mod tests {
             assert_eq!(rest[..2], [etf::VERSION, kind]);
             assert_eq!(u64::from_be_bytes(rest[2..10].try_into().unwrap()), 9);
             assert_eq!(u64::from_be_bytes(rest[10..18].try_into().unwrap()), left);
-            assert_eq!(rest.len(), FRAG_HEADER + usize::from(left == 4));
+            if left == 4 {
+                // The ids given so far, declared: count, flags, refs.
+                let ids = usize::from(rest[FRAG_HEADER]);
+                assert!(rest.len() > FRAG_HEADER + ids, "{rest:?}");
+            } else {
+                assert_eq!(rest.len(), FRAG_HEADER);
+            }
             for r in data {
                 got.extend_from_slice(&f.frame.bytes[r]);
             }

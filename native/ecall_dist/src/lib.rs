@@ -29,6 +29,7 @@
 #![warn(clippy::all)]
 
 pub mod atom_cache;
+pub mod atom_ids;
 pub mod cnode;
 pub mod etf;
 pub mod fragment;

@@ -225,12 +225,19 @@ impl Peer {
     /// room was set aside for it, so it neither queues behind later waiters
     /// nor is refused again.
     pub fn push(&self, shard: usize, element: &[u8], admitted: bool) -> Push {
+        self.push_as(shard, element, true, admitted)
+    }
+
+    /// [`Peer::push`] of an element whose atoms are all id references
+    /// ([`crate::atom_ids`]) when `text` is false: the writer then writes
+    /// it without a pass over its bytes.
+    pub fn push_as(&self, shard: usize, element: &[u8], text: bool, admitted: bool) -> Push {
         self.push_with(
             shard,
             element.len(),
             admitted,
-            Some(element),
-            |s, under_lock| s.push(element, under_lock),
+            Some((element, text)),
+            |s, under_lock| s.push_as(element, text, under_lock),
         )
     }
 
@@ -249,7 +256,7 @@ impl Peer {
         shard: usize,
         len: usize,
         admitted: bool,
-        lone: Option<&[u8]>,
+        lone: Option<(&[u8], bool)>,
         push: impl FnOnce(&Shard, &dyn Fn(Backlog) -> bool) -> Option<bool>,
     ) -> Push {
         if self.is_closed() {
@@ -272,8 +279,8 @@ impl Peer {
         // once, from this thread (link/side.rs). Not an admitted one: the
         // callers still waiting for room are woken by the writer's
         // releases, and only queued requests make the writer release.
-        if let Some(element) = lone.filter(|_| !admitted) {
-            if link.write_lone(&self.shards[shard], element, &st.cached_atoms) {
+        if let Some((element, text)) = lone.filter(|_| !admitted) {
+            if link.write_lone(&self.shards[shard], element, text, &st.cached_atoms) {
                 st.pushed.fetch_add(1, Ordering::Relaxed);
                 return Push::Queued;
             }

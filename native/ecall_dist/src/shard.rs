@@ -46,6 +46,10 @@ pub struct Frame {
     pub count: u32,
     /// Element bytes in it (what the byte budget accounts for).
     pub payload: usize,
+    /// Whether some atom in it is text: the writer then rewrites it
+    /// through the connection's atom cache. Otherwise every atom is an id
+    /// reference ([`crate::atom_ids`]) and it is written as it is.
+    pub text: bool,
 }
 
 #[derive(Debug, Default)]
@@ -53,6 +57,8 @@ struct Inner {
     sealed: VecDeque<Frame>,
     open: Vec<u8>,
     open_count: u32,
+    /// Whether an element of the open batch has atoms as text.
+    open_text: bool,
     /// One spent buffer kept for reuse so that a steady stream of small
     /// batches does not allocate a fresh one each time.
     spare: Vec<u8>,
@@ -84,6 +90,8 @@ impl Backlog {
 pub struct Shard {
     inner: Mutex<Inner>,
     header: Vec<u8>,
+    /// Whether the header has atoms as text.
+    header_text: bool,
     caps: BatchCaps,
 }
 
@@ -93,6 +101,7 @@ impl Shard {
         Shard {
             inner: Mutex::new(Inner::default()),
             header: header.as_bytes().to_vec(),
+            header_text: header.has_text(),
             caps,
         }
     }
@@ -109,6 +118,17 @@ impl Shard {
     /// in, with what the shard now holds (the sleeping-writer protocol:
     /// `may_sleep` in `link/writer.rs`).
     pub fn push<R>(&self, element: &[u8], under_lock: impl FnOnce(Backlog) -> R) -> Option<R> {
+        self.push_as(element, true, under_lock)
+    }
+
+    /// [`Shard::push`] of an element whose atoms are all id references
+    /// ([`crate::atom_ids`]) when `text` is false.
+    pub fn push_as<R>(
+        &self,
+        element: &[u8],
+        text: bool,
+        under_lock: impl FnOnce(Backlog) -> R,
+    ) -> Option<R> {
         let mut g = self.lock();
         if g.closed {
             return None;
@@ -128,6 +148,7 @@ impl Shard {
         }
         g.open.extend_from_slice(element);
         g.open_count += 1;
+        g.open_text |= text;
         let backlog = Self::backlog_locked(&g, header_len);
         Some(under_lock(backlog))
     }
@@ -155,10 +176,12 @@ impl Shard {
         let payload = bytes.len() - header_len;
         BatchHeader::seal(&mut bytes, header_len, g.open_count);
         let count = std::mem::replace(&mut g.open_count, 0);
+        let text = std::mem::replace(&mut g.open_text, false) || self.header_text;
         g.sealed.push_back(Frame {
             bytes,
             count,
             payload,
+            text,
         });
     }
 
@@ -183,6 +206,8 @@ impl Shard {
             bytes,
             count: 1,
             payload: len,
+            // From term_to_iovec: atoms as text.
+            text: true,
         };
         let mut g = self.lock();
         if g.closed {
@@ -197,12 +222,14 @@ impl Shard {
 
     /// Builds in `out` the frame of a batch of this shard holding `element`
     /// alone (external format without the version byte), for a lone write
-    /// (`link/side.rs`). The shard itself is not touched.
-    pub fn lone_frame(&self, element: &[u8], out: &mut Vec<u8>) {
+    /// (`link/side.rs`). The shard itself is not touched. Returns whether
+    /// the header has atoms as text.
+    pub fn lone_frame(&self, element: &[u8], out: &mut Vec<u8>) -> bool {
         out.clear();
         out.extend_from_slice(&self.header);
         out.extend_from_slice(element);
         BatchHeader::seal(out, self.header.len(), 1);
+        self.header_text
     }
 
     /// Takes the oldest batch: a sealed one if any, else the open one.
@@ -262,6 +289,7 @@ impl Shard {
         }
         g.open = Vec::new();
         g.open_count = 0;
+        g.open_text = false;
         (n, b)
     }
 }

@@ -222,6 +222,60 @@ async fn registers_with_epmd_and_delivers_spliced_batches() {
     peer.close();
 }
 
+/// Elements whose atoms the encoder made id references (`atom_ids`, as the
+/// NIF does) reach a real node: the first time declared by the header, then
+/// by slot only, in a lone write and in batches, in a message large enough
+/// to go in fragments (its first fragment declares the ids), and beside an
+/// atom as text in one element.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn encode_time_atom_ids_reach_erl() {
+    use ecall_dist::atom_ids;
+    use ecall_dist::etf::{put_atom, ATOM_CACHE_REF, BINARY_EXT, SMALL_TUPLE_EXT};
+    let epmd = Epmd::start().await;
+    let id = identity(&epmd, COOKIE, Duration::from_secs(15)).await;
+    let mut erl = Erl::start(&epmd, COOKIE, &[], &sink_eval(5));
+    assert_eq!(erl.line().await, "ready");
+    let (peer, mut events) = open_peer(&id, &erl.node, COOKIE, "sink");
+    assert!(matches!(next_event(&mut events).await, Event::Up));
+    let r = |name: &str| [ATOM_CACHE_REF, atom_ids::id_of(name.as_bytes()).unwrap()];
+    let pair = |a: &[u8], b: &[u8]| [&[SMALL_TUPLE_EXT, 2][..], a, b].concat();
+
+    let small = pair(&r("hello_ids"), &r("world_ids"));
+    assert_eq!(peer.push_as(0, &small, false, false), Push::Queued);
+    assert_eq!(erl.line().await, "{hello_ids,world_ids}");
+    assert_eq!(peer.push_as(0, &small, false, false), Push::Queued);
+    assert_eq!(erl.line().await, "{hello_ids,world_ids}");
+
+    let mut bin = vec![BINARY_EXT];
+    bin.extend_from_slice(&70_000u32.to_be_bytes());
+    bin.extend_from_slice(&[b'y'; 70_000]);
+    let big = pair(&r("big_ids"), &bin);
+    assert_eq!(peer.push_as(0, &big, false, false), Push::Queued);
+    let line = erl.line().await;
+    assert!(line.starts_with("{big_ids,<<121,121,"), "{}", &line[..40]);
+    let fragmented = peer
+        .link_stats(0)
+        .unwrap()
+        .fragmented
+        .load(std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(fragmented, 1);
+
+    let mut text = Vec::new();
+    put_atom(&mut text, "text_atom");
+    assert_eq!(
+        peer.push_as(0, &pair(&r("hello_ids"), &text), true, false),
+        Push::Queued
+    );
+    assert_eq!(erl.line().await, "{hello_ids,text_atom}");
+    // And one more with ids only, after the text one.
+    assert_eq!(
+        peer.push_as(0, &pair(&r("world_ids"), &r("big_ids")), false, false),
+        Push::Queued
+    );
+    assert_eq!(erl.line().await, "{world_ids,big_ids}");
+    peer.close();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn spliced_payload_is_what_binary_to_term_reads() {
     use ecall_dist::etf::BatchHeader;
@@ -239,10 +293,15 @@ async fn spliced_payload_is_what_binary_to_term_reads() {
         shard.push(element_body(&encode(t)).unwrap(), |_| ());
     }
     let frame = shard.take().unwrap();
+    // The header's atoms are id references (atom_ids), declared by the
+    // distribution header a link puts in front; written back as text, the
+    // frame is plain external format.
+    let mut bytes = Vec::new();
+    assert!(ecall_dist::atom_cache::expand_ids(&frame.bytes, &mut bytes));
     // Frame: length, pass-through, control, payload.
-    let len = u32::from_be_bytes(frame.bytes[..4].try_into().unwrap()) as usize;
-    assert_eq!(len, frame.bytes.len() - 4);
-    let mut cur = std::io::Cursor::new(&frame.bytes[5..]);
+    let len = u32::from_be_bytes(bytes[..4].try_into().unwrap()) as usize;
+    assert_eq!(len, bytes.len() - 4);
+    let mut cur = std::io::Cursor::new(&bytes[5..]);
     let control = Term::decode(&mut cur).unwrap();
     assert_eq!(
         control,
@@ -254,7 +313,7 @@ async fn spliced_payload_is_what_binary_to_term_reads() {
         ]))
     );
     let at = 5 + cur.position() as usize;
-    let payload = &frame.bytes[at..];
+    let payload = &bytes[at..];
     let expect = Term::from(Tuple::from(vec![
         atom("batch"),
         Term::from(eetf::List::from(terms.to_vec())),

@@ -16,9 +16,18 @@
 //! own, so every term encodes, and decodes to an equal term
 //! (`ecall_data_path_SUITE:encode_roundtrip`).
 //!
+//! Atoms as cache references: an atom gets a process-wide id the first time
+//! the encoder meets it (`ecall_dist::atom_ids`, the first 200 atoms), and
+//! is written as `ATOM_CACHE_REF id` from then on, so the link writer puts a
+//! header in front of the batch instead of passing over its bytes. The node
+//! atom in a pid, port or reference is rewritten the same way. An element
+//! that keeps some atom as text (past the 200, or inside a fun) says so
+//! (`Encoded::text`), and the writer rewrites it as before.
+//!
 //! Depth costs no stack: the walk keeps the terms still to write on a
 //! vector, so a deeply nested term cannot overflow a scheduler's stack.
 
+use ecall_dist::{atom_cache, atom_ids};
 use rustler::sys::{
     enif_get_tuple, enif_map_iterator_create, enif_map_iterator_destroy,
     enif_map_iterator_get_pair, enif_map_iterator_prev, ErlNifMapIterator, ErlNifMapIteratorEntry,
@@ -26,6 +35,7 @@ use rustler::sys::{
 };
 use rustler::{Binary, Env, Term, TermType};
 use std::cell::RefCell;
+use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 use std::mem::MaybeUninit;
 
@@ -39,11 +49,14 @@ const LIST_EXT: u8 = 108;
 const BINARY_EXT: u8 = 109;
 const SMALL_BIG_EXT: u8 = 110;
 const MAP_EXT: u8 = 116;
+const ATOM_CACHE_REF: u8 = 82;
+const NEW_REFERENCE_EXT: u8 = 114;
+const NEWER_REFERENCE_EXT: u8 = 90;
 
 /// Cached atom encodings per thread (a direct-mapped table: a collision
 /// replaces the older entry).
 const ATOM_SLOTS: usize = 4096;
-/// Longer atom encodings are not cached (they stay correct, only slower):
+/// Longer atom encodings are not kept (they stay correct, only slower):
 /// the cache holds at most `ATOM_SLOTS * ATOM_MAX` bytes per thread.
 const ATOM_MAX: usize = 64;
 /// A buffer that grew past this for one large request is given back.
@@ -52,15 +65,29 @@ const BUF_KEEP: usize = 1 << 20;
 struct AtomCache {
     /// Term word of the atom in each slot.
     keys: Vec<Option<ErlNifTerm>>,
-    /// Its encoding (tag, length, text).
+    /// Its encoding: `ATOM_CACHE_REF id`, or the atom as text.
     bytes: Vec<Vec<u8>>,
+    /// Whether that encoding is text.
+    text: Vec<bool>,
+    /// Whether the atom is text longer than [`ATOM_MAX`]: not kept, written
+    /// by the VM each time (without asking for an id again).
+    long: Vec<bool>,
+    /// Node names met in pids, ports and references, with their ids (this
+    /// node and its peers; at most [`NODES`]).
+    nodes: HashMap<Box<[u8]>, Option<u8>>,
 }
+
+/// Node names remembered per thread.
+const NODES: usize = 4096;
 
 impl AtomCache {
     fn new() -> Self {
         AtomCache {
             keys: vec![None; ATOM_SLOTS],
             bytes: vec![Vec::new(); ATOM_SLOTS],
+            text: vec![false; ATOM_SLOTS],
+            long: vec![false; ATOM_SLOTS],
+            nodes: HashMap::new(),
         }
     }
 
@@ -95,6 +122,20 @@ struct Encoder {
     atoms: AtomCache,
     todo: Vec<Work>,
     buf: Vec<u8>,
+    /// Whether the element being encoded has an atom as text.
+    text: bool,
+    /// Atoms written as id references in it.
+    refs: u64,
+}
+
+/// One encoded element, as [`term_with`] and [`tuple_with`] hand it over.
+pub struct Encoded<'b> {
+    /// External format without the version byte.
+    pub bytes: &'b [u8],
+    /// Whether some atom in it is text (else all are id references).
+    pub text: bool,
+    /// Atoms written as id references.
+    pub refs: u64,
 }
 
 thread_local! {
@@ -102,13 +143,16 @@ thread_local! {
         atoms: AtomCache::new(),
         todo: Vec::new(),
         buf: Vec::new(),
+        text: false,
+        refs: 0,
     });
 }
 
 /// What is still to write: terms of the NIF call's env, by their words.
 enum Work {
     Term(ErlNifTerm),
-    /// The rest of a proper list whose `LIST_EXT` header is written.
+    /// The rest of a list whose `LIST_EXT` header is written: its cells up
+    /// to the tail (queued before it).
     Cells(ErlNifTerm),
     /// The `NIL_EXT` tail of a list.
     Nil,
@@ -116,7 +160,11 @@ enum Work {
 
 /// Encodes the tuple of `elements` into this thread's buffer and hands the
 /// bytes to `f` (which must not encode again on this thread).
-pub fn tuple_with<'a, R>(env: Env<'a>, elements: &[Term<'a>], f: impl FnOnce(&[u8]) -> R) -> R {
+pub fn tuple_with<'a, R>(
+    env: Env<'a>,
+    elements: &[Term<'a>],
+    f: impl FnOnce(Encoded<'_>) -> R,
+) -> R {
     with_encoder(
         |e| {
             tuple_header(&mut e.buf, elements.len());
@@ -130,16 +178,22 @@ pub fn tuple_with<'a, R>(env: Env<'a>, elements: &[Term<'a>], f: impl FnOnce(&[u
 
 /// Encodes `t` into this thread's buffer and hands the bytes to `f` (which
 /// must not encode again on this thread).
-pub fn term_with<'a, R>(env: Env<'a>, t: Term<'a>, f: impl FnOnce(&[u8]) -> R) -> R {
+pub fn term_with<'a, R>(env: Env<'a>, t: Term<'a>, f: impl FnOnce(Encoded<'_>) -> R) -> R {
     with_encoder(|e| e.term(env, t), f)
 }
 
-fn with_encoder<R>(encode: impl FnOnce(&mut Encoder), f: impl FnOnce(&[u8]) -> R) -> R {
+fn with_encoder<R>(encode: impl FnOnce(&mut Encoder), f: impl FnOnce(Encoded<'_>) -> R) -> R {
     ENCODER.with(|cell| {
         let mut e = cell.borrow_mut();
         e.buf.clear();
+        e.text = false;
+        e.refs = 0;
         encode(&mut e);
-        let r = f(&e.buf);
+        let r = f(Encoded {
+            bytes: &e.buf,
+            text: e.text,
+            refs: e.refs,
+        });
         if e.buf.capacity() > BUF_KEEP {
             e.buf = Vec::new();
         }
@@ -165,6 +219,8 @@ impl Encoder {
             atoms,
             todo,
             buf: out,
+            text,
+            refs,
         } = self;
         todo.push(Work::Term(root.as_c_arg()));
         while let Some(w) = todo.pop() {
@@ -179,7 +235,7 @@ impl Encoder {
                 Work::Cells(raw) => {
                     // SAFETY: as above.
                     let list = unsafe { Term::new(env, raw) };
-                    // Proper (its length was taken), so a cell or `[]`.
+                    // A cell, or the tail (queued already): done.
                     if let Ok((head, tail)) = list.list_get_cell() {
                         todo.push(Work::Cells(tail.as_c_arg()));
                         todo.push(Work::Term(head.as_c_arg()));
@@ -192,11 +248,35 @@ impl Encoder {
             let word = t.as_c_arg();
             let slot = AtomCache::slot(word);
             if atoms.keys[slot] == Some(word) {
-                out.extend_from_slice(&atoms.bytes[slot]);
+                if atoms.long[slot] {
+                    fallback(t, out);
+                } else {
+                    out.extend_from_slice(&atoms.bytes[slot]);
+                }
+                if atoms.text[slot] {
+                    *text = true;
+                } else {
+                    *refs += 1;
+                }
                 continue;
             }
             match t.get_type() {
-                TermType::Atom => atom(t, slot, atoms, out),
+                TermType::Atom => {
+                    if atom(t, slot, atoms, out) {
+                        *refs += 1;
+                    } else {
+                        *text = true;
+                    }
+                }
+                TermType::Pid | TermType::Port | TermType::Ref => {
+                    let start = out.len();
+                    fallback(t, out);
+                    if node_id(start, atoms, out) {
+                        *refs += 1;
+                    } else {
+                        *text = true;
+                    }
+                }
                 TermType::Integer => match t.decode::<i64>() {
                     Ok(i) => integer(i, out),
                     Err(_) => fallback(t, out),
@@ -244,23 +324,37 @@ impl Encoder {
                         out.push(NIL_EXT);
                         continue;
                     }
+                    out.push(LIST_EXT);
                     match t.list_length() {
                         Ok(n) => {
-                            out.push(LIST_EXT);
                             out.extend_from_slice(&(n as u32).to_be_bytes());
                             todo.push(Work::Nil);
-                            todo.push(Work::Cells(t.as_c_arg()));
                         }
-                        // Improper.
-                        Err(_) => fallback(t, out),
+                        Err(_) => {
+                            // Improper: count the cells, and the tail is
+                            // the term after the last one.
+                            let (mut n, mut cur) = (0u32, t);
+                            while let Ok((_, tail)) = cur.list_get_cell() {
+                                n += 1;
+                                cur = tail;
+                            }
+                            out.extend_from_slice(&n.to_be_bytes());
+                            todo.push(Work::Term(cur.as_c_arg()));
+                        }
                     }
+                    todo.push(Work::Cells(t.as_c_arg()));
                 }
                 TermType::Map => {
                     if !map(env, t, todo, out) {
                         fallback(t, out);
+                        *text = true;
                     }
                 }
-                _ => fallback(t, out),
+                // Funs and anything newer: atoms inside, as text.
+                _ => {
+                    fallback(t, out);
+                    *text = true;
+                }
             }
         }
     }
@@ -310,17 +404,69 @@ fn map(env: Env<'_>, t: Term<'_>, todo: &mut Vec<Work>, out: &mut Vec<u8>) -> bo
     true
 }
 
-/// An atom the cache does not hold (in `slot`): encoded by the VM, and
-/// kept.
-fn atom(t: Term<'_>, slot: usize, atoms: &mut AtomCache, out: &mut Vec<u8>) {
+/// An atom the cache does not hold (in `slot`): its id if it gets one, else
+/// its text from the VM; kept in the cache either way. Returns whether it
+/// went as an id.
+fn atom(t: Term<'_>, slot: usize, atoms: &mut AtomCache, out: &mut Vec<u8>) -> bool {
     let start = out.len();
     fallback(t, out);
+    let id = text_id(&out[start..]);
+    if let Some(id) = id {
+        out.truncate(start);
+        out.extend_from_slice(&[ATOM_CACHE_REF, id]);
+    }
     let enc = &out[start..];
-    if enc.len() <= ATOM_MAX {
-        atoms.keys[slot] = Some(t.as_c_arg());
-        atoms.bytes[slot].clear();
+    let long = enc.len() > ATOM_MAX;
+    atoms.keys[slot] = Some(t.as_c_arg());
+    atoms.bytes[slot].clear();
+    if !long {
         atoms.bytes[slot].extend_from_slice(enc);
     }
+    atoms.text[slot] = id.is_none();
+    atoms.long[slot] = long;
+    id.is_some()
+}
+
+/// The id (`ecall_dist::atom_ids`) of the atom encoded as text at the start
+/// of `enc`, if it can have one: its text is UTF-8 (Latin-1 only if ASCII).
+fn text_id(enc: &[u8]) -> Option<u8> {
+    let (utf8, start, len, _) = atom_cache::atom_text(enc, 0)?;
+    let text = &enc[start..start + len];
+    if !utf8 && !text.is_ascii() {
+        return None;
+    }
+    atom_ids::id_of(text)
+}
+
+/// Rewrites the node atom of the pid, port or reference just encoded at
+/// `out[start..]` as its id. Returns whether it did (false: it stays text).
+fn node_id(start: usize, atoms: &mut AtomCache, out: &mut Vec<u8>) -> bool {
+    // The node atom follows the tag, or the tag and a 2-byte length.
+    let at = start
+        + match out.get(start) {
+            Some(&(NEW_REFERENCE_EXT | NEWER_REFERENCE_EXT)) => 3,
+            Some(_) => 1,
+            None => return false,
+        };
+    let Some((_, s, len, next)) = atom_cache::atom_text(out, at) else {
+        return false;
+    };
+    let name = &out[s..s + len];
+    let id = match atoms.nodes.get(name) {
+        Some(&id) => id,
+        None => {
+            let id = text_id(&out[at..next]);
+            if atoms.nodes.len() < NODES {
+                atoms.nodes.insert(name.into(), id);
+            }
+            id
+        }
+    };
+    let Some(id) = id else {
+        return false;
+    };
+    out.splice(at..next, [ATOM_CACHE_REF, id]);
+    true
 }
 
 fn integer(i: i64, out: &mut Vec<u8>) {

@@ -379,8 +379,13 @@ fn send<'a>(
     msg: Term<'a>,
 ) -> NifResult<Term<'a>> {
     let shard = caller_shard(env);
-    encode::tuple_with(env, &[atoms::send().to_term(env), to, msg], |element| {
-        pushed(env, peer.peer.push(shard, element, false), element.len())
+    encode::tuple_with(env, &[atoms::send().to_term(env), to, msg], |e| {
+        pushed(
+            env,
+            &peer.peer,
+            peer.peer.push_as(shard, e.bytes, e.text, false),
+            &e,
+        )
     })
 }
 
@@ -428,6 +433,14 @@ fn push_iovec<'a>(
     )
 }
 
+/// How a push encodes `term`: `{Bytes, Text, Refs}` (the size, whether an
+/// atom stays text, atoms written as id references). For tests and the
+/// benchmark's timing of the encode alone.
+#[rustler::nif]
+fn encoded_size<'a>(env: Env<'a>, term: Term<'a>) -> (usize, bool, u64) {
+    encode::term_with(env, term, |e| (e.bytes.len(), e.text, e.refs))
+}
+
 /// The link (0-based) that carries the calling process's requests.
 #[rustler::nif]
 fn caller_link(env: Env<'_>, peer: ResourceArc<PeerRes>) -> usize {
@@ -436,28 +449,53 @@ fn caller_link(env: Env<'_>, peer: ResourceArc<PeerRes>) -> usize {
 
 fn push<'a>(env: Env<'a>, peer: &Peer, req: Term<'a>, admitted: bool) -> NifResult<Term<'a>> {
     let shard = caller_shard(env);
-    encode::term_with(env, req, |element| {
-        pushed(env, peer.push(shard, element, admitted), element.len())
+    encode::term_with(env, req, |e| {
+        pushed(
+            env,
+            peer,
+            peer.push_as(shard, e.bytes, e.text, admitted),
+            &e,
+        )
     })
 }
 
-/// The answer to a push of `size` element bytes.
-fn pushed(env: Env<'_>, push: Push, size: usize) -> NifResult<Term<'_>> {
+/// The answer to a push of element `e`; a queued one counts its atoms sent
+/// as id references in `cached_atoms` (the writer does not see them).
+fn pushed<'a>(
+    env: Env<'a>,
+    peer: &Peer,
+    push: Push,
+    e: &encode::Encoded<'_>,
+) -> NifResult<Term<'a>> {
     Ok(match push {
-        Push::Queued => atoms::ok().encode(env),
-        Push::Full => (atoms::full(), size).encode(env),
+        Push::Queued => {
+            if e.refs > 0 {
+                peer.stats
+                    .cached_atoms
+                    .fetch_add(e.refs, std::sync::atomic::Ordering::Relaxed);
+            }
+            atoms::ok().encode(env)
+        }
+        Push::Full => (atoms::full(), e.bytes.len()).encode(env),
         Push::Closed => atoms::closed().encode(env),
     })
 }
 
-/// `term` in external format as a push encodes it (for tests and the
-/// benchmark: `binary_to_term/1` of it must give `term` back).
+/// `term` in external format as a push encodes it, its id references
+/// written back as text (for tests and the benchmark: `binary_to_term/1`
+/// of it must give `term` back).
 #[rustler::nif]
 fn encode<'a>(env: Env<'a>, term: Term<'a>) -> NifResult<Binary<'a>> {
-    encode::term_with(env, term, |bytes| {
-        let mut bin = rustler::NewBinary::new(env, bytes.len() + 1);
-        bin.as_mut_slice()[0] = 131;
-        bin.as_mut_slice()[1..].copy_from_slice(bytes);
+    encode::term_with(env, term, |e| {
+        let mut bytes = Vec::with_capacity(e.bytes.len() + 8);
+        bytes.push(131);
+        if !e.text && e.refs == 0 {
+            bytes.extend_from_slice(e.bytes);
+        } else if !ecall_dist::atom_cache::expand_term(e.bytes, &mut bytes) {
+            return Err(rustler::Error::BadArg);
+        }
+        let mut bin = rustler::NewBinary::new(env, bytes.len());
+        bin.as_mut_slice().copy_from_slice(&bytes);
         Ok(bin.into())
     })
 }

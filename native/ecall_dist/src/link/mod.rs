@@ -23,7 +23,9 @@
 //! Once connected, a reader task reads what the peer sends (ticks, `is_auth`
 //! calls: see [`crate::inbound`]) and hands answers to the writer. The writer
 //! takes one batch from each of its shards per pass and writes them with one
-//! vectored write, the atom cache applied if the connection negotiated it.
+//! vectored write, the atom cache applied if the connection negotiated it
+//! ([`frame_out`]: a batch whose atoms the encoder made id references goes
+//! out as it is, behind a header; others are rewritten).
 //! A single message larger than [`FRAGMENT`](crate::fragment::FRAGMENT) goes
 //! out one fragment per pass, so that other shards are not held up behind
 //! it. When nothing is queued the writer sleeps; a push wakes it only then
@@ -78,6 +80,45 @@ use tokio::sync::Notify;
 mod side;
 mod task;
 mod writer;
+
+use crate::atom_cache::{self, OutCache};
+use crate::etf::{PLAIN_TERMS, VERSION};
+
+/// Appends plain frame `frame` (`<len:32> 112 131 control 131 payload`) to
+/// `out` as it goes out on a connection with atom cache `cache`:
+/// - every atom an id reference (`text` false, see [`crate::atom_ids`]):
+///   the header that lists the ids, then the terms as they are, without a
+///   pass over them (only the short control term is walked, to find where
+///   it ends);
+/// - some atom as text: rewritten through the cache, one pass;
+/// - no cache (the peer did not take it): ids written back as text.
+pub(crate) fn frame_out(cache: Option<&mut OutCache>, frame: &[u8], text: bool, out: &mut Vec<u8>) {
+    let Some(cache) = cache else {
+        if !atom_cache::expand_ids(frame, out) {
+            // Nothing we build fails to walk; sent as it is, the peer
+            // would refuse it and close the connection, which is counted.
+            tracing::error!("a frame did not walk: written as it is");
+            out.extend_from_slice(frame);
+        }
+        return;
+    };
+    let control = PLAIN_TERMS + 1;
+    let control_end = (!text)
+        .then(|| atom_cache::term_end(frame, control))
+        .flatten()
+        .filter(|&e| frame.get(e) == Some(&VERSION));
+    match control_end {
+        Some(end) => {
+            let (ctl, payload) = (&frame[control..end], &frame[end + 1..]);
+            cache.ids_header(ctl.len() + payload.len(), out);
+            out.extend_from_slice(ctl);
+            out.extend_from_slice(payload);
+        }
+        None => {
+            cache.encode(&frame[PLAIN_TERMS..], out);
+        }
+    }
+}
 
 pub(crate) use side::WriteSide;
 pub use side::{LONE_GAP, LONE_MAX};

@@ -26,7 +26,6 @@
 
 use super::{LinkShared, AWAKE, SLEEPING};
 use crate::atom_cache::OutCache;
-use crate::etf::PLAIN_TERMS;
 use crate::shard::Shard;
 use crate::stream::LinkWrite;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -130,6 +129,7 @@ impl LinkShared {
         &self,
         shard: &Shard,
         element: &[u8],
+        text: bool,
         cached_atoms: &AtomicU64,
     ) -> bool {
         if element.len() > LONE_MAX {
@@ -151,17 +151,13 @@ impl LinkShared {
         if self.state.load(Ordering::SeqCst) != SLEEPING {
             return false;
         }
-        shard.lone_frame(element, &mut side.plain);
-        let frame: &[u8] = match side.cache.as_mut() {
-            Some(cache) => {
-                side.scratch.clear();
-                let hits = cache.hits;
-                cache.encode(&side.plain[PLAIN_TERMS..], &mut side.scratch);
-                cached_atoms.fetch_add(cache.hits - hits, Ordering::Relaxed);
-                &side.scratch
-            }
-            None => &side.plain,
-        };
+        let text = shard.lone_frame(element, &mut side.plain) || text;
+        side.scratch.clear();
+        let hits = side.cache.as_ref().map_or(0, |c| c.hits);
+        super::frame_out(side.cache.as_mut(), &side.plain, text, &mut side.scratch);
+        let hits = side.cache.as_ref().map_or(0, |c| c.hits) - hits;
+        cached_atoms.fetch_add(hits, Ordering::Relaxed);
+        let frame: &[u8] = &side.scratch;
         // Not writable now (`WouldBlock`), or failed: the writer writes it
         // all, and meets the error, if there is one, which ends the link as
         // usual.

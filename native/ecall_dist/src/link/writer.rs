@@ -263,6 +263,7 @@ impl LinkWriter {
         side.scratch.clear();
         let hits = cache.hits;
         for f in frames {
+            // Answers and ticks: atoms as text.
             cache.encode(&f[PLAIN_TERMS..], &mut side.scratch);
         }
         self.peer
@@ -292,8 +293,13 @@ impl LinkWriter {
         let ls = &self.peer.links[self.k].stats;
         let side = side_of(&mut self.side)?;
         let Some(cache) = side.cache.as_mut() else {
-            let slices: Vec<&[u8]> = frames.iter().map(|(_, f)| f.bytes.as_slice()).collect();
-            let r = write_with_deadline(ls, &mut side.wr, &slices, self.deadline).await;
+            // No atom cache: ids written back as text.
+            side.scratch.clear();
+            for (_, f) in frames.iter() {
+                super::frame_out(None, &f.bytes, f.text, &mut side.scratch);
+            }
+            let r = write_with_deadline(ls, &mut side.wr, &[&side.scratch], self.deadline).await;
+            side.trim();
             if r.is_ok() {
                 done.append(frames);
             }
@@ -316,7 +322,12 @@ impl LinkWriter {
                     continue;
                 }
             }
-            cache.encode(&frame.bytes[PLAIN_TERMS..], &mut side.scratch);
+            super::frame_out(
+                Some(&mut *cache),
+                &frame.bytes,
+                frame.text,
+                &mut side.scratch,
+            );
             whole.push((shard, frame));
         }
         self.peer
@@ -324,11 +335,13 @@ impl LinkWriter {
             .cached_atoms
             .fetch_add(cache.hits - hits, Ordering::Relaxed);
         // One fragment of every message in flight, after the whole batches.
+        // A first fragment declares the ids its message may refer to, after
+        // the whole batches of this pass (which go out before it).
         let mut headers = Vec::with_capacity(self.inflight.len());
         let data: Vec<Vec<std::ops::Range<usize>>> = self
             .inflight
             .iter_mut()
-            .map(|f| f.next(&mut headers))
+            .map(|f| f.next(&mut headers, cache))
             .collect();
         let mut slices: Vec<&[u8]> = Vec::with_capacity(1 + 3 * self.inflight.len());
         slices.push(&side.scratch);
