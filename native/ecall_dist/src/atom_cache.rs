@@ -216,7 +216,7 @@ struct Encoding<'a> {
 
 impl Atoms for Encoding<'_> {
     fn atom(&mut self, inp: &[u8], pos: usize, out: &mut Vec<u8>) -> Option<usize> {
-        if inp[pos] == ATOM_CACHE_REF {
+        if inp.get(pos) == Some(&ATOM_CACHE_REF) {
             // An id the encoder chose (atom_ids): reference `id` of the
             // header, which lists ids first. Refused if the header does not
             // list it (an element is encoded before it is written, so its
@@ -452,7 +452,7 @@ struct ExpandIds;
 
 impl Atoms for ExpandIds {
     fn atom(&mut self, inp: &[u8], pos: usize, out: &mut Vec<u8>) -> Option<usize> {
-        if inp[pos] != ATOM_CACHE_REF {
+        if inp.get(pos) != Some(&ATOM_CACHE_REF) {
             return Plain.atom(inp, pos, out);
         }
         let text = crate::atom_ids::text(*inp.get(pos + 1)?)?;
@@ -472,7 +472,7 @@ struct Skip;
 
 impl Atoms for Skip {
     fn atom(&mut self, inp: &[u8], pos: usize, _out: &mut Vec<u8>) -> Option<usize> {
-        if inp[pos] == ATOM_CACHE_REF {
+        if inp.get(pos) == Some(&ATOM_CACHE_REF) {
             inp.get(pos + 1)?;
             return Some(pos + 2);
         }
@@ -522,7 +522,7 @@ struct Plain;
 
 impl Atoms for Plain {
     fn atom(&mut self, inp: &[u8], pos: usize, out: &mut Vec<u8>) -> Option<usize> {
-        if inp[pos] == ATOM_CACHE_REF {
+        if inp.get(pos) == Some(&ATOM_CACHE_REF) {
             // An id reference (atom_ids), kept as it is.
             return copy(inp, pos, 2, out);
         }
@@ -557,7 +557,7 @@ struct Decoding<'a> {
 
 impl Atoms for Decoding<'_> {
     fn atom(&mut self, inp: &[u8], pos: usize, out: &mut Vec<u8>) -> Option<usize> {
-        if inp[pos] != ATOM_CACHE_REF {
+        if inp.get(pos) != Some(&ATOM_CACHE_REF) {
             return Plain.atom(inp, pos, out);
         }
         let i = *inp.get(pos + 1)? as usize;
@@ -855,6 +855,10 @@ mod tests {
             &[131, 68, 1, 8, 0, 5, b'a'],
             &[131, 68, 0, 82, 0],
             &[1, 2],
+            // A pid, port or reference cut off where its node atom starts:
+            // the walk asks for an atom one past the end.
+            &[131, 68, 0, 88],
+            &[131, 68, 0, 104, 2, 97, 1, 114, 0, 1],
         ] {
             assert!(inn.decode(f, 1 << 20).is_none(), "{f:?}");
         }
