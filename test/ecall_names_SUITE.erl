@@ -68,7 +68,9 @@ exchange({PX, _}, {_, NY}) ->
     ?assertEqual({ok, NY}, peer:call(PX, ecall, call, [NY, erlang, node, []], 30000)),
     %% Through the links, not the fallback.
     {ok, Stats} = peer:call(PX, ecall, stats, [NY]),
-    ?assert(maps:get(requests, Stats) >= 100001),
+    %% The call's own request may not be counted yet (its writer counts
+    %% after the write); the 100,000 before it are.
+    ?assert(maps:get(requests, Stats) >= 100000),
     ?assertEqual(2, maps:get(links_up, Stats)),
     Stats.
 
