@@ -86,13 +86,15 @@ overflow_drop(_Peer) -> erlang:nif_error(nif_not_loaded).
 -spec peer_stats(peer()) -> #{atom() => non_neg_integer() | [map()]}.
 peer_stats(_Peer) -> erlang:nif_error(nif_not_loaded).
 
+%% Encodes {send, To, Msg} and queues it. `large': nothing queued, its
+%% encoding passed 256 KiB; push it with push_iovec/3 (term_to_iovec).
 -spec send(peer(), pid() | atom() | reference(), term()) ->
-          ok | closed | {full, non_neg_integer()}.
+          ok | closed | large | {full, non_neg_integer()}.
 send(_Peer, _To, _Msg) -> erlang:nif_error(nif_not_loaded).
 
 %% Queues any request tuple. `Admitted': the caller was just woken by
-%% `{ecall_room, Ref, true}' and has room set aside.
--spec push(peer(), tuple(), boolean()) -> ok | closed | {full, non_neg_integer()}.
+%% `{ecall_room, Ref, true}' and has room set aside. `large' as for send/3.
+-spec push(peer(), tuple(), boolean()) -> ok | closed | large | {full, non_neg_integer()}.
 push(_Peer, _Request, _Admitted) -> erlang:nif_error(nif_not_loaded).
 
 %% Queues a request encoded by erlang:term_to_iovec/1 as a batch of its
@@ -107,9 +109,10 @@ push_iovec(_Peer, _IoVec, _Admitted) -> erlang:nif_error(nif_not_loaded).
 encode(_Term) -> erlang:nif_error(nif_not_loaded).
 
 %% How a push encodes `Term': its size in bytes, whether some atom stays
-%% text, and how many atoms went as encode-time cache references (for
-%% tests and the benchmark).
--spec encoded_size(term()) -> {non_neg_integer(), boolean(), non_neg_integer()}.
+%% text, and how many atoms went as encode-time cache references, or
+%% `large' when a push would leave it to term_to_iovec (for tests and the
+%% benchmark).
+-spec encoded_size(term()) -> {non_neg_integer(), boolean(), non_neg_integer()} | large.
 encoded_size(_Term) -> erlang:nif_error(nif_not_loaded).
 
 %% The link (0-based) that carries the calling process's requests.

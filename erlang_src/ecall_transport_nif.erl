@@ -35,20 +35,39 @@ open(Node, Receivers) ->
     end.
 
 -spec send(state(), pid() | reference() | atom(), term()) -> ecall_transport:push_result().
-send({_, Peer} = State, Dest, Msg) when is_binary(Msg), byte_size(Msg) >= ?LARGE ->
-    IoVec = erlang:term_to_iovec({send, Dest, Msg}),
-    push_with(State, send, fun(Admitted) -> ecall_nif:push_iovec(Peer, IoVec, Admitted) end);
+send(State, Dest, Msg) when is_binary(Msg), byte_size(Msg) >= ?LARGE ->
+    push_iovec(State, {send, Dest, Msg});
 send({_, Peer} = State, Dest, Msg) ->
     %% The common case: the NIF builds {send, Dest, Msg} as it encodes.
     case ecall_nif:send(Peer, Dest, Msg) of
         {full, _} -> push(State, {send, Dest, Msg});
+        large -> push_iovec(State, {send, Dest, Msg});
         Result -> Result
     end.
 
 -spec push(state(), ecall_transport:request()) -> ecall_transport:push_result().
 push({_, Peer} = State, Request) ->
     push_with(State, element(1, Request),
-              fun(Admitted) -> ecall_nif:push(Peer, Request, Admitted) end).
+              fun(Admitted) ->
+                      case ecall_nif:push(Peer, Request, Admitted) of
+                          large -> ecall_nif:push_iovec(Peer, iovec(Request), Admitted);
+                          Result -> Result
+                      end
+              end).
+
+%% A request whose encoding passes 256 KiB (the NIF says `large' rather
+%% than hold the caller's scheduler that long), or a large binary: encoded
+%% by term_to_iovec (a BIF that yields; big binaries are referenced, not
+%% copied), copied into a batch of its own on a dirty scheduler.
+-spec push_iovec(state(), ecall_transport:request()) -> ecall_transport:push_result().
+push_iovec({_, Peer} = State, Request) ->
+    IoVec = iovec(Request),
+    push_with(State, element(1, Request),
+              fun(Admitted) -> ecall_nif:push_iovec(Peer, IoVec, Admitted) end).
+
+-spec iovec(ecall_transport:request()) -> [binary()].
+iovec(Request) ->
+    erlang:term_to_iovec(Request).
 
 -type pusher() :: fun((boolean()) -> ok | closed | {full, non_neg_integer()}).
 

@@ -26,6 +26,10 @@
 //!
 //! Depth costs no stack: the walk keeps the terms still to write on a
 //! vector, so a deeply nested term cannot overflow a scheduler's stack.
+//! Size costs no scheduler time past a bound: a push gives up once the
+//! encoding passes [`INLINE_MAX`] and answers `large`, and the Erlang side
+//! takes the `term_to_iovec` path, which yields and copies on a dirty
+//! scheduler.
 
 use ecall_dist::{atom_cache, atom_ids};
 use rustler::sys::{
@@ -61,6 +65,12 @@ const ATOM_SLOTS: usize = 4096;
 const ATOM_MAX: usize = 64;
 /// A buffer that grew past this for one large request is given back.
 const BUF_KEEP: usize = 1 << 20;
+/// A push gives up encoding a request whose encoding passes this many
+/// bytes (or that holds a binary that would take it past them), and says
+/// `large`: the caller then encodes it with `term_to_iovec` (a BIF that
+/// yields) and pushes it from a dirty scheduler. This bounds the time one
+/// push holds a normal scheduler, whatever the term.
+pub const INLINE_MAX: usize = 256 * 1024;
 
 struct AtomCache {
     /// Term word of the atom in each slot.
@@ -126,6 +136,10 @@ struct Encoder {
     text: bool,
     /// Atoms written as id references in it.
     refs: u64,
+    /// Most bytes to encode before giving up (see [`INLINE_MAX`]).
+    limit: usize,
+    /// Whether it gave up: the element passed `limit`.
+    large: bool,
 }
 
 /// One encoded element, as [`term_with`] and [`tuple_with`] hand it over.
@@ -136,6 +150,8 @@ pub struct Encoded<'b> {
     pub text: bool,
     /// Atoms written as id references.
     pub refs: u64,
+    /// The encode gave up past its limit: `bytes` is incomplete.
+    pub large: bool,
 }
 
 thread_local! {
@@ -145,6 +161,8 @@ thread_local! {
         buf: Vec::new(),
         text: false,
         refs: 0,
+        limit: usize::MAX,
+        large: false,
     });
 }
 
@@ -163,9 +181,11 @@ enum Work {
 pub fn tuple_with<'a, R>(
     env: Env<'a>,
     elements: &[Term<'a>],
+    limit: usize,
     f: impl FnOnce(Encoded<'_>) -> R,
 ) -> R {
     with_encoder(
+        limit,
         |e| {
             tuple_header(&mut e.buf, elements.len());
             for &t in elements {
@@ -178,21 +198,33 @@ pub fn tuple_with<'a, R>(
 
 /// Encodes `t` into this thread's buffer and hands the bytes to `f` (which
 /// must not encode again on this thread).
-pub fn term_with<'a, R>(env: Env<'a>, t: Term<'a>, f: impl FnOnce(Encoded<'_>) -> R) -> R {
-    with_encoder(|e| e.term(env, t), f)
+pub fn term_with<'a, R>(
+    env: Env<'a>,
+    t: Term<'a>,
+    limit: usize,
+    f: impl FnOnce(Encoded<'_>) -> R,
+) -> R {
+    with_encoder(limit, |e| e.term(env, t), f)
 }
 
-fn with_encoder<R>(encode: impl FnOnce(&mut Encoder), f: impl FnOnce(Encoded<'_>) -> R) -> R {
+fn with_encoder<R>(
+    limit: usize,
+    encode: impl FnOnce(&mut Encoder),
+    f: impl FnOnce(Encoded<'_>) -> R,
+) -> R {
     ENCODER.with(|cell| {
         let mut e = cell.borrow_mut();
         e.buf.clear();
         e.text = false;
         e.refs = 0;
+        e.limit = limit;
+        e.large = false;
         encode(&mut e);
         let r = f(Encoded {
             bytes: &e.buf,
             text: e.text,
             refs: e.refs,
+            large: e.large,
         });
         if e.buf.capacity() > BUF_KEEP {
             e.buf = Vec::new();
@@ -221,9 +253,20 @@ impl Encoder {
             buf: out,
             text,
             refs,
+            limit,
+            large,
         } = self;
+        if *large {
+            // An earlier element of the same tuple gave up already.
+            return;
+        }
         todo.push(Work::Term(root.as_c_arg()));
         while let Some(w) = todo.pop() {
+            if out.len() > *limit {
+                *large = true;
+                todo.clear();
+                return;
+            }
             let t = match w {
                 // SAFETY: every word on the stack is a term of `env`: the root,
                 // or an element, cell, key or value of one.
@@ -289,6 +332,12 @@ impl Encoder {
                     Err(_) => fallback(t, out),
                 },
                 TermType::Binary => match Binary::from_term(t) {
+                    // Given up before the copy, not after it.
+                    Ok(b) if out.len() + b.len() > *limit => {
+                        *large = true;
+                        todo.clear();
+                        return;
+                    }
                     Ok(b) => {
                         out.push(BINARY_EXT);
                         out.extend_from_slice(&(b.len() as u32).to_be_bytes());

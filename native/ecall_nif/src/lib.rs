@@ -28,7 +28,7 @@ mod log;
 mod atoms {
     rustler::atoms! {
         ecall_log,
-        ok, error, send, full, closed, wait, retry, ecall_link, ecall_cnode, ecall_room,
+        ok, error, send, full, closed, large, wait, retry, ecall_link, ecall_cnode, ecall_room,
         up, down, alive, badarg,
         pushed, batches, requests, bytes, writes, dropped, connects, disconnects,
         stalls, cached_atoms, queued_bytes, links_up, overflow_waits, overflow_drops, per_link, link, fragmented, lone, lone_partial, wakes, closed_drops, links, shards, accepted, refused,
@@ -369,8 +369,9 @@ fn caller_shard(env: Env<'_>) -> usize {
 }
 
 /// Encodes `{send, To, Msg}` once and queues it on the caller's shard.
-/// Returns `ok`, `{full, Size}` (nothing queued: see `wait_room/3`) or
-/// `closed`.
+/// Returns `ok`, `{full, Size}` (nothing queued: see `wait_room/3`),
+/// `closed`, or `large` (nothing queued: the encoding passed
+/// [`encode::INLINE_MAX`]; the caller pushes it with `push_iovec/3`).
 #[rustler::nif]
 fn send<'a>(
     env: Env<'a>,
@@ -379,13 +380,11 @@ fn send<'a>(
     msg: Term<'a>,
 ) -> NifResult<Term<'a>> {
     let shard = caller_shard(env);
-    encode::tuple_with(env, &[atoms::send().to_term(env), to, msg], |e| {
-        pushed(
-            env,
-            &peer.peer,
-            peer.peer.push_as(shard, e.bytes, e.text, false),
-            &e,
-        )
+    let req = [atoms::send().to_term(env), to, msg];
+    encode::tuple_with(env, &req, encode::INLINE_MAX, |e| {
+        pushed(env, &peer.peer, &e, |p| {
+            p.push_as(shard, e.bytes, e.text, false)
+        })
     })
 }
 
@@ -434,11 +433,18 @@ fn push_iovec<'a>(
 }
 
 /// How a push encodes `term`: `{Bytes, Text, Refs}` (the size, whether an
-/// atom stays text, atoms written as id references). For tests and the
-/// benchmark's timing of the encode alone.
+/// atom stays text, atoms written as id references), or `large` if a push
+/// would give it to `term_to_iovec`. For tests and the benchmark's timing
+/// of the encode alone.
 #[rustler::nif]
-fn encoded_size<'a>(env: Env<'a>, term: Term<'a>) -> (usize, bool, u64) {
-    encode::term_with(env, term, |e| (e.bytes.len(), e.text, e.refs))
+fn encoded_size<'a>(env: Env<'a>, term: Term<'a>) -> Term<'a> {
+    encode::term_with(env, term, encode::INLINE_MAX, |e| {
+        if e.large {
+            atoms::large().encode(env)
+        } else {
+            (e.bytes.len(), e.text, e.refs).encode(env)
+        }
+    })
 }
 
 /// The link (0-based) that carries the calling process's requests.
@@ -449,25 +455,27 @@ fn caller_link(env: Env<'_>, peer: ResourceArc<PeerRes>) -> usize {
 
 fn push<'a>(env: Env<'a>, peer: &Peer, req: Term<'a>, admitted: bool) -> NifResult<Term<'a>> {
     let shard = caller_shard(env);
-    encode::term_with(env, req, |e| {
-        pushed(
-            env,
-            peer,
-            peer.push_as(shard, e.bytes, e.text, admitted),
-            &e,
-        )
+    encode::term_with(env, req, encode::INLINE_MAX, |e| {
+        pushed(env, peer, &e, |p| {
+            p.push_as(shard, e.bytes, e.text, admitted)
+        })
     })
 }
 
-/// The answer to a push of element `e`; a queued one counts its atoms sent
-/// as id references in `cached_atoms` (the writer does not see them).
+/// Pushes element `e` with `push` and answers: `large` (nothing pushed:
+/// the encode gave up, the caller goes by `term_to_iovec`), `ok`, `{full,
+/// Size}` or `closed`. A queued one counts its atoms sent as id references
+/// in `cached_atoms` (the writer does not see them).
 fn pushed<'a>(
     env: Env<'a>,
     peer: &Peer,
-    push: Push,
     e: &encode::Encoded<'_>,
+    push: impl FnOnce(&Peer) -> Push,
 ) -> NifResult<Term<'a>> {
-    Ok(match push {
+    if e.large {
+        return Ok(atoms::large().encode(env));
+    }
+    Ok(match push(peer) {
         Push::Queued => {
             if e.refs > 0 {
                 peer.stats
@@ -486,7 +494,7 @@ fn pushed<'a>(
 /// of it must give `term` back).
 #[rustler::nif]
 fn encode<'a>(env: Env<'a>, term: Term<'a>) -> NifResult<Binary<'a>> {
-    encode::term_with(env, term, |e| {
+    encode::term_with(env, term, usize::MAX, |e| {
         let mut bytes = Vec::with_capacity(e.bytes.len() + 8);
         bytes.push(131);
         if !e.text && e.refs == 0 {
