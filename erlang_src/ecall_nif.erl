@@ -87,7 +87,7 @@ overflow_drop(_Peer) -> erlang:nif_error(nif_not_loaded).
 peer_stats(_Peer) -> erlang:nif_error(nif_not_loaded).
 
 %% Encodes {send, To, Msg} and queues it. `large': nothing queued, its
-%% encoding passed 256 KiB; push it with push_iovec/3 (term_to_iovec).
+%% encoding passed 16 KiB; push it with push_iovec/3 (term_to_iovec).
 -spec send(peer(), pid() | atom() | reference(), term()) ->
           ok | closed | large | {full, non_neg_integer()}.
 send(_Peer, _To, _Msg) -> erlang:nif_error(nif_not_loaded).

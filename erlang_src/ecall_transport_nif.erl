@@ -55,7 +55,7 @@ push({_, Peer} = State, Request) ->
                       end
               end).
 
-%% A request whose encoding passes 256 KiB (the NIF says `large' rather
+%% A request whose encoding passes 16 KiB (the NIF says `large' rather
 %% than hold the caller's scheduler that long), or a large binary: encoded
 %% by term_to_iovec (a BIF that yields; big binaries are referenced, not
 %% copied), copied into a batch of its own on a dirty scheduler.

@@ -349,7 +349,7 @@ atoms_past_the_ids_go_as_text(Config) ->
     ecall:send(Mirror, mirror_done),
     ?assertEqual([Term, {ok, Term}], mirrored([])).
 
-%% A request whose encoding would pass 256 KiB is not encoded on the
+%% A request whose encoding would pass 16 KiB is not encoded on the
 %% caller's scheduler: the NIF gives up (encoded_size/1 says `large') and the
 %% transport pushes it by term_to_iovec from a dirty scheduler. Big lists,
 %% maps and binaries inside tuples, between small messages, as sends and as
