@@ -223,6 +223,10 @@ fn with_encoder<R>(
     ENCODER.with(|cell| {
         let mut e = cell.borrow_mut();
         e.buf.clear();
+        // Empty unless an encode on this thread panicked half-way (rustler
+        // turns the panic into an exception): its words are of a call
+        // that is over, and must never be read.
+        e.todo.clear();
         e.text = false;
         e.refs = 0;
         e.limit = limit;
