@@ -462,17 +462,28 @@ impl Atoms for ExpandIds {
 }
 
 /// Where the term at `inp[pos..]` (no version byte) ends, or `None` if it
-/// is malformed or of a kind we do not walk.
+/// is malformed or of a kind we do not walk. Atoms must be text: this
+/// checks what a peer sends without a distribution header, where a cache
+/// reference means nothing.
 pub fn term_end(inp: &[u8], pos: usize) -> Option<usize> {
-    walk(&mut Skip, inp, pos, &mut Vec::new())
+    walk(&mut Skip { ids: false }, inp, pos, &mut Vec::new())
 }
 
-/// Copies nothing: for finding where a term ends.
-struct Skip;
+/// [`term_end`] of a term we built, whose atoms may be id references
+/// ([`crate::atom_ids`]).
+pub(crate) fn own_term_end(inp: &[u8], pos: usize) -> Option<usize> {
+    walk(&mut Skip { ids: true }, inp, pos, &mut Vec::new())
+}
+
+/// Copies nothing: for finding where a term ends. `ids`: id references
+/// count as atoms (only in terms we built).
+struct Skip {
+    ids: bool,
+}
 
 impl Atoms for Skip {
     fn atom(&mut self, inp: &[u8], pos: usize, _out: &mut Vec<u8>) -> Option<usize> {
-        if inp.get(pos) == Some(&ATOM_CACHE_REF) {
+        if self.ids && inp.get(pos) == Some(&ATOM_CACHE_REF) {
             inp.get(pos + 1)?;
             return Some(pos + 2);
         }
@@ -862,6 +873,10 @@ mod tests {
         ] {
             assert!(inn.decode(f, 1 << 20).is_none(), "{f:?}");
         }
+        // A cache reference outside a distribution header is no atom; only
+        // our own terms (id references) may hold one.
+        assert_eq!(term_end(&[104, 1, 82, 0], 0), None);
+        assert_eq!(own_term_end(&[104, 1, 82, 0], 0), Some(4));
         let mut out = OutCache::without_ids();
         let mut frame = Vec::new();
         out.encode(&[131, 104, 5, 97], &mut frame);

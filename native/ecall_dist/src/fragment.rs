@@ -42,7 +42,7 @@ impl InFlight {
             return None;
         }
         let control = PLAIN_TERMS + 1;
-        let control_end = atom_cache::term_end(bytes, control)?;
+        let control_end = atom_cache::own_term_end(bytes, control)?;
         if bytes.get(control_end) != Some(&etf::VERSION) {
             return None;
         }

@@ -391,6 +391,11 @@ mod tests {
             Verdict::Close(Malformed::BadTerm)
         );
         assert_eq!(inbound.handle(&[112]), Verdict::Close(Malformed::BadTerm));
+        // A cache reference without a distribution header.
+        assert_eq!(
+            inbound.handle(&[112, 131, 82, 0]),
+            Verdict::Close(Malformed::BadTerm)
+        );
         assert_eq!(inbound.handle(&[]), Verdict::Close(Malformed::UnknownKind));
         assert_eq!(
             inbound.handle(&[1, 2, 3]),

@@ -104,7 +104,7 @@ pub(crate) fn frame_out(cache: Option<&mut OutCache>, frame: &[u8], text: bool, 
     };
     let control = PLAIN_TERMS + 1;
     let control_end = (!text)
-        .then(|| atom_cache::term_end(frame, control))
+        .then(|| atom_cache::own_term_end(frame, control))
         .flatten()
         .filter(|&e| frame.get(e) == Some(&VERSION));
     match control_end {
