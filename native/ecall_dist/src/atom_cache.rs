@@ -278,7 +278,7 @@ impl OutCache {
         self.ids = self.listed_ids();
         let ok = {
             let mut enc = Encoding { cache: self };
-            walk_body(&mut enc, body, &mut terms)
+            walk_body(&mut enc, body, &mut terms, false)
         };
         if !ok {
             // Something we do not walk: send it with only the ids in the
@@ -412,22 +412,9 @@ pub fn expand_ids(frame: &[u8], out: &mut Vec<u8>) -> bool {
         return false;
     };
     out.extend_from_slice(&[0, 0, 0, 0, PASS_THROUGH]);
-    let mut pos = 0;
-    while pos < body.len() {
-        let next = match body[pos] {
-            VERSION => {
-                out.push(VERSION);
-                walk(&mut ExpandIds, body, pos + 1, out)
-            }
-            _ => None,
-        };
-        match next {
-            Some(p) => pos = p,
-            None => {
-                out.truncate(start);
-                return false;
-            }
-        }
+    if !walk_body(&mut ExpandIds, body, out, true) {
+        out.truncate(start);
+        return false;
     }
     let len = (out.len() - start - 4) as u32;
     out[start..start + 4].copy_from_slice(&len.to_be_bytes());
@@ -491,12 +478,17 @@ impl Atoms for Skip {
     }
 }
 
-/// Walks the terms of a body whose terms carry version bytes.
-fn walk_body<A: Atoms>(atoms: &mut A, body: &[u8], out: &mut Vec<u8>) -> bool {
+/// Walks the terms of a body whose terms carry version bytes, writing them
+/// with their version bytes (`versions`) or without (behind a distribution
+/// header).
+fn walk_body<A: Atoms>(atoms: &mut A, body: &[u8], out: &mut Vec<u8>, versions: bool) -> bool {
     let mut pos = 0;
     while pos < body.len() {
         if body[pos] != VERSION {
             return false;
+        }
+        if versions {
+            out.push(VERSION);
         }
         match walk(atoms, body, pos + 1, out) {
             Some(p) => pos = p,

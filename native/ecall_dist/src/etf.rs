@@ -170,15 +170,6 @@ pub fn put_atom(out: &mut Vec<u8>, name: &str) {
     out.extend_from_slice(bytes);
 }
 
-/// Appends a pid of `node` (`NEW_PID_EXT`).
-pub fn put_pid(out: &mut Vec<u8>, node: &str, id: u32, serial: u32, creation: u32) {
-    out.push(NEW_PID_EXT);
-    put_atom(out, node);
-    out.extend_from_slice(&id.to_be_bytes());
-    out.extend_from_slice(&serial.to_be_bytes());
-    out.extend_from_slice(&creation.to_be_bytes());
-}
-
 /// The fixed front of every batch frame sent from one C-node to one
 /// registered receiver, up to and including the list length field.
 ///

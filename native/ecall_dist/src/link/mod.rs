@@ -92,7 +92,15 @@ use crate::etf::{PLAIN_TERMS, VERSION};
 ///   it ends);
 /// - some atom as text: rewritten through the cache, one pass;
 /// - no cache (the peer did not take it): ids written back as text.
-pub(crate) fn frame_out(cache: Option<&mut OutCache>, frame: &[u8], text: bool, out: &mut Vec<u8>) {
+///
+/// Returns how many atoms the rewrite made cache references (for
+/// `cached_atoms`; id references are counted where they are pushed).
+pub(crate) fn frame_out(
+    cache: Option<&mut OutCache>,
+    frame: &[u8],
+    text: bool,
+    out: &mut Vec<u8>,
+) -> u64 {
     let Some(cache) = cache else {
         if !atom_cache::expand_ids(frame, out) {
             // Nothing we build fails to walk; sent as it is, the peer
@@ -100,7 +108,7 @@ pub(crate) fn frame_out(cache: Option<&mut OutCache>, frame: &[u8], text: bool, 
             tracing::error!("a frame did not walk: written as it is");
             out.extend_from_slice(frame);
         }
-        return;
+        return 0;
     };
     let control = PLAIN_TERMS + 1;
     let control_end = (!text)
@@ -113,9 +121,12 @@ pub(crate) fn frame_out(cache: Option<&mut OutCache>, frame: &[u8], text: bool, 
             cache.ids_header(ctl.len() + payload.len(), out);
             out.extend_from_slice(ctl);
             out.extend_from_slice(payload);
+            0
         }
         None => {
+            let hits = cache.hits;
             cache.encode(&frame[PLAIN_TERMS..], out);
+            cache.hits - hits
         }
     }
 }

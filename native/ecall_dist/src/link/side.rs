@@ -153,9 +153,7 @@ impl LinkShared {
         }
         let text = shard.lone_frame(element, &mut side.plain) || text;
         side.scratch.clear();
-        let hits = side.cache.as_ref().map_or(0, |c| c.hits);
-        super::frame_out(side.cache.as_mut(), &side.plain, text, &mut side.scratch);
-        let hits = side.cache.as_ref().map_or(0, |c| c.hits) - hits;
+        let hits = super::frame_out(side.cache.as_mut(), &side.plain, text, &mut side.scratch);
         cached_atoms.fetch_add(hits, Ordering::Relaxed);
         let frame: &[u8] = &side.scratch;
         // Not writable now (`WouldBlock`), or failed: the writer writes it

@@ -4,7 +4,6 @@ use super::{
     LinkDown, LinkShared, WriteSide, AWAKE, BUSY_SLEEP, GATHERING, GATHER_AFTER, GATHER_BYTES,
     GATHER_REQUESTS, GATHER_WAIT, SLEEPING,
 };
-use crate::etf::PLAIN_TERMS;
 use crate::fragment::{InFlight, FRAGMENT};
 use crate::inbound;
 use crate::io::write_with_deadline;
@@ -261,15 +260,15 @@ impl LinkWriter {
             return write_with_deadline(ls, &mut side.wr, frames, self.deadline).await;
         };
         side.scratch.clear();
-        let hits = cache.hits;
-        for f in frames {
-            // Answers and ticks: atoms as text.
-            cache.encode(&f[PLAIN_TERMS..], &mut side.scratch);
-        }
+        // Answers and ticks: atoms as text.
+        let hits: u64 = frames
+            .iter()
+            .map(|f| super::frame_out(Some(&mut *cache), f, true, &mut side.scratch))
+            .sum();
         self.peer
             .stats
             .cached_atoms
-            .fetch_add(cache.hits - hits, Ordering::Relaxed);
+            .fetch_add(hits, Ordering::Relaxed);
         let r = write_with_deadline(ls, &mut side.wr, &[&side.scratch], self.deadline).await;
         side.trim();
         r
@@ -306,13 +305,13 @@ impl LinkWriter {
             return r;
         };
         side.scratch.clear();
-        let hits = cache.hits;
+        let mut hits = 0;
         let mut whole = Vec::with_capacity(frames.len());
         for (shard, frame) in frames.drain(..) {
-            // Only single large messages go in fragments: they carry
-            // their atoms as text, which costs the receiver a lookup per
-            // atom; a big batch of small messages is better off whole,
-            // through the atom cache.
+            // Only single large messages go in fragments: they go as they
+            // are, and their atoms as text cost the receiver a lookup each;
+            // a big batch of small messages is better off whole, through
+            // the atom cache.
             if self.fragments && frame.count == 1 && frame.bytes.len() > FRAGMENT {
                 if let Some(ranges) = InFlight::ranges(&frame.bytes) {
                     self.seq += 1;
@@ -322,7 +321,7 @@ impl LinkWriter {
                     continue;
                 }
             }
-            super::frame_out(
+            hits += super::frame_out(
                 Some(&mut *cache),
                 &frame.bytes,
                 frame.text,
@@ -333,7 +332,7 @@ impl LinkWriter {
         self.peer
             .stats
             .cached_atoms
-            .fetch_add(cache.hits - hits, Ordering::Relaxed);
+            .fetch_add(hits, Ordering::Relaxed);
         // One fragment of every message in flight, after the whole batches.
         // A first fragment declares the ids its message may refer to, after
         // the whole batches of this pass (which go out before it).
