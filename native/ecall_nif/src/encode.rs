@@ -9,12 +9,12 @@
 //! refc binary per push. `bench/run.sh micro` has the figures.
 //!
 //! What: plain external format, no version byte (what a shard splices into
-//! a batch). Small and 32-bit integers, floats, atoms, binaries, tuples,
-//! proper lists and maps are written here; any other subterm (pids, ports,
-//! references, funs, bignums, bitstrings, improper lists) and every atom
-//! the cache has not seen yet is written by `enif_term_to_binary` on its
-//! own, so every term encodes, and decodes to an equal term
-//! (`ecall_data_path_SUITE:encode_roundtrip`).
+//! a batch). Integers that fit 64 bits, floats, atoms, binaries, tuples,
+//! lists (improper ones too) and maps are written here; any other subterm
+//! (pids, ports, references, funs, bigger integers, bitstrings) and every
+//! atom the cache has not seen yet is written by `enif_term_to_binary` on
+//! its own, so every term encodes, and decodes to an equal term
+//! (`ecall_data_path_SUITE:every_term_kind_arrives_equal`).
 //!
 //! Atoms as cache references: an atom gets a process-wide id the first time
 //! the encoder meets it (`ecall_dist::atom_ids`, the first 200 atoms), and
@@ -31,6 +31,11 @@
 //! takes the `term_to_iovec` path, which yields and copies on a dirty
 //! scheduler.
 
+use ecall_dist::etf::{
+    ATOM_CACHE_REF, BINARY_EXT, INTEGER_EXT, LARGE_TUPLE_EXT, LIST_EXT, MAP_EXT,
+    NEWER_REFERENCE_EXT, NEW_FLOAT_EXT, NEW_REFERENCE_EXT, NIL_EXT, SMALL_BIG_EXT,
+    SMALL_INTEGER_EXT, SMALL_TUPLE_EXT,
+};
 use ecall_dist::{atom_cache, atom_ids};
 use rustler::sys::{
     enif_get_tuple, enif_map_iterator_create, enif_map_iterator_destroy,
@@ -42,20 +47,6 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 use std::mem::MaybeUninit;
-
-const SMALL_INTEGER_EXT: u8 = 97;
-const INTEGER_EXT: u8 = 98;
-const NEW_FLOAT_EXT: u8 = 70;
-const SMALL_TUPLE_EXT: u8 = 104;
-const LARGE_TUPLE_EXT: u8 = 105;
-const NIL_EXT: u8 = 106;
-const LIST_EXT: u8 = 108;
-const BINARY_EXT: u8 = 109;
-const SMALL_BIG_EXT: u8 = 110;
-const MAP_EXT: u8 = 116;
-const ATOM_CACHE_REF: u8 = 82;
-const NEW_REFERENCE_EXT: u8 = 114;
-const NEWER_REFERENCE_EXT: u8 = 90;
 
 /// Cached atom encodings per thread (a direct-mapped table: a collision
 /// replaces the older entry).
@@ -70,25 +61,30 @@ const BUF_KEEP: usize = 1 << 20;
 /// them), and says `large`: the caller then encodes it with
 /// `term_to_iovec` (a BIF that yields) and pushes it from a dirty
 /// scheduler. This bounds the time one push holds a normal scheduler,
-/// whatever the term: measured here, a list of a million integers is given
-/// up after 0.06-0.1 ms, a map of 8,000 pairs (all queued before the
-/// encode starts) after 0.2-0.4 ms (warm; the first call of a thread
-/// takes about 1 ms more). Before, the list held it about 8 ms.
+/// whatever the term: `bench/run.sh micro` measures how soon a push gives
+/// up a list of a million integers (61 µs here) and a map of 8,000 pairs,
+/// all queued before the encode starts (250 µs). Before the bound, the list
+/// held the scheduler about 8 ms.
 pub const INLINE_MAX: usize = 16 * 1024;
 
 struct AtomCache {
-    /// Term word of the atom in each slot.
-    keys: Vec<Option<ErlNifTerm>>,
-    /// Its encoding: `ATOM_CACHE_REF id`, or the atom as text.
-    bytes: Vec<Vec<u8>>,
-    /// Whether that encoding is text.
-    text: Vec<bool>,
-    /// Whether the atom is text longer than [`ATOM_MAX`]: not kept, written
-    /// by the VM each time (without asking for an id again).
-    long: Vec<bool>,
+    /// What each slot holds, if anything.
+    entries: Vec<Option<AtomEntry>>,
     /// Node names met in pids, ports and references, with their ids (this
     /// node and its peers; at most [`NODES`]).
     nodes: HashMap<Box<[u8]>, Option<u8>>,
+}
+
+/// One cached atom.
+struct AtomEntry {
+    /// Its term word.
+    word: ErlNifTerm,
+    /// Its encoding: `ATOM_CACHE_REF id`, or the atom as text; empty for
+    /// text longer than [`ATOM_MAX`], which the VM writes each time
+    /// (without asking for an id again).
+    bytes: Vec<u8>,
+    /// Whether it goes as text.
+    text: bool,
 }
 
 /// Node names remembered per thread.
@@ -97,10 +93,7 @@ const NODES: usize = 4096;
 impl AtomCache {
     fn new() -> Self {
         AtomCache {
-            keys: vec![None; ATOM_SLOTS],
-            bytes: vec![Vec::new(); ATOM_SLOTS],
-            text: vec![false; ATOM_SLOTS],
-            long: vec![false; ATOM_SLOTS],
+            entries: (0..ATOM_SLOTS).map(|_| None).collect(),
             nodes: HashMap::new(),
         }
     }
@@ -275,9 +268,7 @@ impl Encoder {
         todo.push(Work::Term(root.as_c_arg()));
         while let Some(w) = todo.pop() {
             if out.len() > *limit {
-                *large = true;
-                todo.clear();
-                return;
+                return give_up(large, todo);
             }
             let t = match w {
                 // SAFETY: every word on the stack is a term of `env`: the root,
@@ -313,13 +304,13 @@ impl Encoder {
             // with no call into the VM to ask what the term is.
             let word = t.as_c_arg();
             let slot = AtomCache::slot(word);
-            if atoms.keys[slot] == Some(word) {
-                if atoms.long[slot] {
+            if let Some(e) = atoms.entries[slot].as_ref().filter(|e| e.word == word) {
+                if e.bytes.is_empty() {
                     fallback(t, out);
                 } else {
-                    out.extend_from_slice(&atoms.bytes[slot]);
+                    out.extend_from_slice(&e.bytes);
                 }
-                if atoms.text[slot] {
+                if e.text {
                     *text = true;
                 } else {
                     *refs += 1;
@@ -357,9 +348,7 @@ impl Encoder {
                 TermType::Binary => match Binary::from_term(t) {
                     // Given up before the copy, not after it.
                     Ok(b) if out.len() + b.len() > *limit => {
-                        *large = true;
-                        todo.clear();
-                        return;
+                        return give_up(large, todo);
                     }
                     Ok(b) => {
                         out.push(BINARY_EXT);
@@ -387,9 +376,7 @@ impl Encoder {
                     // Every element takes a byte at least: one that cannot
                     // fit is given up before its elements are queued.
                     if out.len() + arity > *limit {
-                        *large = true;
-                        todo.clear();
-                        return;
+                        return give_up(large, todo);
                     }
                     tuple_header(out, arity);
                     for i in (0..arity).rev() {
@@ -415,9 +402,7 @@ impl Encoder {
                     // Every pair takes two bytes at least (and all of them
                     // are queued at once): the same early answer.
                     if t.map_size().is_ok_and(|n| out.len() + 2 * n > *limit) {
-                        *large = true;
-                        todo.clear();
-                        return;
+                        return give_up(large, todo);
                     }
                     if !map(env, t, todo, out) {
                         fallback(t, out);
@@ -484,28 +469,29 @@ fn map(env: Env<'_>, t: Term<'_>, todo: &mut Vec<Work>, out: &mut Vec<u8>) -> bo
 fn atom(t: Term<'_>, slot: usize, atoms: &mut AtomCache, out: &mut Vec<u8>) -> bool {
     let start = out.len();
     fallback(t, out);
-    let id = text_id(&out[start..]);
+    let id = atom_cache::atom_text(out, start)
+        .and_then(|(utf8, s, len, _)| id_of(utf8, &out[s..s + len]));
     if let Some(id) = id {
         out.truncate(start);
         out.extend_from_slice(&[ATOM_CACHE_REF, id]);
     }
     let enc = &out[start..];
-    let long = enc.len() > ATOM_MAX;
-    atoms.keys[slot] = Some(t.as_c_arg());
-    atoms.bytes[slot].clear();
-    if !long {
-        atoms.bytes[slot].extend_from_slice(enc);
-    }
-    atoms.text[slot] = id.is_none();
-    atoms.long[slot] = long;
+    let bytes = if enc.len() > ATOM_MAX {
+        Vec::new()
+    } else {
+        enc.to_vec()
+    };
+    atoms.entries[slot] = Some(AtomEntry {
+        word: t.as_c_arg(),
+        bytes,
+        text: id.is_none(),
+    });
     id.is_some()
 }
 
-/// The id (`ecall_dist::atom_ids`) of the atom encoded as text at the start
-/// of `enc`, if it can have one: its text is UTF-8 (Latin-1 only if ASCII).
-fn text_id(enc: &[u8]) -> Option<u8> {
-    let (utf8, start, len, _) = atom_cache::atom_text(enc, 0)?;
-    let text = &enc[start..start + len];
+/// The id (`ecall_dist::atom_ids`) of an atom with this text, if it can
+/// have one: UTF-8, or Latin-1 that is ASCII.
+fn id_of(utf8: bool, text: &[u8]) -> Option<u8> {
     if !utf8 && !text.is_ascii() {
         return None;
     }
@@ -522,14 +508,14 @@ fn node_id(start: usize, atoms: &mut AtomCache, out: &mut Vec<u8>) -> bool {
             Some(_) => 1,
             None => return false,
         };
-    let Some((_, s, len, next)) = atom_cache::atom_text(out, at) else {
+    let Some((utf8, s, len, next)) = atom_cache::atom_text(out, at) else {
         return false;
     };
     let name = &out[s..s + len];
     let id = match atoms.nodes.get(name) {
         Some(&id) => id,
         None => {
-            let id = text_id(&out[at..next]);
+            let id = id_of(utf8, name);
             if atoms.nodes.len() < NODES {
                 atoms.nodes.insert(name.into(), id);
             }
@@ -541,6 +527,12 @@ fn node_id(start: usize, atoms: &mut AtomCache, out: &mut Vec<u8>) -> bool {
     };
     out.splice(at..next, [ATOM_CACHE_REF, id]);
     true
+}
+
+/// Ends the walk of an element that passed its limit.
+fn give_up(large: &mut bool, todo: &mut Vec<Work>) {
+    *large = true;
+    todo.clear();
 }
 
 fn integer(i: i64, out: &mut Vec<u8>) {

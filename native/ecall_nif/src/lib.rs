@@ -497,7 +497,7 @@ fn encode<'a>(env: Env<'a>, term: Term<'a>) -> NifResult<Binary<'a>> {
     encode::term_with(env, term, usize::MAX, |e| {
         let mut bytes = Vec::with_capacity(e.bytes.len() + 8);
         bytes.push(131);
-        if !e.text && e.refs == 0 {
+        if e.refs == 0 {
             bytes.extend_from_slice(e.bytes);
         } else if !ecall_dist::atom_cache::expand_term(e.bytes, &mut bytes) {
             return Err(rustler::Error::BadArg);
