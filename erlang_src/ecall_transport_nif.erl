@@ -50,7 +50,7 @@ push({_, Peer} = State, Request) ->
     push_with(State, element(1, Request),
               fun(Admitted) ->
                       case ecall_nif:push(Peer, Request, Admitted) of
-                          large -> ecall_nif:push_iovec(Peer, iovec(Request), Admitted);
+                          large -> ecall_nif:push_iovec(Peer, erlang:term_to_iovec(Request), Admitted);
                           Result -> Result
                       end
               end).
@@ -61,13 +61,9 @@ push({_, Peer} = State, Request) ->
 %% copied), copied into a batch of its own on a dirty scheduler.
 -spec push_iovec(state(), ecall_transport:request()) -> ecall_transport:push_result().
 push_iovec({_, Peer} = State, Request) ->
-    IoVec = iovec(Request),
+    IoVec = erlang:term_to_iovec(Request),
     push_with(State, element(1, Request),
               fun(Admitted) -> ecall_nif:push_iovec(Peer, IoVec, Admitted) end).
-
--spec iovec(ecall_transport:request()) -> [binary()].
-iovec(Request) ->
-    erlang:term_to_iovec(Request).
 
 -type pusher() :: fun((boolean()) -> ok | closed | {full, non_neg_integer()}).
 
