@@ -591,6 +591,16 @@ micro() ->
               "the NIF's encoder (ecall_nif:encoded_size/1) ~.1f ns~n",
               [per_call(fun() -> term_to_binary(Request) end, 100000),
                per_call(fun() -> ecall_nif:encoded_size(Request) end, 100000)]),
+    %% How soon a push gives up a large term (it then goes by
+    %% term_to_iovec): the longest a push holds the caller's scheduler.
+    List = lists:seq(1, 1000000),
+    Map = maps:from_list([{K, K} || K <- lists:seq(1, 8000)]),
+    large = ecall_nif:encoded_size(List),
+    large = ecall_nif:encoded_size(Map),
+    io:format("micro: a push gives up a list of 1,000,000 integers after ~.1f us, "
+              "a map of 8,000 pairs after ~.1f us~n",
+              [per_call(fun() -> ecall_nif:encoded_size(List) end, 1000) / 1000,
+               per_call(fun() -> ecall_nif:encoded_size(Map) end, 1000) / 1000]),
     io:format("micro: term_to_binary of the payload ~.1f ns, binary_to_term ~.1f ns, "
               "one atom decoded from text ~.1f ns~n",
               [per_call(fun() -> term_to_binary(Payload) end, 100000),

@@ -233,12 +233,12 @@ link_loss_is_reported_and_healed(Config) ->
     ok = logger:remove_handler(ecall_test_rust_log).
 
 %% Every kind of term crosses the links equal to what was sent. The NIF
-%% encodes requests itself (atoms from a per-thread cache, and through
-%% term_to_binary whatever it does not write itself: pids, ports,
-%% references, funs, bignums, bitstrings, improper lists, atoms it has not
-%% seen yet), and the link writer rewrites atoms into cache references: both
-%% must give the peer an equal term. The peer answers with `!', so what comes
-%% back went through native distribution only on the way home.
+%% encodes requests itself (atoms as encode-time cache references or, past
+%% the ids, as text the link writer rewrites; through term_to_binary
+%% whatever it does not write itself: pids, ports and references, whose
+%% node atom it then rewrites, funs, big integers, bitstrings, atoms it has
+%% not seen yet): the peer must get an equal term. It answers with `!', so
+%% what comes back went through native distribution only on the way home.
 every_term_kind_arrives_equal(Config) ->
     B = ?config(b, Config),
     Self = self(),
