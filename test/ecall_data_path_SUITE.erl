@@ -84,6 +84,9 @@ exactly_once_in_order(Config) ->
     ?assertEqual(Total + Markers, maps:get(pushed, S1) - maps:get(pushed, S0)),
     ?assertEqual(Total + Markers, Requests),
     ?assertEqual(0, maps:get(dropped, S1)),
+    %% Every {seq, Pid, I} went with its atom and its pid's node as cache
+    %% references (encode-time ids, counted as they are written).
+    ?assert(maps:get(cached_atoms, S1) - maps:get(cached_atoms, S0) >= 2 * Total),
     %% ... and through B's receiver pool ...
     ?assertEqual(Total + Markers, maps:get(requests, R1) - maps:get(requests, R0)),
     %% ... in batches, not one message per write.

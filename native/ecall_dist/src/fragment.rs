@@ -116,7 +116,7 @@ impl InFlight {
 mod tests {
     use super::*;
     use crate::etf::BatchHeader;
-    use crate::shard::{BatchCaps, Shard};
+    use crate::shard::{BatchCaps, Element, Shard};
 
     #[test]
     fn fragments_cover_the_terms_and_count_down() {
@@ -126,7 +126,7 @@ mod tests {
         let mut element = vec![etf::BINARY_EXT];
         element.extend_from_slice(&(big.len() as u32).to_be_bytes());
         element.extend_from_slice(&big);
-        shard.push(&element, |_| ());
+        shard.push(Element::text(&element), |_| ());
         let frame = shard.take().unwrap();
         let ranges = InFlight::ranges(&frame.bytes).unwrap();
         let expect: Vec<u8> = ranges

@@ -20,7 +20,7 @@
 use crate::cnode::Identity;
 use crate::etf::BatchHeader;
 use crate::link::{self, LinkEvents, LinkShared, LinkStats};
-use crate::shard::{Backlog, BatchCaps, Shard};
+use crate::shard::{Backlog, BatchCaps, Element, Shard};
 use crate::Error;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
@@ -225,19 +225,19 @@ impl Peer {
     /// room was set aside for it, so it neither queues behind later waiters
     /// nor is refused again.
     pub fn push(&self, shard: usize, element: &[u8], admitted: bool) -> Push {
-        self.push_as(shard, element, true, admitted)
+        self.push_element(shard, Element::text(element), admitted)
     }
 
-    /// [`Peer::push`] of an element whose atoms are all id references
-    /// ([`crate::atom_ids`]) when `text` is false: the writer then writes
-    /// it without a pass over its bytes.
-    pub fn push_as(&self, shard: usize, element: &[u8], text: bool, admitted: bool) -> Push {
+    /// [`Peer::push`] of an element that says what its atoms are: one whose
+    /// atoms are all id references ([`crate::atom_ids`]) is written without
+    /// a pass over its bytes.
+    pub fn push_element(&self, shard: usize, element: Element<'_>, admitted: bool) -> Push {
         self.push_with(
             shard,
-            element.len(),
+            element.bytes.len(),
             admitted,
-            Some((element, text)),
-            |s, under_lock| s.push_as(element, text, under_lock),
+            Some(element),
+            |s, under_lock| s.push(element, under_lock),
         )
     }
 
@@ -256,7 +256,7 @@ impl Peer {
         shard: usize,
         len: usize,
         admitted: bool,
-        lone: Option<(&[u8], bool)>,
+        lone: Option<Element<'_>>,
         push: impl FnOnce(&Shard, &dyn Fn(Backlog) -> bool) -> Option<bool>,
     ) -> Push {
         if self.is_closed() {
@@ -279,8 +279,8 @@ impl Peer {
         // once, from this thread (link/side.rs). Not an admitted one: the
         // callers still waiting for room are woken by the writer's
         // releases, and only queued requests make the writer release.
-        if let Some((element, text)) = lone.filter(|_| !admitted) {
-            if link.write_lone(&self.shards[shard], element, text, &st.cached_atoms) {
+        if let Some(element) = lone.filter(|_| !admitted) {
+            if link.write_lone(&self.shards[shard], element, &st.cached_atoms) {
                 st.pushed.fetch_add(1, Ordering::Relaxed);
                 return Push::Queued;
             }

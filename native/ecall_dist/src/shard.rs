@@ -37,6 +37,31 @@ impl Default for BatchCaps {
     }
 }
 
+/// One encoded request, as a push hands it over.
+#[derive(Debug, Clone, Copy)]
+pub struct Element<'a> {
+    /// External format without the version byte.
+    pub bytes: &'a [u8],
+    /// Whether some atom in it is text (the writer then rewrites it);
+    /// otherwise every atom is an id reference ([`crate::atom_ids`]).
+    pub text: bool,
+    /// Atoms written as id references (for `cached_atoms`, counted when
+    /// the element is written).
+    pub refs: u32,
+}
+
+impl<'a> Element<'a> {
+    /// An element whose atoms may be text (anything not from the NIF's
+    /// encoder).
+    pub fn text(bytes: &'a [u8]) -> Element<'a> {
+        Element {
+            bytes,
+            text: true,
+            refs: 0,
+        }
+    }
+}
+
 /// A complete frame, ready for the socket.
 #[derive(Debug)]
 pub struct Frame {
@@ -50,6 +75,8 @@ pub struct Frame {
     /// through the connection's atom cache. Otherwise every atom is an id
     /// reference ([`crate::atom_ids`]) and it is written as it is.
     pub text: bool,
+    /// Atoms its elements wrote as id references.
+    pub refs: u64,
 }
 
 #[derive(Debug, Default)]
@@ -59,6 +86,8 @@ struct Inner {
     open_count: u32,
     /// Whether an element of the open batch has atoms as text.
     open_text: bool,
+    /// Id references in the open batch's elements.
+    open_refs: u64,
     /// One spent buffer kept for reuse so that a steady stream of small
     /// batches does not allocate a fresh one each time.
     spare: Vec<u8>,
@@ -117,16 +146,9 @@ impl Shard {
     /// `under_lock` runs while the shard lock is held, after the element is
     /// in, with what the shard now holds (the sleeping-writer protocol:
     /// `may_sleep` in `link/writer.rs`).
-    pub fn push<R>(&self, element: &[u8], under_lock: impl FnOnce(Backlog) -> R) -> Option<R> {
-        self.push_as(element, true, under_lock)
-    }
-
-    /// [`Shard::push`] of an element whose atoms are all id references
-    /// ([`crate::atom_ids`]) when `text` is false.
-    pub fn push_as<R>(
+    pub fn push<R>(
         &self,
-        element: &[u8],
-        text: bool,
+        element: Element<'_>,
         under_lock: impl FnOnce(Backlog) -> R,
     ) -> Option<R> {
         let mut g = self.lock();
@@ -136,7 +158,7 @@ impl Shard {
         let header_len = self.header.len();
         if g.open_count > 0
             && (g.open_count >= self.caps.max_count
-                || g.open.len() - header_len + element.len() > self.caps.max_bytes)
+                || g.open.len() - header_len + element.bytes.len() > self.caps.max_bytes)
         {
             self.seal_open(&mut g);
         }
@@ -146,9 +168,10 @@ impl Shard {
             buf.extend_from_slice(&self.header);
             g.open = buf;
         }
-        g.open.extend_from_slice(element);
+        g.open.extend_from_slice(element.bytes);
         g.open_count += 1;
-        g.open_text |= text;
+        g.open_text |= element.text;
+        g.open_refs += u64::from(element.refs);
         let backlog = Self::backlog_locked(&g, header_len);
         Some(under_lock(backlog))
     }
@@ -177,11 +200,13 @@ impl Shard {
         BatchHeader::seal(&mut bytes, header_len, g.open_count);
         let count = std::mem::replace(&mut g.open_count, 0);
         let text = std::mem::replace(&mut g.open_text, false) || self.header_text;
+        let refs = std::mem::replace(&mut g.open_refs, 0);
         g.sealed.push_back(Frame {
             bytes,
             count,
             payload,
             text,
+            refs,
         });
     }
 
@@ -208,6 +233,7 @@ impl Shard {
             payload: len,
             // From term_to_iovec: atoms as text.
             text: true,
+            refs: 0,
         };
         let mut g = self.lock();
         if g.closed {
@@ -290,6 +316,7 @@ impl Shard {
         g.open = Vec::new();
         g.open_count = 0;
         g.open_text = false;
+        g.open_refs = 0;
         (n, b)
     }
 }
@@ -313,9 +340,9 @@ mod tests {
     #[test]
     fn a_closed_shard_refuses_pushes() {
         let s = shard(1000, 1 << 20);
-        s.push(&[97, 1], |_| ()).unwrap();
+        s.push(Element::text(&[97, 1]), |_| ()).unwrap();
         assert_eq!(s.close(), (1, 2));
-        assert!(s.push(&[97, 2], |_| ()).is_none());
+        assert!(s.push(Element::text(&[97, 2]), |_| ()).is_none());
         assert!(s.push_alone(&[&[97, 3]], |_| ()).is_none());
         assert!(s.take().is_none());
         assert_eq!(s.clear(), (0, 0));
@@ -326,7 +353,7 @@ mod tests {
         let s = shard(1000, 1 << 20);
         assert!(s.take().is_none());
         for i in 0..5u8 {
-            s.push(&[97, i], |_| ()).unwrap();
+            s.push(Element::text(&[97, i]), |_| ()).unwrap();
         }
         let f = s.take().unwrap();
         assert_eq!(f.count, 5);
@@ -339,14 +366,14 @@ mod tests {
     fn caps_split_batches_in_order() {
         let s = shard(3, 1 << 20);
         for i in 0..7u8 {
-            s.push(&[97, i], |_| ()).unwrap();
+            s.push(Element::text(&[97, i]), |_| ()).unwrap();
         }
         let counts: Vec<u32> = std::iter::from_fn(|| s.take()).map(|f| f.count).collect();
         assert_eq!(counts, [3, 3, 1]);
 
         let s = shard(1000, 4);
         for i in 0..5u8 {
-            s.push(&[97, i], |_| ()).unwrap();
+            s.push(Element::text(&[97, i]), |_| ()).unwrap();
         }
         let counts: Vec<u32> = std::iter::from_fn(|| s.take()).map(|f| f.count).collect();
         assert_eq!(counts, [2, 2, 1]);
@@ -355,10 +382,10 @@ mod tests {
     #[test]
     fn large_elements_go_alone_and_in_order() {
         let s = shard(1000, 1 << 20);
-        s.push(&[97, 1], |_| ()).unwrap();
+        s.push(Element::text(&[97, 1]), |_| ()).unwrap();
         s.push_alone(&[&[109, 0, 0, 0, 2], &[7, 7]], |_| ())
             .unwrap();
-        s.push(&[97, 3], |_| ());
+        s.push(Element::text(&[97, 3]), |_| ());
         let counts: Vec<(u32, usize)> = std::iter::from_fn(|| s.take())
             .map(|f| (f.count, f.payload))
             .collect();
@@ -369,7 +396,7 @@ mod tests {
     fn clear_accounts_for_everything() {
         let s = shard(2, 1 << 20);
         for i in 0..5u8 {
-            s.push(&[97, i], |_| ()).unwrap();
+            s.push(Element::text(&[97, i]), |_| ()).unwrap();
         }
         assert_eq!(s.clear(), (5, 10));
         assert!(s.is_empty());

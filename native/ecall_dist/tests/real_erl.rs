@@ -231,6 +231,7 @@ async fn registers_with_epmd_and_delivers_spliced_batches() {
 async fn encode_time_atom_ids_reach_erl() {
     use ecall_dist::atom_ids;
     use ecall_dist::etf::{put_atom, ATOM_CACHE_REF, BINARY_EXT, SMALL_TUPLE_EXT};
+    use ecall_dist::shard::Element;
     let epmd = Epmd::start().await;
     let id = identity(&epmd, COOKIE, Duration::from_secs(15)).await;
     let mut erl = Erl::start(&epmd, COOKIE, &[], &sink_eval(5));
@@ -240,17 +241,33 @@ async fn encode_time_atom_ids_reach_erl() {
     let r = |name: &str| [ATOM_CACHE_REF, atom_ids::id_of(name.as_bytes()).unwrap()];
     let pair = |a: &[u8], b: &[u8]| [&[SMALL_TUPLE_EXT, 2][..], a, b].concat();
 
+    // Elements as the NIF hands them over: `text` and the ids they use.
+    let el = |bytes: &[u8], text: bool, refs: u32| {
+        let bytes = bytes.to_vec();
+        move |peer: &Peer| {
+            peer.push_element(
+                0,
+                Element {
+                    bytes: &bytes,
+                    text,
+                    refs,
+                },
+                false,
+            )
+        }
+    };
+
     let small = pair(&r("hello_ids"), &r("world_ids"));
-    assert_eq!(peer.push_as(0, &small, false, false), Push::Queued);
+    assert_eq!(el(&small, false, 2)(&peer), Push::Queued);
     assert_eq!(erl.line().await, "{hello_ids,world_ids}");
-    assert_eq!(peer.push_as(0, &small, false, false), Push::Queued);
+    assert_eq!(el(&small, false, 2)(&peer), Push::Queued);
     assert_eq!(erl.line().await, "{hello_ids,world_ids}");
 
     let mut bin = vec![BINARY_EXT];
     bin.extend_from_slice(&70_000u32.to_be_bytes());
     bin.extend_from_slice(&[b'y'; 70_000]);
     let big = pair(&r("big_ids"), &bin);
-    assert_eq!(peer.push_as(0, &big, false, false), Push::Queued);
+    assert_eq!(el(&big, false, 1)(&peer), Push::Queued);
     let line = erl.line().await;
     assert!(line.starts_with("{big_ids,<<121,121,"), "{}", &line[..40]);
     let fragmented = peer
@@ -263,13 +280,13 @@ async fn encode_time_atom_ids_reach_erl() {
     let mut text = Vec::new();
     put_atom(&mut text, "text_atom");
     assert_eq!(
-        peer.push_as(0, &pair(&r("hello_ids"), &text), true, false),
+        el(&pair(&r("hello_ids"), &text), true, 1)(&peer),
         Push::Queued
     );
     assert_eq!(erl.line().await, "{hello_ids,text_atom}");
     // And one more with ids only, after the text one.
     assert_eq!(
-        peer.push_as(0, &pair(&r("world_ids"), &r("big_ids")), false, false),
+        el(&pair(&r("world_ids"), &r("big_ids")), false, 2)(&peer),
         Push::Queued
     );
     assert_eq!(erl.line().await, "{world_ids,big_ids}");
@@ -279,7 +296,7 @@ async fn encode_time_atom_ids_reach_erl() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn spliced_payload_is_what_binary_to_term_reads() {
     use ecall_dist::etf::BatchHeader;
-    use ecall_dist::shard::Shard;
+    use ecall_dist::shard::{Element, Shard};
     let header = BatchHeader::new("a_ecall_1@h", 3, "ecall_rx_1");
     let shard = Shard::new(&header, BatchCaps::default());
     let terms = [
@@ -290,7 +307,7 @@ async fn spliced_payload_is_what_binary_to_term_reads() {
         ])),
     ];
     for t in &terms {
-        shard.push(element_body(&encode(t)).unwrap(), |_| ());
+        shard.push(Element::text(element_body(&encode(t)).unwrap()), |_| ());
     }
     let frame = shard.take().unwrap();
     // The header's atoms are id references (atom_ids), declared by the

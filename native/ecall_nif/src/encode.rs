@@ -36,6 +36,7 @@ use ecall_dist::etf::{
     NEWER_REFERENCE_EXT, NEW_FLOAT_EXT, NEW_REFERENCE_EXT, NIL_EXT, SMALL_BIG_EXT,
     SMALL_INTEGER_EXT, SMALL_TUPLE_EXT,
 };
+use ecall_dist::shard::Element;
 use ecall_dist::{atom_cache, atom_ids};
 use rustler::sys::{
     enif_get_tuple, enif_map_iterator_create, enif_map_iterator_destroy,
@@ -149,6 +150,17 @@ pub struct Encoded<'b> {
     pub refs: u64,
     /// The encode gave up past its limit: `bytes` is incomplete.
     pub large: bool,
+}
+
+impl Encoded<'_> {
+    /// What a push hands the shard.
+    pub fn element(&self) -> Element<'_> {
+        Element {
+            bytes: self.bytes,
+            text: self.text,
+            refs: u32::try_from(self.refs).unwrap_or(u32::MAX),
+        }
+    }
 }
 
 thread_local! {

@@ -383,7 +383,7 @@ fn send<'a>(
     let req = [atoms::send().to_term(env), to, msg];
     encode::tuple_with(env, &req, encode::INLINE_MAX, |e| {
         pushed(env, &peer.peer, &e, |p| {
-            p.push_as(shard, e.bytes, e.text, false)
+            p.push_element(shard, e.element(), false)
         })
     })
 }
@@ -457,15 +457,14 @@ fn push<'a>(env: Env<'a>, peer: &Peer, req: Term<'a>, admitted: bool) -> NifResu
     let shard = caller_shard(env);
     encode::term_with(env, req, encode::INLINE_MAX, |e| {
         pushed(env, peer, &e, |p| {
-            p.push_as(shard, e.bytes, e.text, admitted)
+            p.push_element(shard, e.element(), admitted)
         })
     })
 }
 
 /// Pushes element `e` with `push` and answers: `large` (nothing pushed:
 /// the encode gave up, the caller goes by `term_to_iovec`), `ok`, `{full,
-/// Size}` or `closed`. A queued one counts its atoms sent as id references
-/// in `cached_atoms` (the writer does not see them).
+/// Size}` or `closed`.
 fn pushed<'a>(
     env: Env<'a>,
     peer: &Peer,
@@ -476,14 +475,7 @@ fn pushed<'a>(
         return Ok(atoms::large().encode(env));
     }
     Ok(match push(peer) {
-        Push::Queued => {
-            if e.refs > 0 {
-                peer.stats
-                    .cached_atoms
-                    .fetch_add(e.refs, std::sync::atomic::Ordering::Relaxed);
-            }
-            atoms::ok().encode(env)
-        }
+        Push::Queued => atoms::ok().encode(env),
         Push::Full => (atoms::full(), e.bytes.len()).encode(env),
         Push::Closed => atoms::closed().encode(env),
     })

@@ -93,12 +93,14 @@ use crate::etf::{PLAIN_TERMS, VERSION};
 /// - some atom as text: rewritten through the cache, one pass;
 /// - no cache (the peer did not take it): ids written back as text.
 ///
-/// Returns how many atoms the rewrite made cache references (for
-/// `cached_atoms`; id references are counted where they are pushed).
+/// Returns how many atoms went as cache references (for `cached_atoms`):
+/// the frame's `refs` id references when it goes as it is, or what the
+/// rewrite counted (ids included).
 pub(crate) fn frame_out(
     cache: Option<&mut OutCache>,
     frame: &[u8],
     text: bool,
+    refs: u64,
     out: &mut Vec<u8>,
 ) -> u64 {
     let Some(cache) = cache else {
@@ -121,7 +123,7 @@ pub(crate) fn frame_out(
             cache.ids_header(ctl.len() + payload.len(), out);
             out.extend_from_slice(ctl);
             out.extend_from_slice(payload);
-            0
+            refs
         }
         None => {
             let hits = cache.hits;

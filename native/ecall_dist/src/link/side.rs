@@ -26,7 +26,7 @@
 
 use super::{LinkShared, AWAKE, SLEEPING};
 use crate::atom_cache::OutCache;
-use crate::shard::Shard;
+use crate::shard::{Element, Shard};
 use crate::stream::LinkWrite;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -128,11 +128,10 @@ impl LinkShared {
     pub(crate) fn write_lone(
         &self,
         shard: &Shard,
-        element: &[u8],
-        text: bool,
+        element: Element<'_>,
         cached_atoms: &AtomicU64,
     ) -> bool {
-        if element.len() > LONE_MAX {
+        if element.bytes.len() > LONE_MAX {
             return false;
         }
         // A link in use: this request wakes the writer, and those that
@@ -151,9 +150,15 @@ impl LinkShared {
         if self.state.load(Ordering::SeqCst) != SLEEPING {
             return false;
         }
-        let text = shard.lone_frame(element, &mut side.plain) || text;
+        let text = shard.lone_frame(element.bytes, &mut side.plain) || element.text;
         side.scratch.clear();
-        let hits = super::frame_out(side.cache.as_mut(), &side.plain, text, &mut side.scratch);
+        let hits = super::frame_out(
+            side.cache.as_mut(),
+            &side.plain,
+            text,
+            element.refs.into(),
+            &mut side.scratch,
+        );
         cached_atoms.fetch_add(hits, Ordering::Relaxed);
         let frame: &[u8] = &side.scratch;
         // Not writable now (`WouldBlock`), or failed: the writer writes it

@@ -263,7 +263,7 @@ impl LinkWriter {
         // Answers and ticks: atoms as text.
         let hits: u64 = frames
             .iter()
-            .map(|f| super::frame_out(Some(&mut *cache), f, true, &mut side.scratch))
+            .map(|f| super::frame_out(Some(&mut *cache), f, true, 0, &mut side.scratch))
             .sum();
         self.peer
             .stats
@@ -295,7 +295,7 @@ impl LinkWriter {
             // No atom cache: ids written back as text.
             side.scratch.clear();
             for (_, f) in frames.iter() {
-                super::frame_out(None, &f.bytes, f.text, &mut side.scratch);
+                super::frame_out(None, &f.bytes, f.text, f.refs, &mut side.scratch);
             }
             let r = write_with_deadline(ls, &mut side.wr, &[&side.scratch], self.deadline).await;
             side.trim();
@@ -316,6 +316,8 @@ impl LinkWriter {
                 if let Some(ranges) = InFlight::ranges(&frame.bytes) {
                     self.seq += 1;
                     ls.fragmented.fetch_add(1, Ordering::Relaxed);
+                    // Its ids go as they are, declared by its first fragment.
+                    hits += frame.refs;
                     self.inflight
                         .push(InFlight::new(shard, frame, self.seq, ranges));
                     continue;
@@ -325,6 +327,7 @@ impl LinkWriter {
                 Some(&mut *cache),
                 &frame.bytes,
                 frame.text,
+                frame.refs,
                 &mut side.scratch,
             );
             whole.push((shard, frame));
