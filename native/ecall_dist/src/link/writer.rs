@@ -57,12 +57,13 @@ impl LinkWriter {
         tick: Duration,
         atom_cache: bool,
         fragments: bool,
+        alias: bool,
     ) -> LinkWriter {
         let deadline = peer.config.stall_timeout;
         LinkWriter {
             peer,
             k,
-            side: Some(WriteSide::new(wr, atom_cache)),
+            side: Some(WriteSide::new(wr, atom_cache, alias)),
             tick,
             deadline,
             // Fragments need the distribution header, which comes with the
