@@ -15,8 +15,6 @@
 -module(ecall).
 
 -export([send/2, cast/4, call/4, call/5]).
-%% Internal: the receiving node's side of call/4,5 (ecall_request).
--export([reply/2]).
 -export([cast_one/4, cast_all/4,
          call_one/4, call_one/5, call_any/4, call_any/5,
          call_all/4, call_all/5, call_all_wait/4, call_all_wait/5]).
@@ -57,26 +55,12 @@ send(To, Msg) when is_atom(To) ->
 send(To, Msg) ->
     erlang:error(badarg, [To, Msg]).
 
-%% @private The reply of a call run here for a caller on another node
-%% (ecall_request:run_call/4), to the caller's one-time alias: send/2,
-%% through the transport's reply/3 (see ecall_transport).
--spec reply(reference(), Msg) -> Msg.
-reply(Alias, Msg) when is_reference(Alias) ->
-    case node(Alias) of
-        Node when Node =:= node() -> Alias ! Msg;
-        Node -> send_remote(reply, Node, Alias, Alias, Msg)
-    end.
-
 -spec send_remote(node(), pid() | reference() | atom(), dest(), Msg) -> Msg.
 send_remote(Node, Dest, To, Msg) ->
-    send_remote(send, Node, Dest, To, Msg).
-
--spec send_remote(send | reply, node(), pid() | reference() | atom(), dest(), Msg) -> Msg.
-send_remote(Kind, Node, Dest, To, Msg) ->
     case ecall_conn:route(Node) of
         {Mod, State} when Mod =/= closing ->
             after_native(Node),
-            case Mod:Kind(State, Dest, Msg) of
+            case Mod:send(State, Dest, Msg) of
                 ok -> Msg;
                 closed -> native(Node, To, Msg);
                 %% A send has no error to return: under `error' as under

@@ -10,7 +10,7 @@
 -export([load_error/0, log_target/2, log_off/0]).
 -export([cnode_start/4, cnode_info/1,
          peer_open/6, peer_close/1, peer_stats/1, overflow_drop/1,
-         send/3, reply/3, push/3, push_iovec/3, caller_link/1, wait_room/3]).
+         send/3, push/3, push_iovec/3, caller_link/1, wait_room/3]).
 -export([encode/1, encoded_size/1]).
 
 -on_load(init/0).
@@ -91,13 +91,6 @@ peer_stats(_Peer) -> erlang:nif_error(nif_not_loaded).
 -spec send(peer(), pid() | atom() | reference(), term()) ->
           ok | closed | large | {full, non_neg_integer()}.
 send(_Peer, _To, _Msg) -> erlang:nif_error(nif_not_loaded).
-
-%% send/3 for a call's reply to the caller's one-time alias: a lone write
-%% may send it as ALIAS_SEND, straight to the alias. badarg unless `To' is
-%% a reference.
--spec reply(peer(), reference(), term()) ->
-          ok | closed | large | {full, non_neg_integer()}.
-reply(_Peer, _To, _Msg) -> erlang:nif_error(nif_not_loaded).
 
 %% Queues any request tuple. `Admitted': the caller was just woken by
 %% `{ecall_room, Ref, true}' and has room set aside. `large' as for send/3.

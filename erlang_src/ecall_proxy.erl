@@ -18,7 +18,7 @@
 -module(ecall_proxy).
 -behaviour(ecall_transport).
 
--export([open/2, send/3, reply/3, push/2, reply_monitor/1, stats/1, close/2]).
+-export([open/2, send/3, push/2, reply_monitor/1, stats/1, close/2]).
 -export([init/4]).
 
 -record(pool, {proxies :: tuple(), counters :: counters:counters_ref()}).
@@ -40,12 +40,6 @@ open(Node, Receivers) ->
 -spec send(pool(), pid() | reference() | atom(), term()) -> ok.
 send(Pool, Dest, Msg) ->
     push(Pool, {send, Dest, Msg}).
-
-%% Replies travel like any send here: the proxy's batches are replayed
-%% by a receiver either way.
--spec reply(pool(), reference(), term()) -> ok.
-reply(Pool, Alias, Msg) ->
-    send(Pool, Alias, Msg).
 
 -spec push(pool(), ecall_transport:request()) -> ok.
 push(Pool, Request) ->

@@ -113,8 +113,7 @@ erpc_call(Node, M, F, A, Timeout) ->
     end.
 
 %% @doc On the receiving node: runs a linked call and sends the reply back
-%% through this node's own ecall connection (batched, or alone straight to
-%% the alias on a quiet link), or `!' without one.
+%% through this node's own ecall connection (batched), or `!' without one.
 -spec run_call(reference(), module(), atom(), list()) -> term().
 run_call(Alias, M, F, A) ->
     Reply = try {value, apply(M, F, A)}
@@ -122,7 +121,7 @@ run_call(Alias, M, F, A) ->
                 throw:Value -> {value, Value};
                 _Class:Reason -> {exception, Reason}
             end,
-    ecall:reply(Alias, {Alias, Reply}).
+    ecall:send(Alias, {Alias, Reply}).
 
 %% @doc On the receiving node: runs a cast, as erpc:cast/4 would.
 -spec run_cast(module(), atom(), list()) -> term().

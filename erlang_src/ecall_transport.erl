@@ -43,12 +43,6 @@
     push_result().
 
 %% Queues one request, in the caller's order.
-%% A call's reply (`{Alias, Reply}') to the caller's one-time alias: the
-%% same as send/3, except that nothing this sender pushed before can be
-%% overtaken by it, so the transport may deliver it by a shorter way
-%% (ecall_transport_nif: a lone write goes straight to the alias).
--callback reply(State :: term(), Alias :: reference(), Msg :: term()) -> push_result().
-
 -callback push(State :: term(), request()) -> push_result().
 
 %% A monitor alias for the reply of a call pushed next by the calling

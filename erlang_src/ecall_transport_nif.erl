@@ -10,7 +10,7 @@
 -module(ecall_transport_nif).
 -behaviour(ecall_transport).
 
--export([open/2, send/3, reply/3, push/2, reply_monitor/1, stats/1, close/2]).
+-export([open/2, send/3, push/2, reply_monitor/1, stats/1, close/2]).
 -export([caller_link/1]).
 
 %% Binary messages from this size on take the large-message path: encoded
@@ -42,19 +42,6 @@ send({_, Peer} = State, Dest, Msg) ->
     case ecall_nif:send(Peer, Dest, Msg) of
         {full, _} -> push(State, {send, Dest, Msg});
         large -> push_iovec(State, {send, Dest, Msg});
-        Result -> Result
-    end.
-
-%% A call's reply: as send/3, but the NIF marks it, so that a lone write
-%% sends it as ALIAS_SEND, straight into the caller's mailbox (no receiver
-%% on the way; see `direct_replies' in the stats).
--spec reply(state(), reference(), term()) -> ecall_transport:push_result().
-reply(State, Alias, Msg) when is_binary(Msg), byte_size(Msg) >= ?LARGE ->
-    push_iovec(State, {send, Alias, Msg});
-reply({_, Peer} = State, Alias, Msg) ->
-    case ecall_nif:reply(Peer, Alias, Msg) of
-        {full, _} -> push(State, {send, Alias, Msg});
-        large -> push_iovec(State, {send, Alias, Msg});
         Result -> Result
     end.
 

@@ -10,10 +10,9 @@
 -export([all/0, suite/0, init_per_suite/1, end_per_suite/1]).
 -export([cast_through_link/1, call_results_match_fallback/1, call_timeout_no_late_reply/1,
          link_loss_fails_its_callers_only/1, peer_killed_with_1000_calls/1,
-         unreachable_node/1, multi_node_patterns/1, rpc_bad_arguments/1,
-         idle_call_reply_goes_straight_to_caller/1]).
+         unreachable_node/1, multi_node_patterns/1, rpc_bad_arguments/1]).
 
--import(ecall_test_nodes, [start_node/1, stop_node/1, start_peer/1, connect_back/1]).
+-import(ecall_test_nodes, [start_node/1, stop_node/1, start_peer/1, flush_traces/0, connect_back/1]).
 
 suite() ->
     [{timetrap, {minutes, 5}}].
@@ -21,7 +20,7 @@ suite() ->
 all() ->
     [cast_through_link, call_results_match_fallback, call_timeout_no_late_reply,
      link_loss_fails_its_callers_only, peer_killed_with_1000_calls, unreachable_node,
-     multi_node_patterns, rpc_bad_arguments, idle_call_reply_goes_straight_to_caller].
+     multi_node_patterns, rpc_bad_arguments].
 
 init_per_suite(Config) ->
     ok = ecall_test_nodes:start_ecall(),
@@ -65,32 +64,29 @@ call_results_match_fallback(Config) ->
     peer:stop(Peer).
 
 %% A call that times out returns {error, {badrpc, timeout}}, and its reply,
-%% when it comes later, never reaches the caller's mailbox, whichever way
-%% it comes (in a batch through a receiver worker, or alone straight to
-%% the alias): the alias is inactive by then and the runtime drops it.
+%% when it comes later, never reaches the caller's mailbox.
 call_timeout_no_late_reply(Config) ->
     B = ?config(b, Config),
     connect_back(B),
     Self = self(),
-    P0 = pushed_back(B),
+    Workers = [whereis(ecall_receiver:name(I)) || I <- lists:seq(1, ecall_config:receivers())],
+    [erlang:trace(W, true, ['receive']) || W <- Workers],
     ?assertEqual({error, {badrpc, timeout}}, ecall:call(B, ecall_test_nodes, block, [Self], 200)),
     Blocked = receive {blocked, P, B} -> P after 5000 -> ct:fail(not_blocked) end,
-    Mref = monitor(process, Blocked),
     Blocked ! go,
-    %% The late reply is pushed before the process ends ...
-    receive {'DOWN', Mref, process, Blocked, normal} -> ok after 5000 -> ct:fail(not_done) end,
-    ?assertEqual(P0 + 1, pushed_back(B)),
-    %% ... and once B's flush markers are back, what B's links wrote
-    %% before them has been read here, and our receivers have replayed
-    %% what they got before we ask them.
-    _ = erpc:call(B, ecall_test_nodes, flush_links, [node()]),
-    ecall_test_nodes:sync_receivers(node()),
+    %% The reply comes back in a batch to one of our receiver workers ...
+    W = receive
+            {trace, W0, 'receive', {batch, Elems}} when is_pid(W0) ->
+                ?assertMatch([{send, Ref, {Ref, {value, late}}}] when is_reference(Ref), Elems),
+                W0
+        after 5000 -> ct:fail(no_late_reply_batch)
+        end,
+    %% ... which has replayed it once it takes its next message.
+    W ! {batch, []},
+    receive {trace, W, 'receive', {batch, []}} -> ok after 5000 -> ct:fail(worker_stuck) end,
+    [erlang:trace(X, false, ['receive']) || X <- Workers],
+    flush_traces(),
     receive Late -> ct:fail({late_reply, Late}) after 0 -> ok end.
-
-%% Requests B has pushed to this node.
-pushed_back(B) ->
-    {ok, #{pushed := P}} = erpc:call(B, ecall, stats, [node()]),
-    P.
 
 %% When a link goes down, the calls waiting on it return {badrpc,
 %% {link_down, _}} at once; calls on the other link are not disturbed.
@@ -234,31 +230,3 @@ rpc_bad_arguments(_Config) ->
     ?assertError(badarg, ecall:call(b, m, f, [], -1)),
     ?assertError(badarg, ecall:call(b, m, f, [], soon)),
     ?assertError(function_clause, ecall:call_all(not_a_list, m, f, [])).
-
-%% On a quiet link B writes a call's reply alone, as ALIAS_SEND, straight
-%% to the caller's alias (no receiver of this node on its way), and counts
-%% it in `direct_replies'. Whether a given reply is written alone depends
-%% on B's link having been quiet for 0.5 ms (no tick, no other write), so
-%% calls are made a few ms apart until B counts one; the pause makes the
-%% link idle, it synchronises nothing. B bumps the counter before it
-%% writes, so it is final once the reply is here. Every answer is checked.
-idle_call_reply_goes_straight_to_caller(Config) ->
-    B = ?config(b, Config),
-    connect_back(B),
-    direct_reply(B, direct_replies(B), 1).
-
-direct_reply(B, D0, N) when N =< 200 ->
-    ?assertEqual({ok, {N, <<"reply">>}}, ecall:call(B, ecall_test_nodes, echo, [{N, <<"reply">>}])),
-    case direct_replies(B) of
-        D0 ->
-            timer:sleep(3),
-            direct_reply(B, D0, N + 1);
-        D ->
-            ?assertEqual(D0 + 1, D)
-    end;
-direct_reply(_B, D0, N) ->
-    ct:fail({no_direct_reply_in, N - 1, calls, D0}).
-
-direct_replies(B) ->
-    {ok, #{direct_replies := D}} = erpc:call(B, ecall, stats, [node()]),
-    D.

@@ -59,15 +59,12 @@ pub const MANDATORY_25_DIGEST: u64 = 0x400_0000;
 /// `DFLAG_V4_NC`: 64-bit port numbers and more reference words (mandatory
 /// from OTP 26).
 pub const V4_NC: u64 = 1 << 34;
-/// `DFLAG_ALIAS`: the `ALIAS_SEND` control message (OTP 24+).
-pub const ALIAS: u64 = 1 << 35;
 
 /// Distribution flags offered on links we open: the base set, the atom
-/// cache (see [`crate::atom_cache`]), fragments (large messages go out
-/// in pieces, interleaved with others) and aliases (a call's reply may go
-/// straight to the caller's alias: `link/side.rs`).
+/// cache (see [`crate::atom_cache`]) and fragments (large messages go out
+/// in pieces, interleaved with others).
 pub fn link_flags() -> DistributionFlags {
-    DistributionFlags::from_bits_truncate(flags().bits() | DIST_HDR_ATOM_CACHE | FRAGMENTS | ALIAS)
+    DistributionFlags::from_bits_truncate(flags().bits() | DIST_HDR_ATOM_CACHE | FRAGMENTS)
 }
 
 /// Distribution flags offered on connections we accept (pings and the
@@ -473,8 +470,6 @@ pub struct Connected {
     pub atom_cache: bool,
     /// Whether both sides take fragmented messages.
     pub fragments: bool,
-    /// Whether both sides know `ALIAS_SEND`.
-    pub alias: bool,
 }
 
 /// Client side of the handshake with `peer` (`name@host`), under `me`.
@@ -551,7 +546,6 @@ pub async fn connect(me: &Identity, peer: &str, cookie: &str) -> Result<Connecte
         // Both sides' flags decide, as in OTP's handshake.
         atom_cache: offered & peer.flags.bits() & DIST_HDR_ATOM_CACHE != 0,
         fragments: offered & peer.flags.bits() & FRAGMENTS != 0,
-        alias: offered & peer.flags.bits() & ALIAS != 0,
     })
 }
 

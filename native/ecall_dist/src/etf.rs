@@ -156,10 +156,6 @@ pub const V4_PORT_EXT: u8 = 120;
 pub const SEND: u8 = 2;
 /// Control tag of `REG_SEND`: `{6, FromPid, Unused, ToName}`.
 pub const REG_SEND: u8 = 6;
-/// Control tag of `ALIAS_SEND`: `{33, FromPid, Alias}` (OTP 24+, with
-/// `DFLAG_ALIAS`): the message goes straight to the process behind the
-/// alias, if the alias is still active.
-pub const ALIAS_SEND: u8 = 33;
 
 /// Appends an atom (UTF-8 encoding, the only one OTP 26+ accepts).
 pub fn put_atom(out: &mut Vec<u8>, name: &str) {
@@ -185,8 +181,6 @@ pub fn put_atom(out: &mut Vec<u8>, name: &str) {
 pub struct BatchHeader {
     bytes: Vec<u8>,
     text: bool,
-    /// Where the `From` pid lies in `bytes`.
-    from: std::ops::Range<usize>,
 }
 
 impl BatchHeader {
@@ -204,32 +198,17 @@ impl BatchHeader {
         };
         b.extend_from_slice(&[0, 0, 0, 0, PASS_THROUGH, VERSION, SMALL_TUPLE_EXT, 4]);
         b.extend_from_slice(&[SMALL_INTEGER_EXT, REG_SEND]);
-        let from_start = b.len();
         b.push(NEW_PID_EXT);
         atom(&mut b, from_node);
         b.extend_from_slice(&1u32.to_be_bytes());
         b.extend_from_slice(&0u32.to_be_bytes());
         b.extend_from_slice(&creation.to_be_bytes());
-        let from = from_start..b.len();
         atom(&mut b, "");
         atom(&mut b, to_name);
         b.extend_from_slice(&[VERSION, SMALL_TUPLE_EXT, 2]);
         atom(&mut b, "batch");
         b.extend_from_slice(&[LIST_EXT, 0, 0, 0, 0]);
-        BatchHeader {
-            bytes: b,
-            text,
-            from,
-        }
-    }
-
-    /// The control term of an `ALIAS_SEND` from the same pid, version
-    /// byte first: `131 {33, From,` with the alias still to follow (see
-    /// [`alias_send_frame`]).
-    pub fn alias_send_control(&self) -> Vec<u8> {
-        let mut c = vec![VERSION, SMALL_TUPLE_EXT, 3, SMALL_INTEGER_EXT, ALIAS_SEND];
-        c.extend_from_slice(&self.bytes[self.from.clone()]);
-        c
+        BatchHeader { bytes: b, text }
     }
 
     /// Whether some of its atoms are text (the ids ran out).
@@ -251,32 +230,6 @@ impl BatchHeader {
         let len = (frame.len() - 4) as u32;
         frame[0..4].copy_from_slice(&len.to_be_bytes());
     }
-}
-
-/// Builds into `out` the plain frame that sends a `{send, Alias, Msg}`
-/// element (as the NIF encodes it, no version byte) as `ALIAS_SEND`:
-/// `<len> 112 <control {33, From, Alias}> 131 <Msg>`, where `control` is
-/// [`BatchHeader::alias_send_control`]. `None` (and `out` unspecified) if
-/// the element is not a 3-tuple whose second element is a reference.
-/// Only for elements we encoded (their atoms may be id references).
-pub fn alias_send_frame(control: &[u8], element: &[u8], out: &mut Vec<u8>) -> Option<()> {
-    if element.get(..2)? != [SMALL_TUPLE_EXT, 3] {
-        return None;
-    }
-    let alias = crate::atom_cache::own_term_end(element, 2)?;
-    if element.get(alias)? != &NEWER_REFERENCE_EXT {
-        return None;
-    }
-    let msg = crate::atom_cache::own_term_end(element, alias)?;
-    out.clear();
-    out.extend_from_slice(&[0, 0, 0, 0, PASS_THROUGH]);
-    out.extend_from_slice(control);
-    out.extend_from_slice(&element[alias..msg]);
-    out.push(VERSION);
-    out.extend_from_slice(&element[msg..]);
-    let len = u32::try_from(out.len() - FRAME_LEN).ok()?;
-    out[..FRAME_LEN].copy_from_slice(&len.to_be_bytes());
-    Some(())
 }
 
 /// Strips the version byte of one `term_to_binary` result so that it can be
@@ -302,62 +255,6 @@ mod tests {
         let mut v = Vec::new();
         put_atom(&mut v, &long);
         assert_eq!(&v[..3], &[118, 1, 44]);
-    }
-
-    fn enc(t: &eetf::Term) -> Vec<u8> {
-        let mut v = Vec::new();
-        t.encode(&mut v).unwrap();
-        v
-    }
-
-    /// A reply element becomes `{33, From, Alias}` and `Msg`, each a whole
-    /// term; anything else is refused.
-    #[test]
-    fn replies_become_alias_sends() {
-        use eetf::{Atom, FixInteger, Pid, Reference, Term, Tuple};
-        let alias = Term::from(Reference {
-            node: Atom::from("b@h"),
-            id: vec![1, 2, 3],
-            creation: 7,
-        });
-        let msg = Term::from(Tuple::from(vec![
-            alias.clone(),
-            Term::from(FixInteger::from(42)),
-        ]));
-        let element = |to: Term| {
-            let t = Term::from(Tuple::from(vec![
-                Term::from(Atom::from("send")),
-                to,
-                msg.clone(),
-            ]));
-            element_body(&enc(&t)).unwrap().to_vec()
-        };
-        let header = BatchHeader::new("a_ecall_1@h", 9, "ecall_rx_1");
-        let control = header.alias_send_control();
-        let mut out = Vec::new();
-        let mut frame = Vec::new();
-        alias_send_frame(&control, &element(alias.clone()), &mut frame).unwrap();
-        // The header's atoms may be id references (other tests give ids).
-        assert!(crate::atom_cache::expand_ids(&frame, &mut out));
-        let len = u32::from_be_bytes(out[..4].try_into().unwrap()) as usize;
-        assert_eq!(len, out.len() - FRAME_LEN);
-        assert_eq!(out[FRAME_LEN], PASS_THROUGH);
-        let mut rest = std::io::Cursor::new(&out[PLAIN_TERMS..]);
-        let ctl = Term::decode(&mut rest).unwrap();
-        let want = Term::from(Tuple::from(vec![
-            Term::from(FixInteger::from(33)),
-            Term::from(Pid::new("a_ecall_1@h", 1, 0, 9)),
-            alias,
-        ]));
-        assert_eq!(ctl, want);
-        assert_eq!(Term::decode(&mut rest).unwrap(), msg);
-        assert_eq!(rest.position() as usize, out.len() - PLAIN_TERMS);
-
-        let to_pid = element(Term::from(Pid::new("b@h", 5, 0, 7)));
-        assert_eq!(alias_send_frame(&control, &to_pid, &mut out), None);
-        let pair = element_body(&enc(&msg)).unwrap().to_vec();
-        assert_eq!(alias_send_frame(&control, &pair, &mut out), None);
-        assert_eq!(alias_send_frame(&control, &[], &mut out), None);
     }
 
     #[test]

@@ -48,11 +48,6 @@ pub struct Element<'a> {
     /// Atoms written as id references (for `cached_atoms`, counted when
     /// the element is written).
     pub refs: u32,
-    /// A call's reply, `{send, Alias, Msg}` to a one-time alias: nothing
-    /// its sender pushed before can be overtaken by it, so a lone write
-    /// may send it as `ALIAS_SEND`, straight to the caller
-    /// (`link/side.rs`), rather than through the peer's receiver.
-    pub reply: bool,
 }
 
 impl<'a> Element<'a> {
@@ -63,7 +58,6 @@ impl<'a> Element<'a> {
             bytes,
             text: true,
             refs: 0,
-            reply: false,
         }
     }
 }
@@ -127,9 +121,6 @@ pub struct Shard {
     header: Vec<u8>,
     /// Whether the header has atoms as text.
     header_text: bool,
-    /// `131 {33, From,` for replies sent as `ALIAS_SEND` (its atoms are
-    /// text when the header's are).
-    alias_control: Vec<u8>,
     caps: BatchCaps,
 }
 
@@ -140,7 +131,6 @@ impl Shard {
             inner: Mutex::new(Inner::default()),
             header: header.as_bytes().to_vec(),
             header_text: header.has_text(),
-            alias_control: header.alias_send_control(),
             caps,
         }
     }
@@ -266,15 +256,6 @@ impl Shard {
         out.extend_from_slice(element);
         BatchHeader::seal(out, self.header.len(), 1);
         self.header_text
-    }
-
-    /// Builds into `out` the plain frame that sends a reply element as
-    /// `ALIAS_SEND` from this shard's pid ([`crate::etf::alias_send_frame`]);
-    /// `Some(text)` (whether the control has atoms as text), or `None` if
-    /// the element is not `{send, Alias, Msg}`.
-    pub fn reply_frame(&self, element: &[u8], out: &mut Vec<u8>) -> Option<bool> {
-        crate::etf::alias_send_frame(&self.alias_control, element, out)?;
-        Some(self.header_text)
     }
 
     /// Takes the oldest batch: a sealed one if any, else the open one.

@@ -251,7 +251,6 @@ async fn encode_time_atom_ids_reach_erl() {
                     bytes: &bytes,
                     text,
                     refs,
-                    reply: false,
                 },
                 false,
             )
@@ -633,83 +632,4 @@ async fn a_partial_lone_write_is_finished_by_the_writer_first() {
     assert_eq!(ls.lone_partial.load(Relaxed), 1);
     assert_eq!(ls.dropped.load(Relaxed), 0);
     peer.close();
-}
-
-/// A node whose `sink` says how each message to its alias came: `direct
-/// N` for `{Alias, N}` delivered by the runtime, `batched C` for a batch
-/// of `C` requests (which it does not replay). Its first line is the
-/// alias, in external format, in hex.
-fn alias_eval() -> &'static str {
-    "register(sink, self()), A = alias(), \
-     io:format(\"alias ~s~n\", [binary:encode_hex(term_to_binary(A))]), \
-     Loop = fun L() -> receive \
-                {A, N} -> io:format(\"direct ~p~n\", [N]); \
-                {batch, Rs} -> io:format(\"batched ~p~n\", [length(Rs)]) \
-            end, L() end, \
-     Loop()."
-}
-
-/// `{send, Alias, {Alias, n}}` as the NIF encodes a reply (atoms as text).
-fn reply_element(alias: &[u8], n: u8) -> Vec<u8> {
-    let mut e = vec![ecall_dist::etf::SMALL_TUPLE_EXT, 3];
-    ecall_dist::etf::put_atom(&mut e, "send");
-    e.extend_from_slice(alias);
-    e.extend_from_slice(&[ecall_dist::etf::SMALL_TUPLE_EXT, 2]);
-    e.extend_from_slice(alias);
-    e.extend_from_slice(&[ecall_dist::etf::SMALL_INTEGER_EXT, n]);
-    e
-}
-
-/// A call's reply written alone goes as `ALIAS_SEND`, straight into the
-/// mailbox behind the alias: the peer's receiver never sees it. The same
-/// element not marked as a reply still goes to the receiver.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn lone_replies_go_straight_to_the_alias() {
-    use ecall_dist::shard::Element;
-    use std::sync::atomic::Ordering::Relaxed;
-    let epmd = Epmd::start().await;
-    let id = identity(&epmd, COOKIE, Duration::from_secs(15)).await;
-    let mut erl = Erl::start(&epmd, COOKIE, &[], alias_eval());
-    let line = erl.line().await;
-    let hex = line.strip_prefix("alias ").expect("the alias first");
-    let etf: Vec<u8> = (0..hex.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
-        .collect();
-    let alias = element_body(&etf).unwrap().to_vec();
-    let (peer, mut events) = open_peer(&id, &erl.node, COOKIE, "sink");
-    assert!(matches!(next_event(&mut events).await, Event::Up));
-    let ls = peer.link_stats(0).unwrap();
-    let push = |n: u8, reply: bool| {
-        let bytes = reply_element(&alias, n);
-        let element = Element {
-            bytes: &bytes,
-            text: true,
-            refs: 0,
-            reply,
-        };
-        assert_eq!(peer.push_element(0, element, false), Push::Queued);
-    };
-    // Whether a push is written alone depends on nothing (a tick) waking
-    // the writer meanwhile: tried until one is. Each landing is checked
-    // against the counter, which a lone write bumps before it writes.
-    for n in 1..=50 {
-        writer_asleep(&peer).await;
-        let before = ls.direct_replies.load(Relaxed);
-        push(n, true);
-        let line = erl.line().await;
-        if ls.direct_replies.load(Relaxed) == before {
-            assert_eq!(line, "batched 1");
-            continue;
-        }
-        assert_eq!(line, format!("direct {n}"));
-        assert_eq!(ls.direct_replies.load(Relaxed), before + 1);
-        writer_asleep(&peer).await;
-        push(n + 1, false);
-        assert_eq!(erl.line().await, "batched 1");
-        assert_eq!(ls.direct_replies.load(Relaxed), before + 1);
-        peer.close();
-        return;
-    }
-    panic!("no reply was written alone in 50 tries");
 }

@@ -14,7 +14,6 @@
 #![warn(clippy::all)]
 
 use ecall_dist::link::posix_name;
-use ecall_dist::shard::Element;
 use ecall_dist::{
     BatchCaps, Identity, IdentityConfig, LinkDown, LinkEvents, Listen, Peer, PeerConfig, Push,
 };
@@ -32,7 +31,7 @@ mod atoms {
         ok, error, send, full, closed, large, wait, retry, ecall_link, ecall_cnode, ecall_room,
         up, down, alive, badarg,
         pushed, batches, requests, bytes, writes, dropped, connects, disconnects,
-        stalls, cached_atoms, queued_bytes, links_up, overflow_waits, overflow_drops, per_link, link, fragmented, lone, lone_partial, direct_replies, wakes, closed_drops, links, shards, accepted, refused,
+        stalls, cached_atoms, queued_bytes, links_up, overflow_waits, overflow_drops, per_link, link, fragmented, lone, lone_partial, wakes, closed_drops, links, shards, accepted, refused,
         node, creation, port, inbound_frames, inbound_answered, inbound_ignored, inbound_malformed,
         handshakes_shed, accept_errors, stopped,
         // Link-down reasons (see `down_reason`).
@@ -389,33 +388,6 @@ fn send<'a>(
     })
 }
 
-/// `send/3` for a call's reply (`ecall_request:run_call/4`): `to` is the
-/// caller's one-time alias, so a lone write may send it straight to the
-/// caller as `ALIAS_SEND` (`link/side.rs` in ecall_dist). Same results as
-/// `send/3`; `badarg` if `to` is not a reference.
-#[rustler::nif]
-fn reply<'a>(
-    env: Env<'a>,
-    peer: ResourceArc<PeerRes>,
-    to: Term<'a>,
-    msg: Term<'a>,
-) -> NifResult<Term<'a>> {
-    if to.get_type() != rustler::TermType::Ref {
-        return Err(rustler::Error::BadArg);
-    }
-    let shard = caller_shard(env);
-    let req = [atoms::send().to_term(env), to, msg];
-    encode::tuple_with(env, &req, encode::INLINE_MAX, |e| {
-        pushed(env, &peer.peer, &e, |p| {
-            let element = Element {
-                reply: true,
-                ..e.element()
-            };
-            p.push_element(shard, element, false)
-        })
-    })
-}
-
 /// Queues any request term (`{send, ...}`, `{cast, ...}`, `{call, ...}`)
 /// on the caller's shard; same results as `send/3`. `admitted` is for a
 /// caller woken by `{ecall_room, Ref, true}`.
@@ -596,7 +568,7 @@ fn peer_stats<'a>(env: Env<'a>, peer: ResourceArc<PeerRes>) -> NifResult<Term<'a
         .collect();
     // The counters every link keeps; a peer's total is their sum.
     type Counter = fn(&LinkStats) -> &AtomicU64;
-    let counters: [(Atom, Counter); 16] = [
+    let counters: [(Atom, Counter); 15] = [
         (atoms::batches(), |l| &l.batches),
         (atoms::requests(), |l| &l.requests),
         (atoms::bytes(), |l| &l.bytes),
@@ -608,7 +580,6 @@ fn peer_stats<'a>(env: Env<'a>, peer: ResourceArc<PeerRes>) -> NifResult<Term<'a
         (atoms::fragmented(), |l| &l.fragmented),
         (atoms::lone(), |l| &l.lone),
         (atoms::lone_partial(), |l| &l.lone_partial),
-        (atoms::direct_replies(), |l| &l.direct_replies),
         (atoms::inbound_frames(), |l| &l.inbound.frames),
         (atoms::inbound_answered(), |l| &l.inbound.answered),
         (atoms::inbound_ignored(), |l| &l.inbound.ignored),

@@ -182,9 +182,6 @@ pub struct LinkStats {
     /// Lone writes the socket took only in part (the writer wrote the
     /// rest): a sign that the peer reads slowly.
     pub lone_partial: AtomicU64,
-    /// Calls' replies written alone as `ALIAS_SEND`, straight to the
-    /// caller (also counted in `lone`; see `link/side.rs`).
-    pub direct_replies: AtomicU64,
     /// Gauge: connected now.
     pub up: AtomicBool,
     /// What the peer sent us on this link (ticks aside).

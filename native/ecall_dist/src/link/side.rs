@@ -67,20 +67,16 @@ pub(crate) struct WriteSide {
     /// The part of a lone frame that the socket did not take at once: the
     /// writer writes it before anything else.
     pub(super) pending: Vec<u8>,
-    /// Whether the peer takes `ALIAS_SEND` (replies written alone go
-    /// straight to their caller).
-    alias: bool,
 }
 
 impl WriteSide {
-    pub(super) fn new(wr: LinkWrite, atom_cache: bool, alias: bool) -> WriteSide {
+    pub(super) fn new(wr: LinkWrite, atom_cache: bool) -> WriteSide {
         WriteSide {
             wr,
             cache: atom_cache.then(OutCache::default),
             scratch: Vec::new(),
             plain: Vec::new(),
             pending: Vec::new(),
-            alias,
         }
     }
 
@@ -154,23 +150,7 @@ impl LinkShared {
         if self.state.load(Ordering::SeqCst) != SLEEPING {
             return false;
         }
-        // A reply goes as `ALIAS_SEND`, straight to its caller: one
-        // process hop (the peer's receiver) and the copy it makes fewer.
-        // Only replies, and only alone: an alias may be sent to more than
-        // once, and a direct message could overtake an earlier request of
-        // the same sender still waiting in the peer's receiver; a reply's
-        // sender (the process that ran the call) pushed nothing before it.
-        let direct = element.reply && side.alias;
-        let text = direct
-            .then(|| shard.reply_frame(element.bytes, &mut side.plain))
-            .flatten();
-        let text = match text {
-            Some(text) => {
-                self.stats.direct_replies.fetch_add(1, Ordering::Relaxed);
-                text
-            }
-            None => shard.lone_frame(element.bytes, &mut side.plain),
-        } || element.text;
+        let text = shard.lone_frame(element.bytes, &mut side.plain) || element.text;
         side.scratch.clear();
         let hits = super::frame_out(
             side.cache.as_mut(),

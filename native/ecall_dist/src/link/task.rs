@@ -116,7 +116,6 @@ async fn connected(peer: &Arc<Peer>, k: usize, id: &Identity, conn: cnode::Conne
         id.tick(),
         conn.atom_cache,
         conn.fragments,
-        conn.alias,
     )
     .run(reader, ctl_rx)
     .await

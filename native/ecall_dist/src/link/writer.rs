@@ -57,13 +57,12 @@ impl LinkWriter {
         tick: Duration,
         atom_cache: bool,
         fragments: bool,
-        alias: bool,
     ) -> LinkWriter {
         let deadline = peer.config.stall_timeout;
         LinkWriter {
             peer,
             k,
-            side: Some(WriteSide::new(wr, atom_cache, alias)),
+            side: Some(WriteSide::new(wr, atom_cache)),
             tick,
             deadline,
             // Fragments need the distribution header, which comes with the
