@@ -470,27 +470,41 @@ chosen(Variants) ->
 %% 100 messages each, 50 ms apart); p50, p99 and max of its round trips.
 %% native is erpc:call/4; ecall_erlang and ecall_nif are ecall:call/4 over
 %% that transport.
+%%
+%% Every variant's idle probes come first, before any load, in
+%% ?IDLE_ROUNDS rounds that take the variants in turn (a share of the
+%% probes each): a variant measured just after another's loaded point
+%% paid for its aftermath (both nodes still freeing gigabytes), and one
+%% measured alone paid for whatever the shared machine did meanwhile.
 
 -define(PROBES, 1000).
+-define(IDLE_ROUNDS, 4).
 
 latency(N) ->
     {Peer, B} = start_b(),
     erlang:system_flag(scheduler_wall_time, true),
-    io:format("latency: A=~p B=~p, OTP ~s, ~b schedulers, ~b probe calls 1 ms apart, "
-              "load: ~b writers~n",
+    io:format("latency: A=~p B=~p, OTP ~s, ~b schedulers, ~b probe calls 1 ms apart "
+              "(idle: ~b rounds over the variants), load: ~b writers~n",
               [node(), B, erlang:system_info(otp_release), erlang:system_info(schedulers),
-               ?PROBES, N]),
+               ?PROBES, ?IDLE_ROUNDS, N]),
+    Variants = chosen([native, ecall_erlang, ecall_nif]),
+    PerRound = ?PROBES div ?IDLE_ROUNDS,
+    IdleRounds = [{V, begin use_transport(B, V), call_probe(B, V, PerRound) end}
+                  || _ <- lists:seq(1, ?IDLE_ROUNDS), V <- Variants],
+    Idle = [{V, lists:sort(lists:append([P || {V1, P} <- IdleRounds, V1 =:= V]))}
+            || V <- Variants],
     Rows = lists:append(
              [begin
                   use_transport(B, V),
-                  Idle = call_probe(B, V),
                   Self = self(),
                   Ref = make_ref(),
-                  Start = fun() -> spawn_link(fun() -> Self ! {Ref, call_probe(B, V)} end) end,
+                  Start = fun() ->
+                                  spawn_link(fun() -> Self ! {Ref, call_probe(B, V, ?PROBES)} end)
+                          end,
                   _ = point(B, V, send, N, 100, 50, Start),
                   Loaded = receive {Ref, L} -> L end,
-                  [latency_row(V, 0, Idle), latency_row(V, N, Loaded)]
-              end || V <- chosen([native, ecall_erlang, ecall_nif])]),
+                  [latency_row(V, 0, proplists:get_value(V, Idle)), latency_row(V, N, Loaded)]
+              end || V <- Variants]),
     io:format("~n~-13s ~8s ~9s ~9s ~9s~n", ["variant", "writers", "p50 us", "p99 us", "max us"]),
     [io:format("~-13s ~8b ~9b ~9b ~9b~n", [V, W, P50, P99, Max])
      || #{variant := V, writers := W, p50_us := P50, p99_us := P99, max_us := Max} <- Rows],
@@ -545,8 +559,8 @@ echo(Back) ->
             echo(Back)
     end.
 
-%% ?PROBES calls, 1 ms apart; their round trips in microseconds, sorted.
-call_probe(B, Variant) ->
+%% Count calls, 1 ms apart; their round trips in microseconds, sorted.
+call_probe(B, Variant, Count) ->
     Call = case Variant of
                native -> fun() -> B = erpc:call(B, erlang, node, []) end;
                _ -> fun() -> {ok, B} = ecall:call(B, erlang, node, []) end
@@ -557,7 +571,7 @@ call_probe(B, Variant) ->
                     T1 = erlang:monotonic_time(),
                     timer:sleep(1),
                     erlang:convert_time_unit(T1 - T0, native, microsecond)
-                end || _ <- lists:seq(1, ?PROBES)]).
+                end || _ <- lists:seq(1, Count)]).
 
 latency_row(Variant, Writers, Sorted) ->
     Pct = fun(P) -> lists:nth(max(1, round(P * length(Sorted))), Sorted) end,
