@@ -252,6 +252,15 @@ every_term_kind_arrives_equal(Config) ->
     %% cache references, nothing as text; a fun's atoms stay text.
     ?assertMatch({_, false, 3}, ecall_nif:encoded_size({send, self(), #{a => 1}})),
     ?assertMatch({_, true, _}, ecall_nif:encoded_size({fun() -> ok end})),
+    %% A local pid's encoding is cached with the atoms (so the second
+    %% encode of it is the cache's), and a reference met again in the same
+    %% request is copied from where it was first written: both decode
+    %% equal, their node atoms as references (send, R three times, the
+    %% pid twice).
+    R = make_ref(),
+    Again = {send, R, {R, self(), [self(), R]}},
+    [?assert(binary_to_term(ecall_nif:encode(Again)) =:= Again) || _ <- [1, 2]],
+    [?assertMatch({_, false, 6}, ecall_nif:encoded_size(Again)) || _ <- [1, 2]],
     Mirror = erpc:call(B, erlang, spawn, [fun() -> mirror(Self) end]),
     %% Twice: the second time every atom comes from the NIF's cache.
     Sent = Terms ++ Terms,

@@ -48,6 +48,7 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 use std::mem::MaybeUninit;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Cached atom encodings per thread (a direct-mapped table: a collision
 /// replaces the older entry).
@@ -76,16 +77,38 @@ struct AtomCache {
     nodes: HashMap<Box<[u8]>, Option<u8>>,
 }
 
-/// One cached atom.
+/// One cached atom, or local pid.
 struct AtomEntry {
     /// Its term word.
     word: ErlNifTerm,
+    /// 0 for an atom (never stale); for a local pid, the [`EPOCH`] it was
+    /// encoded in.
+    epoch: u64,
     /// Its encoding: `ATOM_CACHE_REF id`, or the atom as text; empty for
     /// text longer than [`ATOM_MAX`], which the VM writes each time
     /// (without asking for an id again).
     bytes: Vec<u8>,
     /// Whether it goes as text.
     text: bool,
+}
+
+/// The epoch of cached local pid encodings. A local pid is an immediate
+/// term, so like an atom its word names it for the life of the VM (a
+/// process that reuses the word reuses the number and serial too, so the
+/// same encoding), and its encoding is cached with the atoms: a pid costs
+/// `enif_term_to_binary` about 0.5 µs here, most of a small push. But that
+/// encoding names this node and its creation, which a restart of
+/// distribution changes: every C-node start and every peer opened (which
+/// a restarted distribution goes through before anything is pushed to the
+/// new peers) starts a new epoch ([`new_epoch`]), and entries of an older
+/// one are encoded again. What a peer opened before the restart is still
+/// pushed until ecall closes it on the nodedown may carry the old form;
+/// that peer's connection is going down anyway.
+static EPOCH: AtomicU64 = AtomicU64::new(1);
+
+/// Forgets every thread's cached local pid encodings (see [`EPOCH`]).
+pub fn new_epoch() {
+    EPOCH.fetch_add(1, Ordering::Relaxed);
 }
 
 /// Node names remembered per thread.
@@ -138,6 +161,12 @@ struct Encoder {
     limit: usize,
     /// Whether it gave up: the element passed `limit`.
     large: bool,
+    /// The last pid, port or reference written through the VM in this
+    /// element, as (word, start, end in `buf`, node went as an id): the
+    /// same term again (a call's reply names its alias twice) is copied.
+    /// Words are only compared within one NIF call, where a term cannot
+    /// move.
+    memo: Option<(ErlNifTerm, usize, usize, bool)>,
 }
 
 /// One encoded element, as [`term_with`] and [`tuple_with`] hand it over.
@@ -172,6 +201,7 @@ thread_local! {
         refs: 0,
         limit: usize::MAX,
         large: false,
+        memo: None,
     });
 }
 
@@ -236,6 +266,7 @@ fn with_encoder<R>(
         e.refs = 0;
         e.limit = limit;
         e.large = false;
+        e.memo = None;
         encode(&mut e);
         let r = f(Encoded {
             bytes: &e.buf,
@@ -272,6 +303,7 @@ impl Encoder {
             refs,
             limit,
             large,
+            memo,
         } = self;
         if *large {
             // An earlier element of the same tuple gave up already.
@@ -316,7 +348,10 @@ impl Encoder {
             // with no call into the VM to ask what the term is.
             let word = t.as_c_arg();
             let slot = AtomCache::slot(word);
-            if let Some(e) = atoms.entries[slot].as_ref().filter(|e| e.word == word) {
+            let live = |e: &&AtomEntry| {
+                e.word == word && (e.epoch == 0 || e.epoch == EPOCH.load(Ordering::Relaxed))
+            };
+            if let Some(e) = atoms.entries[slot].as_ref().filter(live) {
                 if e.bytes.is_empty() {
                     fallback(t, out);
                 } else {
@@ -337,10 +372,32 @@ impl Encoder {
                         *text = true;
                     }
                 }
-                TermType::Pid | TermType::Port | TermType::Ref => {
+                ty @ (TermType::Pid | TermType::Port | TermType::Ref) => {
                     let start = out.len();
-                    fallback(t, out);
-                    if node_id(start, atoms, out) {
+                    let id = match *memo {
+                        Some((w, s, e, id)) if w == word => {
+                            out.extend_from_within(s..e);
+                            id
+                        }
+                        _ => {
+                            fallback(t, out);
+                            let id = node_id(start, atoms, out);
+                            let local_pid =
+                                ty == TermType::Pid && t.decode::<rustler::LocalPid>().is_ok();
+                            if local_pid && id {
+                                atoms.entries[slot] = Some(AtomEntry {
+                                    word,
+                                    epoch: EPOCH.load(Ordering::Relaxed),
+                                    bytes: out[start..].to_vec(),
+                                    text: false,
+                                });
+                            } else {
+                                *memo = Some((word, start, out.len(), id));
+                            }
+                            id
+                        }
+                    };
+                    if id {
                         *refs += 1;
                     } else {
                         *text = true;
@@ -495,6 +552,7 @@ fn atom(t: Term<'_>, slot: usize, atoms: &mut AtomCache, out: &mut Vec<u8>) -> b
     };
     atoms.entries[slot] = Some(AtomEntry {
         word: t.as_c_arg(),
+        epoch: 0,
         bytes,
         text: id.is_none(),
     });

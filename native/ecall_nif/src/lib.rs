@@ -115,6 +115,8 @@ fn cnode_start(
     opts: CNodeOpts,
     reference: Term<'_>,
 ) -> NifResult<Atom> {
+    // This node may have a new name or creation: local pids encode anew.
+    encode::new_epoch();
     let CNodeOpts {
         tick_ms,
         handshake_ms,
@@ -336,6 +338,9 @@ fn peer_open(
     if opts.max_batch_count == 0 || opts.max_batch_bytes == 0 || opts.max_queue_bytes == 0 {
         return Err(rustler::Error::BadArg);
     }
+    // After a restart of distribution every peer is opened again before
+    // anything is pushed to it: local pids encode anew (encode::EPOCH).
+    encode::new_epoch();
     let config = PeerConfig {
         node,
         cookie,
