@@ -72,6 +72,9 @@ if [ "${1:-}" = profile ]; then
     # Only this run's operation: `messages' and `nodes' speak of this run.
     for f in "$prof"/"${3:-send}"-*.perf; do
         v=$(basename "$f" .perf)
+        # A recording of an earlier run (ECALL_BENCH_VARIANTS left its
+        # variant out of this one) has no message count here: skipped.
+        grep -q "^$v " "$prof/messages" || continue
         perf script -i "$f" 2>/dev/null | "$tools/bin/inferno-collapse-perf" > "$prof/$v.folded"
         "$tools/bin/inferno-flamegraph" --title "ecall $v: both nodes" < "$prof/$v.folded" > "$prof/$v.svg"
         msgs=$(awk -v v="$v" '$1 == v {print $2}' "$prof/messages")
