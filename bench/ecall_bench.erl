@@ -252,25 +252,43 @@ matrix(Ns, K, P, Ops, Variants, Label) ->
               [Label, node(), B, erlang:system_info(otp_release),
                erlang:system_info(schedulers), erlang:external_size(payload()),
                ecall_config:links(), ecall_config:shards()]),
-    %% Variants one after the other (a transport switch reconnects), each
-    %% over every operation and load.
+    %% Each point (operation, load) for every variant in turn (a transport
+    %% switch reconnects), and both nodes idle before each: this machine
+    %% drifts by tens of percent within a run, and a variant run after
+    %% another's heavy point paid for its aftermath (gigabytes still being
+    %% freed). Run variant by variant, the ratios between variants also
+    %% measured the drift between their turns.
     %% ECALL_BENCH_VARIANTS=ecall_nif,native runs only those.
     Chosen = chosen(Variants),
-    Total = length(Chosen) * length(Ops) * length(Ns),
-    Rows = lists:append([begin
-                             use_transport(B, V),
-                             [progress(I, Total, point(B, V, Op, N, K, P))
-                              || {I, {Op, N}} <- numbered(VI, Ops, Ns)]
-                         end || {VI, V} <- lists:enumerate(0, Chosen)]),
+    Points = [{Op, N, V} || Op <- Ops, N <- Ns, V <- Chosen],
+    Total = length(Points),
+    Rows0 = [begin
+                 use_transport(B, V),
+                 settle(B),
+                 progress(I, Total, point(B, V, Op, N, K, P))
+             end || {I, {Op, N, V}} <- lists:enumerate(Points)],
+    %% Printed and written variant by variant, as before.
+    Rows = [R || V <- Chosen, #{variant := V1} = R <- Rows0, V1 =:= V],
     print(Rows),
     write_results(Label, Rows),
     peer:stop(Peer),
     ok.
 
-%% The points of the VI-th variant, numbered from 1 across the matrix.
-numbered(VI, Ops, Ns) ->
-    Points = [{Op, N} || Op <- Ops, N <- Ns],
-    lists:enumerate(VI * length(Points) + 1, Points).
+%% Returns once neither node has had anything to run for three looks in a
+%% row, 20 ms apart (at most 10 s): the last point's processes are gone
+%% and its memory is being given back, not still being worked through.
+settle(B) ->
+    settle(B, 0, 500).
+
+settle(_B, 3, _Left) ->
+    ok;
+settle(_B, _Quiet, 0) ->
+    ok;
+settle(B, Quiet, Left) ->
+    Busy = erlang:statistics(total_run_queue_lengths_all)
+        + erpc:call(B, erlang, statistics, [total_run_queue_lengths_all]),
+    timer:sleep(20),
+    settle(B, case Busy of 0 -> Quiet + 1; _ -> 0 end, Left - 1).
 
 %% One line per point as it ends, so that a long run shows where it is.
 progress(I, Total, #{variant := V, op := Op, writers := N, rate := Rate,
