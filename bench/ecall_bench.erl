@@ -633,6 +633,17 @@ micro() ->
               "a map of 8,000 pairs after ~.1f us~n",
               [per_call(fun() -> ecall_nif:encoded_size(List) end, 1000) / 1000,
                per_call(fun() -> ecall_nif:encoded_size(Map) end, 1000) / 1000]),
+    %% Requests around the encoder's bound (ecall_nif's INLINE_MAX, 16 KiB):
+    %% below it the NIF encodes them inline, above it the push gives up and
+    %% goes by term_to_iovec and a dirty-scheduler copy.
+    Sized = [{KiB, lists:duplicate(KiB * 1024 div erlang:external_size(Payload), Payload)}
+             || KiB <- [4, 12, 20, 48]],
+    io:format("micro: push of a list of payloads, one process, us per push (term_to_binary's "
+              "time in brackets):~s~n",
+              [[io_lib:format(" ~b KiB ~s ~.1f (~.1f);", [KiB, Path, push_ns(Sink, T, 2000, 1) / 1000,
+                                                           per_call(fun() -> term_to_binary(T) end, 2000) / 1000])
+                || {KiB, T} <- Sized,
+                   Path <- [case ecall_nif:encoded_size(T) of large -> "iovec"; _ -> "inline" end]]]),
     io:format("micro: term_to_binary of the payload ~.1f ns, binary_to_term ~.1f ns, "
               "one atom decoded from text ~.1f ns~n",
               [per_call(fun() -> term_to_binary(Payload) end, 100000),
