@@ -498,10 +498,8 @@ mod tests {
     /// for one both went in).
     #[test]
     fn racing_pushes_stay_within_the_budget() {
-        let element = [BINARY_EXT, 0, 0, 0, 95]
-            .into_iter()
-            .chain(std::iter::repeat(7).take(95))
-            .collect::<Vec<u8>>();
+        let mut element = vec![BINARY_EXT, 0, 0, 0, 95];
+        element.resize(100, 7);
         for _ in 0..50 {
             let peer = test_peer(10_000);
             let queued: usize = std::thread::scope(|s| {
