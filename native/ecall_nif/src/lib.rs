@@ -378,18 +378,11 @@ fn caller_shard(env: Env<'_>) -> usize {
 /// `closed`, or `large` (nothing queued: the encoding passed
 /// [`encode::INLINE_MAX`]; the caller pushes it with `push_iovec/3`).
 #[rustler::nif]
-fn send<'a>(
-    env: Env<'a>,
-    peer: ResourceArc<PeerRes>,
-    to: Term<'a>,
-    msg: Term<'a>,
-) -> NifResult<Term<'a>> {
+fn send<'a>(env: Env<'a>, peer: ResourceArc<PeerRes>, to: Term<'a>, msg: Term<'a>) -> Term<'a> {
     let shard = caller_shard(env);
     let req = [atoms::send().to_term(env), to, msg];
     encode::tuple_with(env, &req, encode::INLINE_MAX, |e| {
-        pushed(env, &peer.peer, &e, |p| {
-            p.push_element(shard, e.element(), false)
-        })
+        push_encoded(env, &peer.peer, shard, &e, false)
     })
 }
 
@@ -402,8 +395,11 @@ fn push_request<'a>(
     peer: ResourceArc<PeerRes>,
     req: Term<'a>,
     admitted: bool,
-) -> NifResult<Term<'a>> {
-    push(env, &peer.peer, req, admitted)
+) -> Term<'a> {
+    let shard = caller_shard(env);
+    encode::term_with(env, req, encode::INLINE_MAX, |e| {
+        push_encoded(env, &peer.peer, shard, &e, admitted)
+    })
 }
 
 /// Queues a large request encoded by `erlang:term_to_iovec/1` (big
@@ -428,13 +424,8 @@ fn push_iovec<'a>(
     let body = ecall_dist::etf::element_body(first).ok_or(rustler::Error::BadArg)?;
     let len: usize = body.len() + parts[1..].iter().map(|p| p.len()).sum::<usize>();
     parts[0] = body;
-    Ok(
-        match peer.peer.push_alone(caller_shard(env), &parts, admitted) {
-            Push::Queued => atoms::ok().encode(env),
-            Push::Full => (atoms::full(), len).encode(env),
-            Push::Closed => atoms::closed().encode(env),
-        },
-    )
+    let pushed = peer.peer.push_alone(caller_shard(env), &parts, admitted);
+    Ok(answer(env, pushed, len))
 }
 
 /// How a push encodes `term`: `{Bytes, Text, Refs}` (the size, whether an
@@ -458,32 +449,34 @@ fn caller_link(env: Env<'_>, peer: ResourceArc<PeerRes>) -> usize {
     peer.peer.link_of_shard(caller_shard(env))
 }
 
-fn push<'a>(env: Env<'a>, peer: &Peer, req: Term<'a>, admitted: bool) -> NifResult<Term<'a>> {
-    let shard = caller_shard(env);
-    encode::term_with(env, req, encode::INLINE_MAX, |e| {
-        pushed(env, peer, &e, |p| {
-            p.push_element(shard, e.element(), admitted)
-        })
-    })
-}
-
-/// Pushes element `e` with `push` and answers: `large` (nothing pushed:
-/// the encode gave up, the caller goes by `term_to_iovec`), `ok`, `{full,
-/// Size}` or `closed`.
-fn pushed<'a>(
+/// Queues encoded element `e` on `shard` and answers as [`answer`] does,
+/// or `large` (nothing queued: the encode gave up, the caller goes by
+/// `term_to_iovec`).
+fn push_encoded<'a>(
     env: Env<'a>,
     peer: &Peer,
+    shard: usize,
     e: &encode::Encoded<'_>,
-    push: impl FnOnce(&Peer) -> Push,
-) -> NifResult<Term<'a>> {
+    admitted: bool,
+) -> Term<'a> {
     if e.large {
-        return Ok(atoms::large().encode(env));
+        return atoms::large().encode(env);
     }
-    Ok(match push(peer) {
+    answer(
+        env,
+        peer.push_element(shard, e.element(), admitted),
+        e.bytes.len(),
+    )
+}
+
+/// What a push of `size` bytes answers: `ok`, `{full, Size}` (nothing
+/// queued: see `wait_room/3`) or `closed`.
+fn answer(env: Env<'_>, pushed: Push, size: usize) -> Term<'_> {
+    match pushed {
         Push::Queued => atoms::ok().encode(env),
-        Push::Full => (atoms::full(), e.bytes.len()).encode(env),
+        Push::Full => (atoms::full(), size).encode(env),
         Push::Closed => atoms::closed().encode(env),
-    })
+    }
 }
 
 /// `term` in external format as a push encodes it, its id references
