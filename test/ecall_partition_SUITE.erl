@@ -254,7 +254,6 @@ reply_ready(Owner, #{waiting := W, marks := Marks, n := N, bad := Bad} = St) ->
 %% Node A: connects, runs senders and callers, and for each cut the suite
 %% announces ("cut" ... "restored") prints one `result' line.
 
-
 partition_a() ->
     try run_a()
     catch C:R:St -> io:format("result ~p.~n", [{crashed, C, R, St}])

@@ -122,6 +122,28 @@ fn open_peer(
     (peer, rx)
 }
 
+/// A private epmd, an identity, a node running `eval` (which registers a
+/// `sink` and prints "ready"), and a peer whose one link to that sink is
+/// up, with its further link events. The epmd and the identity are
+/// returned to be kept alive.
+async fn sink_link(
+    eval: &str,
+) -> (
+    Epmd,
+    Arc<Identity>,
+    Erl,
+    Arc<Peer>,
+    mpsc::UnboundedReceiver<Event>,
+) {
+    let epmd = Epmd::start().await;
+    let id = identity(&epmd, COOKIE, Duration::from_secs(15)).await;
+    let mut erl = Erl::start(&epmd, COOKIE, &[], eval);
+    assert_eq!(erl.line().await, "ready");
+    let (peer, mut events) = open_peer(&id, &erl.node, COOKIE, "sink");
+    assert!(matches!(next_event(&mut events).await, Event::Up));
+    (epmd, id, erl, peer, events)
+}
+
 async fn next_event(rx: &mut mpsc::UnboundedReceiver<Event>) -> Event {
     tokio::time::timeout(WAIT, rx.recv())
         .await
@@ -232,12 +254,7 @@ async fn encode_time_atom_ids_reach_erl() {
     use ecall_dist::atom_ids;
     use ecall_dist::etf::{put_atom, ATOM_CACHE_REF, BINARY_EXT, SMALL_TUPLE_EXT};
     use ecall_dist::shard::Element;
-    let epmd = Epmd::start().await;
-    let id = identity(&epmd, COOKIE, Duration::from_secs(15)).await;
-    let mut erl = Erl::start(&epmd, COOKIE, &[], &sink_eval(5));
-    assert_eq!(erl.line().await, "ready");
-    let (peer, mut events) = open_peer(&id, &erl.node, COOKIE, "sink");
-    assert!(matches!(next_event(&mut events).await, Event::Up));
+    let (_epmd, _id, mut erl, peer, _events) = sink_link(&sink_eval(5)).await;
     let r = |name: &str| [ATOM_CACHE_REF, atom_ids::id_of(name.as_bytes()).unwrap()];
     let pair = |a: &[u8], b: &[u8]| [&[SMALL_TUPLE_EXT, 2][..], a, b].concat();
 
@@ -443,12 +460,7 @@ async fn link_loss_is_reported_and_reconnects() {
 /// receivers yet.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn restarted_peer_stops_the_link() {
-    let epmd = Epmd::start().await;
-    let id = identity(&epmd, COOKIE, Duration::from_secs(15)).await;
-    let mut erl = Erl::start(&epmd, COOKIE, &[], &sink_eval(1));
-    assert_eq!(erl.line().await, "ready");
-    let (peer, mut events) = open_peer(&id, &erl.node, COOKIE, "sink");
-    assert!(matches!(next_event(&mut events).await, Event::Up));
+    let (epmd, _id, mut erl, peer, mut events) = sink_link(&sink_eval(1)).await;
     peer.push(0, element_body(&encode(&atom("first"))).unwrap(), false);
     assert_eq!(erl.line().await, "first");
     let name = erl.node.split('@').next().unwrap().to_string();
@@ -555,12 +567,7 @@ async fn writer_asleep(peer: &Peer) {
 /// A [`seq_eval`] node, and a peer whose one link to its `sink` is up
 /// (the epmd and the identity are returned to be kept alive).
 async fn seq_link() -> (Epmd, Arc<Identity>, Erl, Arc<Peer>) {
-    let epmd = Epmd::start().await;
-    let id = identity(&epmd, COOKIE, Duration::from_secs(15)).await;
-    let mut erl = Erl::start(&epmd, COOKIE, &[], seq_eval());
-    assert_eq!(erl.line().await, "ready");
-    let (peer, mut events) = open_peer(&id, &erl.node, COOKIE, "sink");
-    assert!(matches!(next_event(&mut events).await, Event::Up));
+    let (epmd, id, erl, peer, _events) = sink_link(seq_eval()).await;
     (epmd, id, erl, peer)
 }
 
