@@ -15,7 +15,8 @@
 -export([exactly_once_in_order/1, large_messages_in_order/1, links_are_hidden_cnodes/1,
          ping_cnode/1, fallback_without_link/1, names_and_aliases/1,
          malformed_element_skipped/1, link_loss_is_reported_and_healed/1,
-         every_term_kind_arrives_equal/1, atoms_past_the_ids_go_as_text/1,
+         every_term_kind_arrives_equal/1, remote_pids_arrive_equal/1,
+         atoms_past_the_ids_go_as_text/1,
          large_terms_go_by_iovec/1]).
 
 -import(ecall_test_nodes, [start_node/1, stop_node/1, many_callers_exactly_once/1, send_seq/2]).
@@ -30,7 +31,8 @@ groups() ->
     DataPath = [exactly_once_in_order, large_messages_in_order, links_are_hidden_cnodes, ping_cnode,
                 fallback_without_link, names_and_aliases, malformed_element_skipped,
                 link_loss_is_reported_and_healed, every_term_kind_arrives_equal,
-                atoms_past_the_ids_go_as_text, large_terms_go_by_iovec],
+                remote_pids_arrive_equal, atoms_past_the_ids_go_as_text,
+                large_terms_go_by_iovec],
     [{otp25, [], DataPath},
      {otp27, [], DataPath},
      {otp29, [], DataPath}].
@@ -270,6 +272,39 @@ every_term_kind_arrives_equal(Config) ->
     ?assertEqual(length(Sent), length(Got)),
     Bad = [{T, G} || {T, G} <- lists:zip(Sent, Got), T =/= G],
     ?assertEqual([], lists:sublist(Bad, 3)).
+
+%% The NIF caches the encodings of other nodes' pids and ports (keyed by
+%% hash, checked against a copy of the term): 3,000 distinct pids of B,
+%% more than its slots and more than it copies before it starts again,
+%% each encoded twice and sent through the link twice, all arrive equal;
+%% so do a pid of a node that is not connected and B's port, each met
+%% again after the others.
+remote_pids_arrive_equal(Config) ->
+    B = ?config(b, Config),
+    Self = self(),
+    BPid = erpc:call(B, erlang, self, []),
+    %% NEW_PID_EXT: the node atom, then the number, serial and creation
+    %% (cut with binary:part/3: this module is loaded on B too, and an OTP
+    %% 29 node refuses OTP 25's binary matching).
+    Bin = term_to_binary(BPid),
+    Head = binary:part(Bin, 0, byte_size(Bin) - 12),
+    Tail = binary:part(Bin, byte_size(Bin) - 8, 8),
+    Pids = [binary_to_term(<<Head/binary, I:32, Tail/binary>>) || I <- lists:seq(100, 3099)],
+    Far = list_to_binary(["far_", integer_to_list(erlang:unique_integer([positive])), "@nohost"]),
+    FarPid = binary_to_term(<<131, 88, 119, (byte_size(Far)), Far/binary, 5:32, 0:32, 1:32>>),
+    Port = erpc:call(B, erlang, hd, [erlang:ports()]),
+    Odd = [FarPid, Port],
+    All = Odd ++ Pids ++ Odd ++ Pids ++ Odd,
+    [?assert(binary_to_term(ecall_nif:encode(P)) =:= P) || P <- All],
+    %% Each written as B's own pid is (its node as a reference when it has
+    %% an id), from the cache too.
+    Sized = ecall_nif:encoded_size({send, BPid, 1}),
+    [?assertEqual(Sized, ecall_nif:encoded_size({send, P, 1})) || P <- Pids ++ Pids],
+    Mirror = erpc:call(B, erlang, spawn, [fun() -> mirror(Self) end]),
+    lists:foreach(fun(P) -> ecall:send(Mirror, {P, [P]}) end, All),
+    ecall:send(Mirror, mirror_done),
+    Got = mirrored([]),
+    ?assertEqual([{P, [P]} || P <- All], Got).
 
 mirror(To) ->
     receive
