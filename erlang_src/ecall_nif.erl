@@ -19,7 +19,9 @@
 
 -type cnode() :: reference().
 -type peer() :: reference().
--export_type([cnode/0, peer/0, cnode_opts/0]).
+%% Room in a peer's budget set aside for one caller (wait_room/3).
+-type room() :: reference().
+-export_type([cnode/0, peer/0, room/0, cnode_opts/0]).
 
 -spec init() -> ok.
 init() ->
@@ -92,16 +94,17 @@ peer_stats(_Peer) -> erlang:nif_error(nif_not_loaded).
           ok | closed | large | {full, non_neg_integer()}.
 send(_Peer, _To, _Msg) -> erlang:nif_error(nif_not_loaded).
 
-%% Queues any request tuple. `Admitted': the caller was just woken by
-%% `{ecall_room, Ref, true}' and has room set aside. `large' as for send/3.
--spec push(peer(), tuple(), boolean()) -> ok | closed | large | {full, non_neg_integer()}.
-push(_Peer, _Request, _Admitted) -> erlang:nif_error(nif_not_loaded).
+%% Queues any request tuple. `Room': `false', or the room wait_room/3
+%% set aside for this caller (a push that queues uses it up; one that
+%% answers `large' leaves it for push_iovec/3). `large' as for send/3.
+-spec push(peer(), tuple(), room() | false) -> ok | closed | large | {full, non_neg_integer()}.
+push(_Peer, _Request, _Room) -> erlang:nif_error(nif_not_loaded).
 
 %% Queues a request encoded by erlang:term_to_iovec/1 as a batch of its
 %% own (dirty scheduler).
--spec push_iovec(peer(), [binary()], boolean()) ->
+-spec push_iovec(peer(), [binary()], room() | false) ->
           ok | closed | {full, non_neg_integer()}.
-push_iovec(_Peer, _IoVec, _Admitted) -> erlang:nif_error(nif_not_loaded).
+push_iovec(_Peer, _IoVec, _Room) -> erlang:nif_error(nif_not_loaded).
 
 %% `Term' in external format, encoded as a push encodes it (for tests
 %% and the benchmark): `binary_to_term(encode(T))' is equal to `T'.
@@ -119,5 +122,10 @@ encoded_size(_Term) -> erlang:nif_error(nif_not_loaded).
 -spec caller_link(peer()) -> non_neg_integer().
 caller_link(_Peer) -> erlang:nif_error(nif_not_loaded).
 
--spec wait_room(peer(), non_neg_integer(), reference()) -> wait | retry.
+%% After `{full, Size}': sets Size bytes of the budget aside for the
+%% caller, now (`{retry, Room}') or once they fit, callers in the order
+%% they came (`wait', then `{ecall_room, Ref, Room}', or `{ecall_room,
+%% Ref, false}' if the peer closed first). Room not used by a push goes
+%% back when the term is garbage.
+-spec wait_room(peer(), non_neg_integer(), reference()) -> wait | {retry, room()}.
 wait_room(_Peer, _Size, _Ref) -> erlang:nif_error(nif_not_loaded).

@@ -48,9 +48,9 @@ send({_, Peer} = State, Dest, Msg) ->
 -spec push(state(), ecall_transport:request()) -> ecall_transport:push_result().
 push({_, Peer} = State, Request) ->
     push_with(State, element(1, Request),
-              fun(Admitted) ->
-                      case ecall_nif:push(Peer, Request, Admitted) of
-                          large -> ecall_nif:push_iovec(Peer, erlang:term_to_iovec(Request), Admitted);
+              fun(Room) ->
+                      case ecall_nif:push(Peer, Request, Room) of
+                          large -> ecall_nif:push_iovec(Peer, erlang:term_to_iovec(Request), Room);
                           Result -> Result
                       end
               end).
@@ -63,9 +63,10 @@ push({_, Peer} = State, Request) ->
 push_iovec({_, Peer} = State, Request) ->
     IoVec = erlang:term_to_iovec(Request),
     push_with(State, element(1, Request),
-              fun(Admitted) -> ecall_nif:push_iovec(Peer, IoVec, Admitted) end).
+              fun(Room) -> ecall_nif:push_iovec(Peer, IoVec, Room) end).
 
--type pusher() :: fun((boolean()) -> ok | closed | {full, non_neg_integer()}).
+%% Pushes the request, with `false' or with the room set aside for it.
+-type pusher() :: fun((ecall_nif:room() | false) -> ok | closed | {full, non_neg_integer()}).
 
 %% `Kind' (send, cast, call) is for the overflow_drop telemetry event.
 -spec push_with(state(), send | cast | call, pusher()) -> ecall_transport:push_result().
@@ -90,18 +91,20 @@ push_with({Node, Peer}, Kind, Push) ->
 wait_room(Peer, Size, Push) ->
     Ref = make_ref(),
     case ecall_nif:wait_room(Peer, Size, Ref) of
-        retry ->
-            admitted(Push);
+        {retry, Room} ->
+            admitted(Push, Room);
         wait ->
             receive
-                {ecall_room, Ref, true} -> admitted(Push);
-                {ecall_room, Ref, false} -> closed
+                {ecall_room, Ref, false} -> closed;
+                {ecall_room, Ref, Room} -> admitted(Push, Room)
             end
     end.
 
--spec admitted(pusher()) -> ok | closed.
-admitted(Push) ->
-    case Push(true) of
+%% The room is set aside in the budget: the push uses it (a caller killed
+%% before it pushes gives it back when the room term is collected).
+-spec admitted(pusher(), ecall_nif:room()) -> ok | closed.
+admitted(Push, Room) ->
+    case Push(Room) of
         ok -> ok;
         _ -> closed
     end.

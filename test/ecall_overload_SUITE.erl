@@ -9,7 +9,8 @@
 -include("ecall_test.hrl").
 
 -export([all/0, suite/0, init_per_suite/1, end_per_suite/1]).
--export([budget_bounds_queue_and_close_releases/1, full_budget_blocks_without_loss/1,
+-export([budget_bounds_queue_and_close_releases/1, room_of_a_dead_caller_goes_back/1,
+         full_budget_blocks_without_loss/1,
          stalled_peer_is_reaped/1, slow_peer_is_not_reaped/1, overload_stays_within_budget/1]).
 
 -import(ecall_test_nodes, [start_peer/1, send_payload_seq/3, flush_traces/0]).
@@ -18,7 +19,8 @@ suite() ->
     [{timetrap, {minutes, 5}}].
 
 all() ->
-    [budget_bounds_queue_and_close_releases, full_budget_blocks_without_loss,
+    [budget_bounds_queue_and_close_releases, room_of_a_dead_caller_goes_back,
+     full_budget_blocks_without_loss,
      stalled_peer_is_reaped, slow_peer_is_not_reaped, overload_stays_within_budget].
 
 init_per_suite(Config) ->
@@ -55,6 +57,64 @@ budget_bounds_queue_and_close_releases(_Config) ->
     ?assertEqual(Queued, maps:get(closed_drops, Closed)),
     ?assertEqual(0, maps:get(queued_bytes, Closed)),
     ?assertEqual(closed, ecall_nif:send(Peer, self(), x)).
+
+%% Room set aside for a caller let in from a full budget is the caller's
+%% until its push: a caller that dies first (killed between its wake-up
+%% and its push) gives it back when its room term is collected, and the
+%% room taken by a push that queued is not given back twice.
+room_of_a_dead_caller_goes_back(_Config) ->
+    {ok, CNode} = ecall_cnode:cnode(),
+    Ghost = list_to_atom("ghost_" ++ integer_to_list(erlang:unique_integer([positive]))
+                         ++ "@" ++ lists:last(string:split(atom_to_list(node()), "@"))),
+    {ok, Peer} = ecall_nif:peer_open(CNode, atom_to_binary(Ghost), <<"c">>, [<<"ecall_rx_1">>],
+                                     self(), (ecall_config:peer_opts())#{max_queue_bytes => 4096}),
+    Queued = fun() -> maps:get(queued_bytes, ecall_nif:peer_stats(Peer)) end,
+    ?assertEqual(0, Queued()),
+    Self = self(),
+    %% Nobody waits and 3,000 bytes fit: set aside at once; the caller
+    %% hands its room over and dies.
+    {Caller, Mref} = spawn_monitor(fun() ->
+                                           {retry, Room} = ecall_nif:wait_room(Peer, 3000, make_ref()),
+                                           Self ! {room, self(), Room}
+                                   end),
+    receive {'DOWN', Mref, process, Caller, normal} -> ok end,
+    %% Its room is in this mailbox (it came before the 'DOWN'), alive.
+    ?assertEqual(3000, Queued()),
+    %% 3,000 of 4,096 are set aside: a push of 1,500 bytes does not fit.
+    Big = binary:copy(<<"x">>, 1500),
+    ?assertMatch({full, _}, ecall_nif:send(Peer, self(), Big)),
+    %% Taken out and dropped: once collected, the room goes back.
+    receive {room, Caller, _} -> ok end,
+    garbage_collect(),
+    ok = await_queued(Queued, 3000, 0),
+    %% A push takes its room; room it did not need goes back at once.
+    Request = {send, self(), binary:copy(<<"y">>, 500)},
+    {Size, _, _} = ecall_nif:encoded_size(Request),
+    {retry, Room1} = ecall_nif:wait_room(Peer, Size + 20, make_ref()),
+    ?assertEqual(Size + 20, Queued()),
+    ?assertEqual(ok, ecall_nif:push(Peer, Request, Room1)),
+    ?assertEqual(Size, Queued()),
+    %% Used up: a second push with it is an ordinary one, and collecting
+    %% it gives nothing back.
+    ?assertEqual(ok, ecall_nif:push(Peer, Request, Room1)),
+    ?assertEqual(2 * Size, Queued()),
+    garbage_collect(),
+    ?assertEqual(2 * Size, Queued()),
+    ok = ecall_nif:peer_close(Peer).
+
+%% Resource destructors run once the term is garbage, not at a time this
+%% process chooses: waits (bounded) for the count to fall.
+await_queued(Queued, Was, Want) ->
+    await_queued(Queued, Was, Want, 500).
+
+await_queued(Queued, _Was, Want, 0) ->
+    ct:fail({room_not_given_back, Queued(), Want});
+await_queued(Queued, Was, Want, N) ->
+    case Queued() of
+        Want -> ok;
+        Was -> timer:sleep(10), await_queued(Queued, Was, Want, N - 1);
+        Other -> ct:fail({unexpected_queued_bytes, Other})
+    end.
 
 push_until_full(Peer, Payload, N) ->
     case ecall_nif:send(Peer, self(), Payload) of

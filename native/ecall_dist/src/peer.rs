@@ -221,21 +221,21 @@ impl Peer {
     /// Queues one element (external format without the version byte) on
     /// shard `shard % shard_count`.
     ///
-    /// `admitted` is for a caller that was just woken by [`Peer::wait_room`]:
-    /// room was set aside for it, so it neither queues behind later waiters
-    /// nor is refused again.
-    pub fn push(&self, shard: usize, element: &[u8], admitted: bool) -> Push {
-        self.push_element(shard, Element::text(element), admitted)
+    /// `reserved` is 0, or the room [`Peer::wait_room`] set aside for this
+    /// caller: such a push neither queues behind later waiters nor is
+    /// refused again, and takes the reserved room instead of new room.
+    pub fn push(&self, shard: usize, element: &[u8], reserved: usize) -> Push {
+        self.push_element(shard, Element::text(element), reserved)
     }
 
     /// [`Peer::push`] of an element that says what its atoms are: one whose
     /// atoms are all id references ([`crate::atom_ids`]) is written without
     /// a pass over its bytes.
-    pub fn push_element(&self, shard: usize, element: Element<'_>, admitted: bool) -> Push {
+    pub fn push_element(&self, shard: usize, element: Element<'_>, reserved: usize) -> Push {
         self.push_with(
             shard,
             element.bytes.len(),
-            admitted,
+            reserved,
             Some(element),
             |s, under_lock| s.push(element, under_lock),
         )
@@ -244,9 +244,9 @@ impl Peer {
     /// [`Peer::push`] for a large element given in pieces (as
     /// `term_to_iovec` gives it, version byte already stripped): it becomes
     /// a batch of its own, built outside the shard lock.
-    pub fn push_alone(&self, shard: usize, parts: &[&[u8]], admitted: bool) -> Push {
+    pub fn push_alone(&self, shard: usize, parts: &[&[u8]], reserved: usize) -> Push {
         let len = parts.iter().map(|p| p.len()).sum();
-        self.push_with(shard, len, admitted, None, |s, under_lock| {
+        self.push_with(shard, len, reserved, None, |s, under_lock| {
             s.push_alone(parts, under_lock)
         })
     }
@@ -255,13 +255,15 @@ impl Peer {
         &self,
         shard: usize,
         len: usize,
-        admitted: bool,
+        reserved: usize,
         lone: Option<Element<'_>>,
         push: impl FnOnce(&Shard, &dyn Fn(Backlog) -> bool) -> Option<bool>,
     ) -> Push {
         if self.is_closed() {
+            self.give_back(reserved);
             return Push::Closed;
         }
+        let admitted = reserved > 0;
         let st = &self.stats;
         // Callers already waiting for room go first: no barging. An
         // oversized request is refused here too, and let through alone by
@@ -281,8 +283,14 @@ impl Peer {
             st.full.fetch_add(1, Ordering::Relaxed);
             return Push::Full;
         }
-        if admitted {
-            st.queued_bytes.fetch_add(len, Ordering::Relaxed);
+        // The room was set aside when this caller was let in: a request
+        // that encodes longer than the size it waited for (it is the same
+        // request, so only by a byte or two, if ever) takes the difference,
+        // a shorter one gives the rest back.
+        if len > reserved && admitted {
+            st.queued_bytes.fetch_add(len - reserved, Ordering::AcqRel);
+        } else if len < reserved {
+            self.give_back(reserved - len);
         }
         let shard = shard % self.shards.len();
         let link = &self.links[self.link_of_shard(shard)];
@@ -313,11 +321,19 @@ impl Peer {
         Push::Queued
     }
 
-    /// After [`Push::Full`]: registers `wake`, to be called with `true` once
-    /// `size` bytes may fit (callers are woken in the order they came) or
-    /// with `false` if the peer closes. Returns `false`, without
-    /// registering, if there is room already. `wake` may be called before
-    /// this returns (room freed while it registered).
+    /// After [`Push::Full`]: sets `size` bytes of the budget aside for the
+    /// caller, at once if nobody waits and they fit (returns `false`), else
+    /// once they fit, callers in the order they came, and then calls
+    /// `wake(true)`; `wake(false)` if the peer closes first (nothing set
+    /// aside then). Returns `true` when it registered `wake`, which may be
+    /// called before this returns (room freed while it registered).
+    ///
+    /// The room set aside is the caller's: its next push passes it as
+    /// `reserved`, or it goes back with [`Peer::give_back`]. Set aside
+    /// before the caller runs again, it cannot be taken by pushes that come
+    /// meanwhile (when room was only counted, callers let in together and
+    /// pushes arriving as the last waiter left could pass the budget by the
+    /// waiters' sizes).
     pub fn wait_room(&self, size: usize, wake: Box<dyn FnOnce(bool) + Send>) -> bool {
         let mut w = self.waiters.lock().unwrap_or_else(|p| p.into_inner());
         if self.is_closed() {
@@ -325,8 +341,7 @@ impl Peer {
             wake(false);
             return true;
         }
-        let queued = self.stats.queued_bytes.load(Ordering::SeqCst);
-        if w.is_empty() && self.fits(size, queued, true) {
+        if w.is_empty() && self.take_room(size, true) {
             return false;
         }
         #[cfg(test)]
@@ -343,6 +358,24 @@ impl Peer {
         // blocked on a full budget could wait for ever under load.
         self.wake_fitting();
         true
+    }
+
+    /// Gives back room that [`Peer::wait_room`] set aside and no push used
+    /// (the caller is gone, or gave up). 0 does nothing.
+    pub fn give_back(&self, bytes: usize) {
+        if bytes > 0 {
+            self.release(bytes);
+        }
+    }
+
+    /// Adds `size` to the queued bytes if it fits, in one atomic step.
+    fn take_room(&self, size: usize, first: bool) -> bool {
+        self.stats
+            .queued_bytes
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |q| {
+                self.fits(size, q, first).then_some(q + size)
+            })
+            .is_ok()
     }
 
     /// Gives `bytes` back to the budget and wakes, in order, the waiters
@@ -363,18 +396,17 @@ impl Peer {
         queued + size <= self.config.max_queue_bytes || (queued == 0 && first)
     }
 
-    /// Wakes, in order, the waiters that fit in the room left now.
+    /// Wakes, in order, the waiters that fit in the room left now, with
+    /// their room set aside.
     fn wake_fitting(&self) {
         let mut woken = Vec::new();
         {
             let mut w = self.waiters.lock().unwrap_or_else(|p| p.into_inner());
-            // Wake in order while the next waiter fits.
-            let mut queued = self.stats.queued_bytes.load(Ordering::SeqCst);
+            // Wake in order while the next waiter's room can be taken.
             while let Some(&(size, _)) = w.front() {
-                if !self.fits(size, queued, woken.is_empty()) {
+                if !self.take_room(size, woken.is_empty()) {
                     break;
                 }
-                queued += size;
                 woken.push(w.pop_front().map(|(_, f)| f));
             }
             self.waiting.store(w.len(), Ordering::SeqCst);
@@ -472,20 +504,20 @@ mod tests {
         let peer = test_peer(1 << 20);
         let link = &peer.links[0];
         let wakes = || peer.stats.wakes.load(Ordering::Relaxed);
-        assert_eq!(peer.push(0, &[97, 1], false), Push::Queued);
+        assert_eq!(peer.push(0, &[97, 1], 0), Push::Queued);
         assert_eq!(wakes(), 0, "a busy writer is not woken");
         link.state.store(SLEEPING, Ordering::SeqCst);
-        peer.push(0, &[97, 2], false);
+        peer.push(0, &[97, 2], 0);
         assert_eq!((wakes(), link.state.load(Ordering::SeqCst)), (1, AWAKE));
-        peer.push(0, &[97, 3], false);
+        peer.push(0, &[97, 3], 0);
         assert_eq!(wakes(), 1);
         link.state.store(GATHERING, Ordering::SeqCst);
         // Three are queued; the one that makes GATHER_REQUESTS wakes it.
         for i in 3..GATHER_REQUESTS - 1 {
-            peer.push(0, &[97, (i % 200) as u8], false);
+            peer.push(0, &[97, (i % 200) as u8], 0);
             assert_eq!(wakes(), 1, "woken at {i} requests");
         }
-        peer.push(0, &[97, 0], false);
+        peer.push(0, &[97, 0], 0);
         assert_eq!((wakes(), link.state.load(Ordering::SeqCst)), (2, AWAKE));
         assert_eq!(peer.shards[0].backlog().requests, GATHER_REQUESTS);
     }
@@ -508,7 +540,7 @@ mod tests {
                         let (peer, element) = (&peer, &element);
                         s.spawn(move || {
                             (0..60)
-                                .filter(|_| peer.push(t, element, false) == Push::Queued)
+                                .filter(|_| peer.push(t, element, 0) == Push::Queued)
                                 .count()
                         })
                     })
@@ -529,8 +561,8 @@ mod tests {
         let mut element = vec![BINARY_EXT, 0, 0, 1, 0xf0];
         element.resize(5 + 0x1f0, 7);
         assert_eq!(element.len(), 501);
-        assert_eq!(peer.push(0, &element, false), Push::Queued);
-        assert_eq!(peer.push(0, &element, false), Push::Full);
+        assert_eq!(peer.push(0, &element, 0), Push::Queued);
+        assert_eq!(peer.push(0, &element, 0), Push::Full);
         let woken = Arc::new(Mutex::new(Vec::new()));
         let seen = |w: &Arc<Mutex<Vec<(&'static str, bool)>>>| {
             w.lock().unwrap_or_else(|p| p.into_inner()).clone()
@@ -546,14 +578,14 @@ mod tests {
             ));
         }
         // A small request that would fit still queues behind the waiters.
-        assert_eq!(peer.push(0, &[SMALL_INTEGER_EXT, 1], false), Push::Full);
+        assert_eq!(peer.push(0, &[SMALL_INTEGER_EXT, 1], 0), Push::Full);
         // The writer writes the queued batch: the whole budget is free,
         // room for two waiters of 500, not three.
         let frame = peer.shards[0].take().unwrap();
         peer.release(frame.payload);
         assert_eq!(seen(&woken), [("first", true), ("second", true)]);
-        assert_eq!(peer.push(0, &element[..500], true), Push::Queued);
-        assert_eq!(peer.push(0, &element[..500], true), Push::Queued);
+        assert_eq!(peer.push(0, &element[..500], 500), Push::Queued);
+        assert_eq!(peer.push(0, &element[..500], 500), Push::Queued);
         let frame = peer.shards[0].take().unwrap();
         peer.release(frame.payload);
         assert_eq!(
@@ -561,6 +593,55 @@ mod tests {
             [("first", true), ("second", true), ("third", true)]
         );
         assert_eq!(peer.stats.waits.load(Ordering::Relaxed), 3);
+    }
+
+    /// The room of a caller let in is set aside when it is woken, before
+    /// it runs again: a push that comes in between (once the last waiter
+    /// left, nobody queues behind waiters) finds the budget full instead of
+    /// taking that room. When the room was only counted, the 2-byte push
+    /// below went in, and the two admitted pushes then took the queue to
+    /// 1,002 bytes of a 1,000 budget. Room not used goes back, and wakes
+    /// the next waiter.
+    #[test]
+    fn room_of_an_admitted_caller_is_set_aside() {
+        let peer = test_peer(1000);
+        let queued = || peer.stats.queued_bytes.load(Ordering::SeqCst);
+        let mut element = vec![BINARY_EXT, 0, 0, 1, 0xf0];
+        element.resize(5 + 0x1f0, 7);
+        assert_eq!(peer.push(0, &element, 0), Push::Queued);
+        assert_eq!(peer.push(0, &element, 0), Push::Full);
+        let woken = Arc::new(Mutex::new(Vec::new()));
+        for name in ["first", "second", "third"] {
+            let w = woken.clone();
+            let wake = Box::new(move |room| {
+                w.lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push((name, room))
+            });
+            assert!(peer.wait_room(500, wake));
+        }
+        let frame = peer.shards[0].take().unwrap();
+        peer.release(frame.payload);
+        assert_eq!(queued(), 1000, "the two woken callers' room is set aside");
+        assert_eq!(peer.push(0, &[SMALL_INTEGER_EXT, 1], 0), Push::Full);
+        assert_eq!(peer.push(0, &element[..500], 500), Push::Queued);
+        assert_eq!(queued(), 1000);
+        // The second one never pushes: its room goes back to the third.
+        peer.give_back(500);
+        assert_eq!(queued(), 1000);
+        assert_eq!(
+            *woken.lock().unwrap_or_else(|p| p.into_inner()),
+            [("first", true), ("second", true), ("third", true)]
+        );
+        // Room taken at once (nobody waits, it fits) is set aside too.
+        let frame = peer.shards[0].take().unwrap();
+        peer.release(frame.payload);
+        assert_eq!(queued(), 500, "the third one's room");
+        assert!(!peer.wait_room(400, Box::new(|_| ())));
+        assert_eq!(queued(), 900);
+        // A request that came out shorter than its room gives the rest back.
+        assert_eq!(peer.push(0, &element[..300], 400), Push::Queued);
+        assert_eq!(queued(), 800);
     }
 
     thread_local! {
@@ -587,9 +668,9 @@ mod tests {
         let peer = Arc::new(test_peer(1100));
         let mut element = vec![BINARY_EXT, 0, 0, 1, 0xf0];
         element.resize(5 + 0x1f0, 7);
-        assert_eq!(peer.push(0, &element, false), Push::Queued);
-        assert_eq!(peer.push(0, &element, false), Push::Queued);
-        assert_eq!(peer.push(0, &element, false), Push::Full);
+        assert_eq!(peer.push(0, &element, 0), Push::Queued);
+        assert_eq!(peer.push(0, &element, 0), Push::Queued);
+        assert_eq!(peer.push(0, &element, 0), Push::Full);
         let writer = peer.clone();
         IN_WINDOW.with(|w| {
             *w.borrow_mut() = Some(Box::new(move || {
@@ -605,7 +686,12 @@ mod tests {
             IN_WINDOW.with(|w| w.borrow().is_none()),
             "the window was reached"
         );
-        assert_eq!(peer.stats.queued_bytes.load(Ordering::SeqCst), 0);
+        // Everything was written; what is counted is the woken caller's
+        // room, set aside.
+        assert_eq!(
+            peer.stats.queued_bytes.load(Ordering::SeqCst),
+            element.len()
+        );
         assert_eq!(*woken.lock().unwrap_or_else(|p| p.into_inner()), [true]);
         assert_eq!(peer.waiting.load(Ordering::SeqCst), 0);
     }
@@ -654,7 +740,7 @@ mod tests {
                 let (peer, finished, element) = (peer.clone(), finished.clone(), element.clone());
                 std::thread::spawn(move || {
                     for _ in 0..EACH {
-                        if peer.push(0, &element, false) == Push::Full {
+                        if peer.push(0, &element, 0) == Push::Full {
                             let (tx, rx) = mpsc::channel();
                             let wake = Box::new(move |room| {
                                 let _ = tx.send(room);
@@ -662,7 +748,7 @@ mod tests {
                             if peer.wait_room(element.len(), wake) {
                                 assert!(rx.recv().unwrap(), "woken without room");
                             }
-                            assert_eq!(peer.push(0, &element, true), Push::Queued);
+                            assert_eq!(peer.push(0, &element, element.len()), Push::Queued);
                         }
                     }
                     finished.fetch_add(1, Ordering::SeqCst);
@@ -688,11 +774,11 @@ mod tests {
         let peer = test_peer(10);
         let big = [BINARY_EXT, 0, 0, 0, 8, 1, 2, 3, 4, 5, 6, 7, 8];
         // Larger than the whole budget, nothing queued: it may go alone.
-        assert_eq!(peer.push(0, &big, false), Push::Full);
+        assert_eq!(peer.push(0, &big, 0), Push::Full);
         assert!(!peer.wait_room(13, Box::new(|_| ())));
-        assert_eq!(peer.push(0, &big, true), Push::Queued);
+        assert_eq!(peer.push(0, &big, 13), Push::Queued);
         // Behind something queued, it waits.
-        assert_eq!(peer.push(0, &big, false), Push::Full);
+        assert_eq!(peer.push(0, &big, 0), Push::Full);
         let woken = Arc::new(Mutex::new(Vec::new()));
         let w = woken.clone();
         assert!(peer.wait_room(

@@ -210,7 +210,7 @@ async fn registers_with_epmd_and_delivers_spliced_batches() {
     ];
     for t in &terms {
         assert_eq!(
-            peer.push(0, element_body(&encode(t)).unwrap(), false),
+            peer.push(0, element_body(&encode(t)).unwrap(), 0),
             Push::Queued
         );
     }
@@ -233,7 +233,7 @@ async fn registers_with_epmd_and_delivers_spliced_batches() {
             big.as_bytes().to_vec(),
         ))))
         .unwrap(),
-        false,
+        0,
     );
     let line = erl.line().await;
     assert!(
@@ -269,7 +269,7 @@ async fn encode_time_atom_ids_reach_erl() {
                     text,
                     refs,
                 },
-                false,
+                0,
             )
         }
     };
@@ -411,11 +411,7 @@ async fn idle_link_survives_past_net_ticktime() {
         _ = idle => {}
         e = events.recv() => panic!("link event while idle: {e:?}"),
     }
-    peer.push(
-        0,
-        element_body(&encode(&atom("still_here"))).unwrap(),
-        false,
-    );
+    peer.push(0, element_body(&encode(&atom("still_here"))).unwrap(), 0);
     assert_eq!(erl.line().await, "still_here");
     peer.close();
 }
@@ -435,7 +431,7 @@ async fn link_loss_is_reported_and_reconnects() {
     assert_eq!(erl.line().await, "ready");
     let (peer, mut events) = open_peer(&id, &erl.node, COOKIE, "sink");
     assert!(matches!(next_event(&mut events).await, Event::Up));
-    peer.push(0, element_body(&encode(&atom("first"))).unwrap(), false);
+    peer.push(0, element_body(&encode(&atom("first"))).unwrap(), 0);
     assert_eq!(erl.line().await, "[first]");
     assert_eq!(erl.line().await, "dropped");
     match next_event(&mut events).await {
@@ -449,7 +445,7 @@ async fn link_loss_is_reported_and_reconnects() {
         ),
         e => panic!("expected down, got {e:?}"),
     }
-    peer.push(0, element_body(&encode(&atom("second"))).unwrap(), false);
+    peer.push(0, element_body(&encode(&atom("second"))).unwrap(), 0);
     assert!(matches!(next_event(&mut events).await, Event::Up));
     assert_eq!(erl.line().await, "[second]");
     peer.close();
@@ -461,7 +457,7 @@ async fn link_loss_is_reported_and_reconnects() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn restarted_peer_stops_the_link() {
     let (epmd, _id, mut erl, peer, mut events) = sink_link(&sink_eval(1)).await;
-    peer.push(0, element_body(&encode(&atom("first"))).unwrap(), false);
+    peer.push(0, element_body(&encode(&atom("first"))).unwrap(), 0);
     assert_eq!(erl.line().await, "first");
     let name = erl.node.split('@').next().unwrap().to_string();
     // The node halts after its batch; wait for the OS process to be gone.
@@ -471,7 +467,7 @@ async fn restarted_peer_stops_the_link() {
                 erlang:halt().";
     let mut again = Erl::start_named(&epmd, &name, eval);
     assert_eq!(again.line().await, "ready");
-    peer.push(0, element_body(&encode(&atom("second"))).unwrap(), false);
+    peer.push(0, element_body(&encode(&atom("second"))).unwrap(), 0);
     loop {
         match next_event(&mut events).await {
             Event::Down(LinkDown::Restarted) => break,
@@ -580,10 +576,10 @@ async fn idle_requests_are_written_by_their_caller_in_order() {
     // depends on nothing else waking the writer meanwhile, so only "some"
     // is asserted; the order and the count are exact).
     for i in 1..=200 {
-        assert_eq!(peer.push(0, &seq_element(i, 100), false), Push::Queued);
+        assert_eq!(peer.push(0, &seq_element(i, 100), 0), Push::Queued);
     }
     let done = element_body(&encode(&atom("done"))).unwrap().to_vec();
-    assert_eq!(peer.push(0, &done, false), Push::Queued);
+    assert_eq!(peer.push(0, &done, 0), Push::Queued);
     assert_eq!(erl.line().await, "got 200 in order");
     let ls = peer.link_stats(0).unwrap();
     let lone = ls.lone.load(std::sync::atomic::Ordering::Relaxed);
@@ -625,15 +621,15 @@ async fn a_partial_lone_write_is_finished_by_the_writer_first() {
         );
         writer_asleep(&peer).await;
         i += 1;
-        assert_eq!(peer.push(0, &seq_element(i, 16_000), false), Push::Queued);
+        assert_eq!(peer.push(0, &seq_element(i, 16_000), 0), Push::Queued);
     }
     // The writer is awake now, finishing that write: these queue.
     for _ in 0..10 {
         i += 1;
-        assert_eq!(peer.push(0, &seq_element(i, 1_000), false), Push::Queued);
+        assert_eq!(peer.push(0, &seq_element(i, 1_000), 0), Push::Queued);
     }
     let done = element_body(&encode(&atom("done"))).unwrap().to_vec();
-    assert_eq!(peer.push(0, &done, false), Push::Queued);
+    assert_eq!(peer.push(0, &done, 0), Push::Queued);
     signal("-CONT");
     assert_eq!(erl.line().await, format!("got {i} in order"));
     assert_eq!(ls.lone_partial.load(Relaxed), 1);

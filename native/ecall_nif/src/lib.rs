@@ -78,6 +78,45 @@ impl Resource for PeerRes {
     }
 }
 
+/// Room in a peer's byte budget set aside for one caller that waited for
+/// it (`wait_room/3`): handed to the caller in `{retry, Room}` or
+/// `{ecall_room, Ref, Room}`, and used by its next push (`push/3`,
+/// `push_iovec/3`). If the caller never pushes (it died, or was killed
+/// while the message was on its way), the room goes back when the term is
+/// garbage: without this, the room would be lost for good, or (when it
+/// was only counted, not set aside) others could take it meanwhile.
+pub struct RoomRes {
+    /// Weak: a room must not keep a closed peer's memory alive.
+    peer: std::sync::Weak<Peer>,
+    /// Bytes still set aside (0 once a push took them).
+    bytes: std::sync::atomic::AtomicUsize,
+}
+
+#[rustler::resource_impl]
+impl Resource for RoomRes {}
+
+impl RoomRes {
+    /// The bytes set aside, now the caller's push's (0 the second time).
+    fn take(&self) -> usize {
+        self.bytes.swap(0, std::sync::atomic::Ordering::AcqRel)
+    }
+}
+
+impl Drop for RoomRes {
+    fn drop(&mut self) {
+        let bytes = self.take();
+        if let Some(peer) = self.peer.upgrade() {
+            peer.give_back(bytes);
+        }
+    }
+}
+
+/// The room a push may use: `false` (none), or a room from `wait_room/3`.
+fn reserved(room: Term<'_>) -> usize {
+    room.decode::<ResourceArc<RoomRes>>()
+        .map_or(0, |r| r.take())
+}
+
 /// Options of `cnode_start/4`, all required (the Erlang side fills them).
 #[derive(rustler::NifMap)]
 struct CNodeOpts {
@@ -382,23 +421,24 @@ fn send<'a>(env: Env<'a>, peer: ResourceArc<PeerRes>, to: Term<'a>, msg: Term<'a
     let shard = caller_shard(env);
     let req = [atoms::send().to_term(env), to, msg];
     encode::tuple_with(env, &req, encode::INLINE_MAX, |e| {
-        push_encoded(env, &peer.peer, shard, &e, false)
+        push_encoded(env, &peer.peer, shard, &e, false.encode(env))
     })
 }
 
 /// Queues any request term (`{send, ...}`, `{cast, ...}`, `{call, ...}`)
-/// on the caller's shard; same results as `send/3`. `admitted` is for a
-/// caller woken by `{ecall_room, Ref, true}`.
+/// on the caller's shard; same results as `send/3`. `room` is `false`, or
+/// the room `wait_room/3` set aside for this caller (used up by a push
+/// that queues; kept by one that answers `large`).
 #[rustler::nif(name = "push")]
 fn push_request<'a>(
     env: Env<'a>,
     peer: ResourceArc<PeerRes>,
     req: Term<'a>,
-    admitted: bool,
+    room: Term<'a>,
 ) -> Term<'a> {
     let shard = caller_shard(env);
     encode::term_with(env, req, encode::INLINE_MAX, |e| {
-        push_encoded(env, &peer.peer, shard, &e, admitted)
+        push_encoded(env, &peer.peer, shard, &e, room)
     })
 }
 
@@ -411,7 +451,7 @@ fn push_iovec<'a>(
     env: Env<'a>,
     peer: ResourceArc<PeerRes>,
     iovec: Vec<Binary<'a>>,
-    admitted: bool,
+    room: Term<'a>,
 ) -> NifResult<Term<'a>> {
     let mut parts: Vec<&[u8]> = iovec
         .iter()
@@ -424,7 +464,9 @@ fn push_iovec<'a>(
     let body = ecall_dist::etf::element_body(first).ok_or(rustler::Error::BadArg)?;
     let len: usize = body.len() + parts[1..].iter().map(|p| p.len()).sum::<usize>();
     parts[0] = body;
-    let pushed = peer.peer.push_alone(caller_shard(env), &parts, admitted);
+    let pushed = peer
+        .peer
+        .push_alone(caller_shard(env), &parts, reserved(room));
     Ok(answer(env, pushed, len))
 }
 
@@ -457,14 +499,14 @@ fn push_encoded<'a>(
     peer: &Peer,
     shard: usize,
     e: &encode::Encoded<'_>,
-    admitted: bool,
+    room: Term<'a>,
 ) -> Term<'a> {
     if e.large {
         return atoms::large().encode(env);
     }
     answer(
         env,
-        peer.push_element(shard, e.element(), admitted),
+        peer.push_element(shard, e.element(), reserved(room)),
         e.bytes.len(),
     )
 }
@@ -498,21 +540,36 @@ fn encode<'a>(env: Env<'a>, term: Term<'a>) -> NifResult<Binary<'a>> {
     })
 }
 
-/// After `{full, Size}`: returns `retry` if there is room now, else `wait`,
-/// and later sends `{ecall_room, Ref, true | false}` (false: peer closed).
+/// After `{full, Size}`: sets `Size` bytes of the budget aside for the
+/// caller. Returns `{retry, Room}` if that could be done now, else `wait`,
+/// and later sends `{ecall_room, Ref, Room}`, or `{ecall_room, Ref, false}`
+/// if the peer closed first. `Room` goes to the caller's next push.
 #[rustler::nif]
 fn wait_room<'a>(
     env: Env<'a>,
     peer: ResourceArc<PeerRes>,
     size: usize,
     reference: Term<'a>,
-) -> Atom {
+) -> Term<'a> {
     let caller = env.pid();
     let mut owned = OwnedEnv::new();
     let saved = owned.save(reference);
+    let weak = Arc::downgrade(&peer.peer);
+    let room_of = move || RoomRes {
+        peer: weak,
+        bytes: std::sync::atomic::AtomicUsize::new(size),
+    };
+    let room_now = room_of.clone();
     let wake = Box::new(move |room: bool| {
-        let mut send = move || {
+        let send = move || {
+            // Made here, not before: a room exists only once it is set
+            // aside. If the caller is gone the message is not sent, the
+            // term dies with the env, and the room goes back.
             let _ = owned.send_and_clear(&caller, |env| {
+                let room = match room {
+                    true => ResourceArc::new(room_of()).encode(env),
+                    false => false.encode(env),
+                };
                 (atoms::ecall_room(), saved.load(env), room).encode(env)
             });
         };
@@ -527,9 +584,9 @@ fn wait_room<'a>(
         }
     });
     if peer.peer.wait_room(size, wake) {
-        atoms::wait()
+        atoms::wait().encode(env)
     } else {
-        atoms::retry()
+        (atoms::retry(), ResourceArc::new(room_now())).encode(env)
     }
 }
 
