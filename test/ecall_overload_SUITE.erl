@@ -100,6 +100,16 @@ room_of_a_dead_caller_goes_back(_Config) ->
     ?assertEqual(2 * Size, Queued()),
     garbage_collect(),
     ?assertEqual(2 * Size, Queued()),
+    %% A room of another peer is not taken by a push to this one: the
+    %% push is an ordinary one here, and the room stays its peer's.
+    {ok, Other} = ecall_nif:peer_open(CNode, atom_to_binary(Ghost), <<"c">>, [<<"ecall_rx_1">>],
+                                      self(), (ecall_config:peer_opts())#{max_queue_bytes => 4096}),
+    OtherQueued = fun() -> maps:get(queued_bytes, ecall_nif:peer_stats(Other)) end,
+    {retry, Foreign} = ecall_nif:wait_room(Other, 1000, make_ref()),
+    ?assertEqual(ok, ecall_nif:push(Peer, Request, Foreign)),
+    ?assertEqual(3 * Size, Queued()),
+    ?assertEqual(1000, OtherQueued()),
+    ok = ecall_nif:peer_close(Other),
     ok = ecall_nif:peer_close(Peer).
 
 %% Resource destructors run once the term is garbage, not at a time this

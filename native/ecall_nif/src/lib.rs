@@ -111,9 +111,14 @@ impl Drop for RoomRes {
     }
 }
 
-/// The room a push may use: `false` (none), or a room from `wait_room/3`.
-fn reserved(room: Term<'_>) -> usize {
+/// The room a push to `peer` may use: `false` (none), or a room from
+/// `wait_room/3` on that same peer. A room of another peer is not taken
+/// (it goes back to its own peer when collected): used here, it would
+/// charge this peer too little and keep the other's room for good.
+fn reserved(room: Term<'_>, peer: &Arc<Peer>) -> usize {
     room.decode::<ResourceArc<RoomRes>>()
+        .ok()
+        .filter(|r| std::ptr::eq(r.peer.as_ptr(), Arc::as_ptr(peer)))
         .map_or(0, |r| r.take())
 }
 
@@ -466,7 +471,7 @@ fn push_iovec<'a>(
     parts[0] = body;
     let pushed = peer
         .peer
-        .push_alone(caller_shard(env), &parts, reserved(room));
+        .push_alone(caller_shard(env), &parts, reserved(room, &peer.peer));
     Ok(answer(env, pushed, len))
 }
 
@@ -496,7 +501,7 @@ fn caller_link(env: Env<'_>, peer: ResourceArc<PeerRes>) -> usize {
 /// `term_to_iovec`).
 fn push_encoded<'a>(
     env: Env<'a>,
-    peer: &Peer,
+    peer: &Arc<Peer>,
     shard: usize,
     e: &encode::Encoded<'_>,
     room: Term<'a>,
@@ -506,7 +511,7 @@ fn push_encoded<'a>(
     }
     answer(
         env,
-        peer.push_element(shard, e.element(), reserved(room)),
+        peer.push_element(shard, e.element(), reserved(room, peer)),
         e.bytes.len(),
     )
 }
