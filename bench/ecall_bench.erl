@@ -476,10 +476,12 @@ chosen_ops() ->
         Os -> [O || O <- ?OPS, lists:member(atom_to_list(O), string:split(Os, ",", all))]
     end.
 
+%% ECALL_BENCH_VARIANTS names the variants to run, in the order to run
+%% them at each point (so that the order's effect can be measured too).
 chosen(Variants) ->
     case os:getenv("ECALL_BENCH_VARIANTS") of
         false -> Variants;
-        Vs -> [V || V <- Variants, lists:member(atom_to_list(V), string:split(Vs, ",", all))]
+        Vs -> [V || Name <- string:split(Vs, ",", all), V <- Variants, atom_to_list(V) =:= Name]
     end.
 
 %%--------------------------------------------------------------------

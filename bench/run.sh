@@ -11,7 +11,8 @@
 # distribution; hops: idle round trips leg by leg (! or ecall each way);
 # profile: perf on both nodes during one point per transport, flame graphs
 # and a breakdown; soak: 5,000 writers for MINUTES. Variants (ECALL_BENCH_VARIANTS,
-# comma-separated, default all): native, ecall_erlang, ecall_nif, local;
+# comma-separated, in the order to run them at each point; default all):
+# native, ecall_erlang, ecall_nif, local;
 # ECALL_BENCH_OPS (send,cast,call) limits a sweep's operations.
 # ECALL_BENCH_ERL_FLAGS adds emulator flags to node A (for example "+S 1").
 #
