@@ -258,9 +258,17 @@ matrix(Ns, K, P, Ops, Variants, Label) ->
     %% another's heavy point paid for its aftermath (gigabytes still being
     %% freed). Run variant by variant, the ratios between variants also
     %% measured the drift between their turns.
-    %% ECALL_BENCH_VARIANTS=ecall_nif,native runs only those.
+    %% ECALL_BENCH_VARIANTS=ecall_nif,native runs only those. The order
+    %% of the variants alternates like a checkerboard over (operation,
+    %% load), so that no variant always runs right after the same other
+    %% one (whose aftermath it would pay for: calls at 20,000 writers came
+    %% out a few percent apart with the order swapped).
     Chosen = chosen(Variants),
-    Points = [{Op, N, V} || Op <- Ops, N <- Ns, V <- Chosen],
+    Points = [{Op, N, V} || {I, Op} <- lists:enumerate(Ops), {J, N} <- lists:enumerate(Ns),
+                            V <- case (I + J) rem 2 of
+                                     0 -> Chosen;
+                                     1 -> lists:reverse(Chosen)
+                                 end],
     Total = length(Points),
     Rows0 = [begin
                  use_transport(B, V),
