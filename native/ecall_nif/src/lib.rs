@@ -119,8 +119,8 @@ impl RoomRes {
 impl Drop for RoomRes {
     fn drop(&mut self) {
         let bytes = self.take();
-        if let Some(peer) = self.peer.upgrade() {
-            peer.give_back(bytes);
+        if let Some(peer) = self.peer.upgrade().filter(|_| bytes > 0) {
+            peer.release(bytes);
         }
     }
 }
@@ -440,7 +440,7 @@ fn send<'a>(env: Env<'a>, peer: ResourceArc<PeerRes>, to: Term<'a>, msg: Term<'a
     let shard = caller_shard(env);
     let req = [atoms::send().to_term(env), to, msg];
     encode::tuple_with(env, &req, encode::INLINE_MAX, |e| {
-        push_encoded(env, &peer.peer, shard, &e, false.encode(env))
+        push_encoded(env, &peer.peer, shard, &e, None)
     })
 }
 
@@ -457,7 +457,7 @@ fn push_request<'a>(
 ) -> Term<'a> {
     let shard = caller_shard(env);
     encode::term_with(env, req, encode::INLINE_MAX, |e| {
-        push_encoded(env, &peer.peer, shard, &e, room)
+        push_encoded(env, &peer.peer, shard, &e, Some(room))
     })
 }
 
@@ -512,20 +512,21 @@ fn caller_link(env: Env<'_>, peer: ResourceArc<PeerRes>) -> usize {
 
 /// Queues encoded element `e` on `shard` and answers as [`answer`] does,
 /// or `large` (nothing queued: the encode gave up, the caller goes by
-/// `term_to_iovec`).
+/// `term_to_iovec`, and `room` is left for that push).
 fn push_encoded<'a>(
     env: Env<'a>,
     peer: &Arc<Peer>,
     shard: usize,
     e: &encode::Encoded<'_>,
-    room: Term<'a>,
+    room: Option<Term<'a>>,
 ) -> Term<'a> {
     if e.large {
         return atoms::large().encode(env);
     }
+    let reserved = room.map_or(0, |r| reserved(r, peer));
     answer(
         env,
-        peer.push_element(shard, e.element(), reserved(room, peer)),
+        peer.push_element(shard, e.element(), reserved),
         e.bytes.len(),
     )
 }
