@@ -479,27 +479,15 @@ impl Encoder {
                 // life of the VM: a word the table holds is that term.
                 let e = &atoms.entries[slot];
                 if e.word == word && (e.epoch == 0 || e.epoch == epoch_now()) {
-                    if e.len == 0 {
-                        fallback(t, out);
-                    } else {
-                        put_entry(out, e);
-                    }
-                    if e.text {
-                        *text = true;
-                    } else {
-                        *refs += 1;
-                    }
+                    put_cached(t, e, out, text, refs);
                     continue;
                 }
             }
             let ty = t.get_type();
             match ty {
                 TermType::Atom => {
-                    if atom(t, word, slot, atoms, out) {
-                        *refs += 1;
-                    } else {
-                        *text = true;
-                    }
+                    let id = atom(t, word, slot, atoms, out);
+                    count(id, text, refs);
                 }
                 ty @ (TermType::Pid | TermType::Port | TermType::Ref) => {
                     let start = out.len();
@@ -513,12 +501,7 @@ impl Encoder {
                         0
                     };
                     if let Some(e) = remote.then(|| atoms.remote.get(raw, hash)).flatten() {
-                        put_entry(out, e);
-                        if e.text {
-                            *text = true;
-                        } else {
-                            *refs += 1;
-                        }
+                        put_cached(t, e, out, text, refs);
                         continue;
                     }
                     let id = match *memo {
@@ -542,11 +525,7 @@ impl Encoder {
                             id
                         }
                     };
-                    if id {
-                        *refs += 1;
-                    } else {
-                        *text = true;
-                    }
+                    count(id, text, refs);
                 }
                 TermType::Integer => match t.decode::<i64>() {
                     Ok(i) => integer(i, out),
@@ -734,15 +713,31 @@ fn node_id(start: usize, atoms: &mut AtomCache, out: &mut Vec<u8>) -> bool {
     true
 }
 
-/// Appends a cached encoding. The whole array goes in, then the tail past
-/// `len` comes off: a copy of a length known when compiling is a few moves
-/// in line, where a copy of `len` bytes is a call to `memmove`. (In a loop
-/// of `ecall_nif:encoded_size/1` the two did not differ beyond this
-/// machine's noise.)
-fn put_entry(out: &mut Vec<u8>, e: &AtomEntry) {
-    let end = out.len() + usize::from(e.len);
-    out.extend_from_slice(&e.bytes);
-    out.truncate(end);
+/// Appends the cached encoding `e` of `t` (the VM writes it when it was
+/// too long to keep) and counts its atom. The whole array goes in, then
+/// the tail past `len` comes off: a copy of a length known when compiling
+/// is a few moves in line, where a copy of `len` bytes is a call to
+/// `memmove`. (In a loop of `ecall_nif:encoded_size/1` the two did not
+/// differ beyond this machine's noise.)
+fn put_cached(t: Term<'_>, e: &AtomEntry, out: &mut Vec<u8>, text: &mut bool, refs: &mut u64) {
+    if e.len == 0 {
+        fallback(t, out);
+    } else {
+        let end = out.len() + usize::from(e.len);
+        out.extend_from_slice(&e.bytes);
+        out.truncate(end);
+    }
+    count(!e.text, text, refs);
+}
+
+/// Counts an atom written (or a pid's, port's or reference's node atom):
+/// as an id reference, or as text.
+fn count(id: bool, text: &mut bool, refs: &mut u64) {
+    if id {
+        *refs += 1;
+    } else {
+        *text = true;
+    }
 }
 
 /// Ends the walk of an element that passed its limit.
