@@ -60,8 +60,10 @@ budget_bounds_queue_and_close_releases(_Config) ->
 
 %% Room set aside for a caller let in from a full budget is the caller's
 %% until its push: a caller that dies first (killed between its wake-up
-%% and its push) gives it back when its room term is collected, and the
-%% room taken by a push that queued is not given back twice.
+%% and its push) gives it back when its room term is collected, which
+%% wakes the next caller waiting for room; a push takes its room and gives
+%% back what it did not need; a room used up is not given back twice, and
+%% a room of another peer is not taken.
 room_of_a_dead_caller_goes_back(_Config) ->
     {ok, CNode} = ecall_cnode:cnode(),
     Ghost = list_to_atom("ghost_" ++ integer_to_list(erlang:unique_integer([positive]))
@@ -83,20 +85,26 @@ room_of_a_dead_caller_goes_back(_Config) ->
     %% 3,000 of 4,096 are set aside: a push of 1,500 bytes does not fit.
     Big = binary:copy(<<"x">>, 1500),
     ?assertMatch({full, _}, ecall_nif:send(Peer, self(), Big)),
-    %% Taken out and dropped: once collected, the room goes back.
+    %% A caller waiting for 2,000 bytes (they do not fit beside the
+    %% 3,000) is woken, with its room, once the dead caller's room is taken
+    %% out, dropped and collected.
+    Ref = make_ref(),
+    ?assertEqual(wait, ecall_nif:wait_room(Peer, 2000, Ref)),
     receive {room, Caller, _} -> ok end,
     garbage_collect(),
-    ok = await_queued(Queued, 3000, 0),
+    Room = receive
+               {ecall_room, Ref, R} when R =/= false -> R
+           after 10000 -> ct:fail({room_not_given_back, Queued()})
+           end,
+    ?assertEqual(2000, Queued()),
     %% A push takes its room; room it did not need goes back at once.
     Request = {send, self(), binary:copy(<<"y">>, 500)},
     {Size, _, _} = ecall_nif:encoded_size(Request),
-    {retry, Room1} = ecall_nif:wait_room(Peer, Size + 20, make_ref()),
-    ?assertEqual(Size + 20, Queued()),
-    ?assertEqual(ok, ecall_nif:push(Peer, Request, Room1)),
+    ?assertEqual(ok, ecall_nif:push(Peer, Request, Room)),
     ?assertEqual(Size, Queued()),
     %% Used up: a second push with it is an ordinary one, and collecting
     %% it gives nothing back.
-    ?assertEqual(ok, ecall_nif:push(Peer, Request, Room1)),
+    ?assertEqual(ok, ecall_nif:push(Peer, Request, Room)),
     ?assertEqual(2 * Size, Queued()),
     garbage_collect(),
     ?assertEqual(2 * Size, Queued()),
@@ -111,20 +119,6 @@ room_of_a_dead_caller_goes_back(_Config) ->
     ?assertEqual(1000, OtherQueued()),
     ok = ecall_nif:peer_close(Other),
     ok = ecall_nif:peer_close(Peer).
-
-%% Resource destructors run once the term is garbage, not at a time this
-%% process chooses: waits (bounded) for the count to fall.
-await_queued(Queued, Was, Want) ->
-    await_queued(Queued, Was, Want, 500).
-
-await_queued(Queued, _Was, Want, 0) ->
-    ct:fail({room_not_given_back, Queued(), Want});
-await_queued(Queued, Was, Want, N) ->
-    case Queued() of
-        Want -> ok;
-        Was -> timer:sleep(10), await_queued(Queued, Was, Want, N - 1);
-        Other -> ct:fail({unexpected_queued_bytes, Other})
-    end.
 
 push_until_full(Peer, Payload, N) ->
     case ecall_nif:send(Peer, self(), Payload) of

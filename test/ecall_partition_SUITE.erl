@@ -16,10 +16,6 @@
 -include_lib("common_test/include/ct.hrl").
 -include_lib("stdlib/include/assert.hrl").
 
--define(SENDERS, 20).
--define(CALLERS, 10).
--define(PAYLOAD, 2000).
-
 -export([all/0, suite/0, init_per_suite/1, end_per_suite/1]).
 -export([short_cut_loses_nothing_long_cut_fails_fast/1]).
 %% Run on node A / B.
@@ -250,6 +246,10 @@ reply_ready(Owner, #{waiting := W, marks := Marks, n := N, bad := Bad} = St) ->
 %%--------------------------------------------------------------------
 %% Node A: connects, runs senders and callers, and for each cut the suite
 %% announces ("cut" ... "restored") prints one `result' line.
+
+-define(SENDERS, 20).
+-define(CALLERS, 10).
+-define(PAYLOAD, 2000).
 
 partition_a() ->
     try run_a()
