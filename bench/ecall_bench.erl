@@ -633,6 +633,15 @@ micro() ->
               "the NIF's encoder (ecall_nif:encoded_size/1) ~.1f ns~n",
               [per_call(fun() -> term_to_binary(Request) end, 100000),
                per_call(fun() -> ecall_nif:encoded_size(Request) end, 100000)]),
+    %% The destination's share: a local pid and an atom come from the
+    %% encoder's per-thread table, another node's pid from its remote
+    %% cache (hash, then a check against a copy), a reference through
+    %% enif_term_to_binary each time.
+    Ref = erpc:call(B, erlang, make_ref, []),
+    io:format("micro: encode of {send, To, 1}, ns: To a local pid ~.1f, a pid on B ~.1f, "
+              "an atom ~.1f, a reference of B ~.1f~n",
+              [per_call(fun() -> ecall_nif:encoded_size({send, To, 1}) end, 200000)
+               || To <- [self(), Sink, sink, Ref]]),
     %% How soon a push gives up a large term (it then goes by
     %% term_to_iovec): the longest a push holds the caller's scheduler.
     List = lists:seq(1, 1000000),
