@@ -10,7 +10,10 @@
 %% Variants, measured side by side in the same run:
 %%   native  `Pid ! Msg' to B
 %%   ecall   `ecall:send(Pid, Msg)' to B (NIF, Rust shards, C-node links)
-%%   local   `Pid ! Msg' to receivers on A itself: the harness's own floor
+%%   local   the same operations with receivers on A itself, no network:
+%%           the harness's own floor (`!'; a cast spawns a process on A; a
+%%           call is erpc:call/4 to A itself: spawn, monitor and result
+%%           message, the emulator's share of any call)
 %%
 %% Per point: achieved rate, elapsed (mean of the receivers' first-to-last
 %% spans, as the article defines it), wall time, CPU seconds of both OS
@@ -851,7 +854,7 @@ operation(native, cast, B) -> fun(R, M) -> erpc:cast(B, ?MODULE, deliver, [R, M]
 operation(native, call, B) -> fun(R, M) -> ok = erpc:call(B, ?MODULE, deliver, [R, M]) end;
 operation(local, send, _B) -> fun erlang:send/2;
 operation(local, cast, _B) -> fun(R, M) -> spawn(?MODULE, deliver, [R, M]) end;
-operation(local, call, _B) -> fun ?MODULE:deliver/2;
+operation(local, call, _B) -> fun(R, M) -> ok = erpc:call(node(), ?MODULE, deliver, [R, M]) end;
 operation(_Ecall, send, _B) -> fun ecall:send/2;
 operation(_Ecall, cast, B) -> fun(R, M) -> ok = ecall:cast(B, ?MODULE, deliver, [R, M]) end;
 operation(_Ecall, call, B) -> fun(R, M) -> {ok, ok} = ecall:call(B, ?MODULE, deliver, [R, M]) end.
