@@ -42,23 +42,39 @@ pub struct Epmd {
 }
 
 impl Epmd {
+    /// Starts epmd on a free port. The port is free when `free_port` looks,
+    /// but another test's outgoing connection can take it (it comes from the
+    /// same ephemeral range) before epmd binds it: epmd then exits at once,
+    /// and the next attempt takes another port.
     pub async fn start() -> Epmd {
-        let port = free_port();
-        let child = Command::new("epmd")
-            .args(["-port", &port.to_string(), "-address", "127.0.0.1"])
-            .kill_on_drop(true)
-            .spawn()
-            .expect("epmd on PATH (make deps installs Erlang)");
-        // Ready when it answers a names request.
-        let t0 = std::time::Instant::now();
-        while epmd_names(port).await.is_none() {
-            assert!(t0.elapsed() < WAIT, "epmd did not start");
-            tokio::time::sleep(Duration::from_millis(10)).await;
+        const ATTEMPTS: usize = 5;
+        for attempt in 1..=ATTEMPTS {
+            let port = free_port();
+            let mut child = Command::new("epmd")
+                .args(["-port", &port.to_string(), "-address", "127.0.0.1"])
+                .kill_on_drop(true)
+                .spawn()
+                .expect("epmd on PATH (make deps installs Erlang)");
+            // Ready when it answers a names request.
+            let t0 = std::time::Instant::now();
+            loop {
+                if epmd_names(port).await.is_some() {
+                    return Epmd {
+                        port,
+                        _child: child,
+                    };
+                }
+                if let Some(status) = child.try_wait().expect("epmd's status") {
+                    eprintln!(
+                        "epmd on port {port} exited ({status}), attempt {attempt} of {ATTEMPTS}"
+                    );
+                    break;
+                }
+                assert!(t0.elapsed() < WAIT, "epmd on port {port} did not answer");
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
         }
-        Epmd {
-            port,
-            _child: child,
-        }
+        panic!("epmd did not start in {ATTEMPTS} attempts");
     }
 }
 
