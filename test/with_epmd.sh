@@ -6,16 +6,32 @@
 # epmd is stopped, by its pid, when the command ends, whatever its outcome.
 set -euo pipefail
 
-port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-epmd -port "$port" -address 127.0.0.1 &
-epmd_pid=$!
-trap 'kill "$epmd_pid" 2>/dev/null || true; wait "$epmd_pid" 2>/dev/null || true' EXIT
-export ERL_EPMD_PORT=$port
-
-# epmd is ready when it answers a names request (a few ms).
-for _ in $(seq 1 100); do
-    epmd -port "$port" -names >/dev/null 2>&1 && break
-    sleep 0.05
+# The port is free when python looks, but anything else on the machine can
+# take it before epmd binds it (it comes from the ephemeral range): epmd then
+# exits at once, and another port is tried.
+epmd_pid=
+trap '[ -z "$epmd_pid" ] || { kill "$epmd_pid" 2>/dev/null || true; wait "$epmd_pid" 2>/dev/null || true; }' EXIT
+for attempt in 1 2 3 4 5; do
+    port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+    epmd -port "$port" -address 127.0.0.1 &
+    epmd_pid=$!
+    # epmd is ready when it answers a names request (a few ms).
+    ready=false
+    for _ in $(seq 1 100); do
+        kill -0 "$epmd_pid" 2>/dev/null || break
+        if epmd -port "$port" -names >/dev/null 2>&1; then
+            ready=true
+            break
+        fi
+        sleep 0.05
+    done
+    $ready && break
+    echo "with_epmd.sh: epmd on port $port did not start (attempt $attempt of 5)" >&2
+    kill "$epmd_pid" 2>/dev/null || true
+    wait "$epmd_pid" 2>/dev/null || true
+    epmd_pid=
 done
+[ -n "$epmd_pid" ] || { echo "with_epmd.sh: no epmd" >&2; exit 1; }
+export ERL_EPMD_PORT=$port
 
 "$@"
