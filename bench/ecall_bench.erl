@@ -91,6 +91,9 @@ run(["tls" | Rest]) ->
     matrix([N], 100, 50, chosen_ops(), [native, ecall_erlang, ecall_nif], "tls");
 run(["latency" | Rest]) ->
     latency(case Rest of [] -> 10000; [N] -> list_to_integer(N) end);
+run(["pingpong" | Rest]) ->
+    N = case Rest of [] -> 2000; [X] -> list_to_integer(X) end,
+    pingpong(N);
 run(["soak", Minutes]) ->
     soak(list_to_integer(Minutes));
 run(Other) ->
@@ -489,10 +492,13 @@ chosen_ops() ->
 
 %% ECALL_BENCH_VARIANTS names the variants to run, in the order to run
 %% them at each point (so that the order's effect can be measured too).
+%% ecall_nif_nogather (the NIF transport with `gather' off) runs only when
+%% named there.
 chosen(Variants) ->
     case os:getenv("ECALL_BENCH_VARIANTS") of
         false -> Variants;
-        Vs -> [V || Name <- string:split(Vs, ",", all), V <- Variants, atom_to_list(V) =:= Name]
+        Vs -> [V || Name <- string:split(Vs, ",", all),
+                    V <- lists:usort(Variants ++ [ecall_nif_nogather]), atom_to_list(V) =:= Name]
     end.
 
 %%--------------------------------------------------------------------
@@ -542,6 +548,51 @@ latency(N) ->
     write_csv("latency", [variant, writers, probes, p50_us, p99_us, max_us], Rows),
     peer:stop(Peer),
     ok.
+
+%% Closed-loop callers: C processes (1, 8, 64), each making N calls of
+%% erlang:node/0 on B back to back, each waiting for its reply before the
+%% next. What a process doing request-response in a loop sees (a
+%% gen_server calling out per message, say): no pause between calls, so a
+%% link never looks quiet, and no company for a request, since every
+%% caller waits. Prints wall µs per call and calls per second in all.
+pingpong(N) ->
+    {Peer, B} = start_b(),
+    io:format("pingpong: A=~p B=~p, ~b back-to-back calls per caller~n", [node(), B, N]),
+    Variants = case os:getenv("ECALL_BENCH_VARIANTS") of
+                   false -> [native, ecall_erlang, ecall_nif, ecall_nif_nogather];
+                   _ -> chosen([native, ecall_erlang, ecall_nif])
+               end,
+    Rows = [pingpong_row(B, V, C, N) || C <- [1, 8, 64], V <- Variants],
+    io:format("~n~-19s ~8s ~12s ~10s~n", ["variant", "callers", "us per call", "calls/s"]),
+    [io:format("~-19s ~8b ~12.1f ~10b~n", [V, C, Us, round(Rate)])
+     || #{variant := V, callers := C, us_per_call := Us, rate := Rate} <- Rows],
+    write_csv("pingpong", [variant, callers, calls, us_per_call, rate], Rows),
+    peer:stop(Peer),
+    ok.
+
+pingpong_row(B, V, C, N) ->
+    use_transport(B, V),
+    Call = case V of
+               native -> fun() -> B = erpc:call(B, erlang, node, []) end;
+               _ -> fun() -> {ok, B} = ecall:call(B, erlang, node, []) end
+           end,
+    %% Warm the path (connections up, atoms cached) before timing.
+    [Call() || _ <- lists:seq(1, 10)],
+    Self = self(),
+    Go = make_ref(),
+    Pids = [spawn_link(fun() ->
+                               receive Go -> ok end,
+                               T0 = erlang:monotonic_time(microsecond),
+                               repeat(Call, N),
+                               Self ! {Go, self(), erlang:monotonic_time(microsecond) - T0}
+                       end) || _ <- lists:seq(1, C)],
+    T0 = erlang:monotonic_time(microsecond),
+    [P ! Go || P <- Pids],
+    Times = [receive {Go, P, T} -> T end || P <- Pids],
+    Wall = erlang:monotonic_time(microsecond) - T0,
+    #{variant => V, callers => C, calls => C * N,
+      us_per_call => lists:sum(Times) / C / N,
+      rate => C * N * 1.0e6 / Wall}.
 
 %% Where an idle round trip goes: a message to an echo process on B and
 %% back, each leg by `!' or by ecall:send/2 (over the NIF transport), p50
@@ -723,10 +774,14 @@ push_ns(Sink, Payload, N, Procs) ->
 %% back through B's own connection).
 use_transport(B, V) ->
     T = case V of ecall_erlang -> erlang; _ -> nif end,
+    %% ecall_nif_nogather: the NIF transport with `gather' off.
+    Gather = V =/= ecall_nif_nogather,
     _ = ecall:disconnect(B),
     _ = erpc:call(B, ecall, disconnect, [node()]),
     ok = application:set_env(ecall, transport, T),
     ok = erpc:call(B, application, set_env, [ecall, transport, T]),
+    ok = application:set_env(ecall, gather, Gather),
+    ok = erpc:call(B, application, set_env, [ecall, gather, Gather]),
     ok = ecall:connect(B),
     ok = erpc:call(B, ecall, connect, [node()]).
 
@@ -811,7 +866,8 @@ point(B, Variant, Op, N, K, P, OnStart) ->
     Total = N * K,
     %% The NIF link's counters speak for the NIF variant only (native and
     %% local runs would show its idle ticks).
-    Delta = fun(Key) when Variant =:= ecall_nif; Variant =:= ecall_erlang ->
+    Delta = fun(Key) when Variant =:= ecall_nif; Variant =:= ecall_nif_nogather;
+                          Variant =:= ecall_erlang ->
                     maps:get(Key, S1, 0) - maps:get(Key, S0, 0);
                (_Key) ->
                     0
@@ -828,11 +884,15 @@ point(B, Variant, Op, N, K, P, OnStart) ->
                       lists:sum([maps:get(lone, L, 0) || L <- Links])
               end,
     os:getenv("ECALL_BENCH_DEBUG") =:= false orelse
-        io:format("~p ~p: wakes ~b, lone ~b, batches ~b, writes ~b, requests ~b; "
-                  "B back to A (replies): wakes ~b, lone ~b, batches ~b, writes ~b, requests ~b~n",
+        io:format("~p ~p: wakes ~b, lone ~b, batches ~b, writes ~b, requests ~b, "
+                  "gathers ~b (futile ~b); "
+                  "B back to A (replies): wakes ~b, lone ~b, batches ~b, writes ~b, requests ~b, "
+                  "gathers ~b (futile ~b)~n",
                   [Variant, Op, Delta(wakes), LinkSum(S1) - LinkSum(S0), Batches, Writes,
-                   Delta(requests), BackDelta(wakes), LinkSum(Back1) - LinkSum(Back0),
-                   BackDelta(batches), BackDelta(writes), BackDelta(requests)]),
+                   Delta(requests), Delta(gathers), Delta(futile_gathers),
+                   BackDelta(wakes), LinkSum(Back1) - LinkSum(Back0),
+                   BackDelta(batches), BackDelta(writes), BackDelta(requests),
+                   BackDelta(gathers), BackDelta(futile_gathers)]),
     #{variant => Variant, op => Op,
       payload => list_to_atom(os:getenv("ECALL_BENCH_PAYLOAD", "map")),
       writers => N, per_writer => K, pause_ms => P,

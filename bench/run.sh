@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Runs the two-node benchmark:
 #   bench/run.sh demo | quick | full | paced [N K P] | sweep N1,N2,.. K P
-#                | micro | large | latency [N] | tls [N] | hops | profile [N [OP]] | soak MINUTES
+#                | micro | large | latency [N] | pingpong [N] | tls [N] | hops | profile [N [OP]] | soak MINUTES
 # demo/quick: send, cast, call at 2,000 and 10,000 writers; full: the
 # article's sweep to 150,000 writers; paced: send at N writers, K messages
 # each, P ms apart; sweep: every operation at the writer counts given;
 # micro: push and encode costs per call; large: 10 MB messages beside small
 # ones; latency: a probe's call round trips, idle and under N writers;
+# pingpong: closed-loop callers (1, 8, 64) making N back-to-back calls each;
 # tls: send, cast, call at N writers, native and both ecall transports, on TLS
 # distribution; hops: idle round trips leg by leg (! or ecall each way);
 # profile: perf on both nodes during one point per transport, flame graphs

@@ -46,6 +46,9 @@ spec() ->
                       "ms before the first reconnect attempt of a link"},
       backoff_max => {pos_integer, 5000,
                       "most ms between reconnect attempts (doubling from backoff_min)"},
+      gather => {boolean, true,
+                 "a busy link waits up to 1-2 ms for 128 requests before it writes; "
+                 "false: it writes at once (callers that wait for each answer)"},
       discovery => {boolean, true,
                     "connect to every node that runs ecall (pg group)"},
       transport => {{one_of, [nif, erlang]}, nif,
@@ -126,4 +129,5 @@ peer_opts() ->
       max_queue_bytes => get(max_queue_bytes),
       stall_timeout => get(stall_timeout),
       backoff_min => get(backoff_min),
-      backoff_max => get(backoff_max)}.
+      backoff_max => get(backoff_max),
+      gather => get(gather)}.

@@ -49,6 +49,12 @@ pub struct PeerConfig {
     pub backoff_min: Duration,
     /// Longest reconnect delay.
     pub backoff_max: Duration,
+    /// Whether a busy link's writer gathers (waits up to
+    /// [`GATHER_WAIT`](crate::link::GATHER_WAIT) for company before it
+    /// writes). Off, it writes what its shards hold as soon as it looks:
+    /// for callers that each wait for an answer before their next request,
+    /// whom gathering makes wait 1-2 ms per request.
+    pub gather: bool,
 }
 
 /// Result of a push.
@@ -478,6 +484,7 @@ mod tests {
                 stall_timeout: None,
                 backoff_min: Duration::from_millis(1),
                 backoff_max: Duration::from_millis(1),
+                gather: true,
             },
             &[("a_ecall_1@h".into(), 1)],
         )

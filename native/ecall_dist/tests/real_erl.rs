@@ -115,6 +115,7 @@ fn open_peer(
             stall_timeout: Some(Duration::from_secs(10)),
             backoff_min: Duration::from_millis(50),
             backoff_max: Duration::from_millis(500),
+            gather: true,
         },
         Arc::new(Events(tx)),
     )

@@ -31,7 +31,7 @@ mod atoms {
         ok, error, send, full, closed, large, wait, retry, ecall_link, ecall_cnode, ecall_room,
         up, down, alive, badarg,
         pushed, batches, requests, bytes, writes, dropped, connects, disconnects,
-        stalls, cached_atoms, queued_bytes, links_up, overflow_waits, overflow_drops, per_link, link, fragmented, lone, lone_partial, wakes, closed_drops, links, shards, accepted, refused,
+        stalls, cached_atoms, queued_bytes, links_up, overflow_waits, overflow_drops, per_link, link, fragmented, lone, lone_partial, gathers, wakes, closed_drops, links, shards, accepted, refused,
         node, creation, port, inbound_frames, inbound_answered, inbound_ignored, inbound_malformed,
         handshakes_shed, accept_errors, stopped,
         // Link-down reasons (see `down_reason`).
@@ -379,6 +379,7 @@ struct PeerOpts {
     stall_timeout: u64,
     backoff_min: u64,
     backoff_max: u64,
+    gather: bool,
 }
 
 /// Opens the shards and links towards `node`; link events go to `owner` as
@@ -412,6 +413,7 @@ fn peer_open(
         stall_timeout: (opts.stall_timeout > 0).then(|| Duration::from_millis(opts.stall_timeout)),
         backoff_min: Duration::from_millis(opts.backoff_min.max(1)),
         backoff_max: Duration::from_millis(opts.backoff_max.max(opts.backoff_min).max(1)),
+        gather: opts.gather,
     };
     let peer = Peer::open(
         runtime().handle(),
@@ -643,7 +645,7 @@ fn peer_stats<'a>(env: Env<'a>, peer: ResourceArc<PeerRes>) -> NifResult<Term<'a
         .collect();
     // The counters every link keeps; a peer's total is their sum.
     type Counter = fn(&LinkStats) -> &AtomicU64;
-    let counters: [(Atom, Counter); 15] = [
+    let counters: [(Atom, Counter); 16] = [
         (atoms::batches(), |l| &l.batches),
         (atoms::requests(), |l| &l.requests),
         (atoms::bytes(), |l| &l.bytes),
@@ -655,6 +657,7 @@ fn peer_stats<'a>(env: Env<'a>, peer: ResourceArc<PeerRes>) -> NifResult<Term<'a
         (atoms::fragmented(), |l| &l.fragmented),
         (atoms::lone(), |l| &l.lone),
         (atoms::lone_partial(), |l| &l.lone_partial),
+        (atoms::gathers(), |l| &l.gathers),
         (atoms::inbound_frames(), |l| &l.inbound.frames),
         (atoms::inbound_answered(), |l| &l.inbound.answered),
         (atoms::inbound_ignored(), |l| &l.inbound.ignored),

@@ -182,6 +182,8 @@ pub struct LinkStats {
     /// Lone writes the socket took only in part (the writer wrote the
     /// rest): a sign that the peer reads slowly.
     pub lone_partial: AtomicU64,
+    /// Gathering waits made by the writer (see `may_gather` in writer.rs).
+    pub gathers: AtomicU64,
     /// Gauge: connected now.
     pub up: AtomicBool,
     /// What the peer sent us on this link (ticks aside).

@@ -127,6 +127,7 @@ impl LinkWriter {
                 }
             }
             if std::mem::take(&mut gather)
+                && peer.config.gather
                 && self.inflight.is_empty()
                 && may_gather(&peer, link, &mine)
             {
@@ -134,6 +135,7 @@ impl LinkWriter {
                 if let Some(down) = self.wait(reader, ctl_rx, until, false).await {
                     return down;
                 }
+                ls.gathers.fetch_add(1, Ordering::Relaxed);
             }
             frames.extend(
                 mine.iter()
