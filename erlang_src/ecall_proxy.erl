@@ -18,7 +18,7 @@
 -module(ecall_proxy).
 -behaviour(ecall_transport).
 
--export([open/2, send/3, push/2, reply_monitor/1, stats/1, close/2]).
+-export([open/2, send/3, push/2, reply_watcher/1, stats/1, close/2]).
 -export([init/4]).
 
 -record(pool, {proxies :: tuple(), counters :: counters:counters_ref()}).
@@ -48,9 +48,9 @@ push(Pool, Request) ->
 
 %% The proxy is linked to the connection: it goes down with it, and the
 %% connection goes down with it.
--spec reply_monitor(pool()) -> {ok, reference()}.
-reply_monitor(Pool) ->
-    {ok, monitor(process, pick(Pool), [{alias, reply_demonitor}])}.
+-spec reply_watcher(pool()) -> {ok, pid()}.
+reply_watcher(Pool) ->
+    {ok, pick(Pool)}.
 
 %% The calling process's proxy (per-caller order).
 -spec pick(pool()) -> pid().

@@ -51,10 +51,15 @@ call(Node, M, F, A, Timeout) ->
         undefined ->
             erpc_call(Node, M, F, A, Timeout);
         {Mod, State} ->
-            case Mod:reply_monitor(State) of
+            case Mod:reply_watcher(State) of
                 closed ->
                     erpc_call(Node, M, F, A, Timeout);
-                {ok, Mref} ->
+                {ok, Watcher} ->
+                    %% Made here, next to the receive that waits for its
+                    %% reply: the compiler then lets that receive skip the
+                    %% messages the caller already had (a process with a
+                    %% long mailbox does not scan it on every call).
+                    Mref = monitor(process, Watcher, [{alias, reply_demonitor}]),
                     case Mod:push(State, {call, Mref, M, F, A}) of
                         ok ->
                             wait_reply(Mref, Timeout);

@@ -45,11 +45,11 @@
 %% Queues one request, in the caller's order.
 -callback push(State :: term(), request()) -> push_result().
 
-%% A monitor alias for the reply of a call pushed next by the calling
-%% process: its 'DOWN' comes when the path carrying the caller's requests
-%% fails (with `{link_down, Reason}' or the connection's reason).
-%% `closed': no such path now.
--callback reply_monitor(State :: term()) -> {ok, reference()} | closed.
+%% The process that stands for the path carrying the calling process's
+%% requests: it exits when that path fails (with `{link_down, Reason}' or
+%% the connection's reason). A caller monitors it, with an alias for the
+%% reply, while it waits. `closed': no such path now.
+-callback reply_watcher(State :: term()) -> {ok, pid()} | closed.
 
 %% Counters, as `ecall:stats/1' returns them.
 -callback stats(State :: term()) -> map().

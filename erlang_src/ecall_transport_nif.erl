@@ -10,7 +10,7 @@
 -module(ecall_transport_nif).
 -behaviour(ecall_transport).
 
--export([open/2, send/3, push/2, reply_monitor/1, stats/1, close/2]).
+-export([open/2, send/3, push/2, reply_watcher/1, stats/1, close/2]).
 -export([caller_link/1]).
 
 %% Binary messages from this size on take the large-message path: encoded
@@ -109,15 +109,15 @@ admitted(Push, Room) ->
         _ -> closed
     end.
 
-%% One local monitor gives both the reply alias and prompt failure: it
-%% watches the process that stands for the link carrying this caller's
-%% requests, which exits when that link or the whole connection goes down.
+%% The process that stands for the link carrying this caller's requests,
+%% which exits when that link or the whole connection goes down: one local
+%% monitor on it gives the caller both the reply alias and prompt failure.
 %% Nothing per call crosses the network but the request itself.
--spec reply_monitor(state()) -> {ok, reference()} | closed.
-reply_monitor({Node, Peer}) ->
+-spec reply_watcher(state()) -> {ok, pid()} | closed.
+reply_watcher({Node, Peer}) ->
     case ecall_conn:watcher(Node, ecall_nif:caller_link(Peer)) of
         undefined -> closed;
-        Watcher -> {ok, monitor(process, Watcher, [{alias, reply_demonitor}])}
+        Watcher -> {ok, Watcher}
     end.
 
 %% @doc The link (0-based) that carries the calling process's requests.
