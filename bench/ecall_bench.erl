@@ -885,14 +885,14 @@ point(B, Variant, Op, N, K, P, OnStart) ->
               end,
     os:getenv("ECALL_BENCH_DEBUG") =:= false orelse
         io:format("~p ~p: wakes ~b, lone ~b, batches ~b, writes ~b, requests ~b, "
-                  "gathers ~b (futile ~b); "
+                  "gathers ~b; "
                   "B back to A (replies): wakes ~b, lone ~b, batches ~b, writes ~b, requests ~b, "
-                  "gathers ~b (futile ~b)~n",
+                  "gathers ~b~n",
                   [Variant, Op, Delta(wakes), LinkSum(S1) - LinkSum(S0), Batches, Writes,
-                   Delta(requests), Delta(gathers), Delta(futile_gathers),
+                   Delta(requests), Delta(gathers),
                    BackDelta(wakes), LinkSum(Back1) - LinkSum(Back0),
                    BackDelta(batches), BackDelta(writes), BackDelta(requests),
-                   BackDelta(gathers), BackDelta(futile_gathers)]),
+                   BackDelta(gathers)]),
     #{variant => Variant, op => Op,
       payload => list_to_atom(os:getenv("ECALL_BENCH_PAYLOAD", "map")),
       writers => N, per_writer => K, pause_ms => P,
