@@ -119,7 +119,8 @@ impl RoomRes {
 impl Drop for RoomRes {
     fn drop(&mut self) {
         let bytes = self.take();
-        if let Some(peer) = self.peer.upgrade().filter(|_| bytes > 0) {
+        if let Some(peer) = self.peer.upgrade() {
+            // Nothing for a room a push used up: releasing 0 does nothing.
             peer.release(bytes);
         }
     }
