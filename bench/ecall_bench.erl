@@ -190,7 +190,7 @@ large_point(B, Variant) ->
     Send = case Variant of
                %% The path every message took before large ones got theirs:
                %% encoded and copied by the NIF on the caller's scheduler.
-               ecall_inline -> fun(M) -> ok = ecall_transport_nif:push(Peer, {send, Sink, M}) end;
+               ecall_inline -> fun(M) -> ok = ecall_transport_nif:push(Peer, {send, Sink, M}, false) end;
                ecall -> fun(M) -> ecall:send(Sink, M) end;
                native -> fun(M) -> Sink ! M end
            end,
@@ -556,18 +556,29 @@ latency(N) ->
 %% link never looks quiet, and no company for a request, since every
 %% caller waits. Prints wall µs per call and calls per second in all. A
 %% last row has one caller with 100,000 other messages in its mailbox: a
-%% call's receive should not scan them (erpc's does not).
+%% call's receive should not scan them (erpc's does not). The row of 1,000
+%% callers makes a twentieth of N calls each.
 pingpong(N) ->
     {Peer, B} = start_b(),
     io:format("pingpong: A=~p B=~p, ~b back-to-back calls per caller~n", [node(), B, N]),
     Variants = chosen([native, ecall_erlang, ecall_nif, ecall_nif_nogather]),
-    Rows = [pingpong_row(B, V, C, Junk, N) || {C, Junk} <- [{1, 0}, {8, 0}, {64, 0}, {1, 100000}],
-                                           V <- Variants],
-    io:format("~n~-19s ~8s ~9s ~12s ~10s~n",
-              ["variant", "callers", "mailbox", "us per call", "calls/s"]),
-    [io:format("~-19s ~8b ~9b ~12.1f ~10b~n", [V, C, J, Us, round(Rate)])
-     || #{variant := V, callers := C, mailbox := J, us_per_call := Us, rate := Rate} <- Rows],
-    write_csv("pingpong", [variant, callers, mailbox, calls, us_per_call, rate], Rows),
+    %% The 1,000-caller row is the closed loop under load (the link is
+    %% never idle): a twentieth of the calls each, to keep its length.
+    Rows = [pingpong_row(B, V, C, Junk, Calls)
+            || {C, Junk, Calls} <- [{1, 0, N}, {8, 0, N}, {64, 0, N},
+                                    {1000, 0, max(10, N div 20)}, {1, 100000, N}],
+               V <- Variants],
+    %% urgent: the share of calls sent urgent (A's links) and of replies
+    %% (B's links back); batch: requests per batch on A's links.
+    io:format("~n~-19s ~8s ~9s ~12s ~10s ~8s ~8s ~7s~n",
+              ["variant", "callers", "mailbox", "us per call", "calls/s", "urgent%",
+               "back%", "batch"]),
+    [io:format("~-19s ~8b ~9b ~12.1f ~10b ~8.1f ~8.1f ~7.1f~n",
+               [V, C, J, Us, round(Rate), U, UB, Batch])
+     || #{variant := V, callers := C, mailbox := J, us_per_call := Us, rate := Rate,
+          urgent := U, urgent_back := UB, batch := Batch} <- Rows],
+    write_csv("pingpong", [variant, callers, mailbox, calls, us_per_call, rate, urgent,
+                           urgent_back, batch], Rows),
     peer:stop(Peer),
     ok.
 
@@ -588,13 +599,23 @@ pingpong_row(B, V, C, Junk, N) ->
                                repeat(Call, N),
                                Self ! {Go, self(), erlang:monotonic_time(microsecond) - T0}
                        end) || _ <- lists:seq(1, C)],
+    Stats = fun() ->
+                    {case ecall:stats(B) of {ok, S} -> S; _ -> #{} end,
+                     case erpc:call(B, ecall, stats, [node()]) of {ok, SB} -> SB; _ -> #{} end}
+            end,
+    {A0, B0} = Stats(),
     T0 = erlang:monotonic_time(microsecond),
     [P ! Go || P <- Pids],
     Times = [receive {Go, P, T} -> T end || P <- Pids],
     Wall = erlang:monotonic_time(microsecond) - T0,
+    {A1, B1} = Stats(),
+    D = fun(Key, S1, S0) -> maps:get(Key, S1, 0) - maps:get(Key, S0, 0) end,
     #{variant => V, callers => C, mailbox => Junk, calls => C * N,
       us_per_call => lists:sum(Times) / C / N,
-      rate => C * N * 1.0e6 / Wall}.
+      rate => C * N * 1.0e6 / Wall,
+      urgent => 100 * D(urgent, A1, A0) / (C * N),
+      urgent_back => 100 * D(urgent, B1, B0) / (C * N),
+      batch => D(requests, A1, A0) / max(1, D(batches, A1, A0))}.
 
 %% Where an idle round trip goes: a message to an echo process on B and
 %% back, each leg by `!' or by ecall:send/2 (over the NIF transport), p50
@@ -723,6 +744,17 @@ micro() ->
                                 large -> "iovec";
                                 _ -> "inline"
                             end]]]),
+    %% A call from a caller in a closed loop decides whether it is urgent
+    %% (ecall_request:urgent/1: the caller's history, one count in the
+    %% peer): that alone, from one process and from one per scheduler.
+    Loop = fun() ->
+                   true = ecall_request:urgent(B),
+                   ecall_request:returned()
+           end,
+    ecall_request:returned(),
+    io:format("micro: a closed-loop call's urgency: ~.1f ns from one process, ~.1f ns "
+              "with ~b processes at once~n",
+              [per_call(Loop, 200000), par_per_call(Loop, 200000, S), S]),
     io:format("micro: term_to_binary of the payload ~.1f ns, binary_to_term ~.1f ns, "
               "one atom decoded from text ~.1f ns~n",
               [per_call(fun() -> term_to_binary(Payload) end, 100000),
@@ -754,6 +786,20 @@ drained(B, Tries) ->
 per_call(Fun, N) ->
     T0 = erlang:monotonic_time(nanosecond),
     repeat(Fun, N),
+    (erlang:monotonic_time(nanosecond) - T0) / N.
+
+%% Wall ns per call of Procs processes making N calls each at once.
+par_per_call(Fun, N, Procs) ->
+    Self = self(),
+    Pids = [spawn(fun() ->
+                          ecall_request:returned(),
+                          receive go -> ok end,
+                          repeat(Fun, N),
+                          Self ! {done, self()}
+                  end) || _ <- lists:seq(1, Procs)],
+    T0 = erlang:monotonic_time(nanosecond),
+    [P ! go || P <- Pids],
+    [receive {done, P} -> ok end || P <- Pids],
     (erlang:monotonic_time(nanosecond) - T0) / N.
 
 repeat(_Fun, 0) -> ok;
@@ -887,14 +933,14 @@ point(B, Variant, Op, N, K, P, OnStart) ->
               end,
     os:getenv("ECALL_BENCH_DEBUG") =:= false orelse
         io:format("~p ~p: wakes ~b, lone ~b, batches ~b, writes ~b, requests ~b, "
-                  "gathers ~b; "
+                  "gathers ~b, urgent ~b; "
                   "B back to A (replies): wakes ~b, lone ~b, batches ~b, writes ~b, requests ~b, "
-                  "gathers ~b~n",
+                  "gathers ~b, urgent ~b~n",
                   [Variant, Op, Delta(wakes), LinkSum(S1) - LinkSum(S0), Batches, Writes,
-                   Delta(requests), Delta(gathers),
+                   Delta(requests), Delta(gathers), Delta(urgent),
                    BackDelta(wakes), LinkSum(Back1) - LinkSum(Back0),
                    BackDelta(batches), BackDelta(writes), BackDelta(requests),
-                   BackDelta(gathers)]),
+                   BackDelta(gathers), BackDelta(urgent)]),
     #{variant => Variant, op => Op,
       payload => list_to_atom(os:getenv("ECALL_BENCH_PAYLOAD", "map")),
       writers => N, per_writer => K, pause_ms => P,

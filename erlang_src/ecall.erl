@@ -15,6 +15,7 @@
 -module(ecall).
 
 -export([send/2, cast/4, call/4, call/5]).
+-export([send_reply/3]).
 -export([cast_one/4, cast_all/4,
          call_one/4, call_one/5, call_any/4, call_any/5,
          call_all/4, call_all/5, call_all_wait/4, call_all_wait/5]).
@@ -43,24 +44,33 @@
 send(To, Msg) when is_pid(To); is_reference(To) ->
     case node(To) of
         Node when Node =:= node() -> To ! Msg;
-        Node -> send_remote(Node, To, To, Msg)
+        Node -> send_remote(Node, To, To, Msg, false)
     end;
 send({Name, Node} = To, Msg) when is_atom(Name), is_atom(Node) ->
     case Node =:= node() of
         true -> To ! Msg;
-        false -> send_remote(Node, Name, To, Msg)
+        false -> send_remote(Node, Name, To, Msg, false)
     end;
 send(To, Msg) when is_atom(To) ->
     To ! Msg;
 send(To, Msg) ->
     erlang:error(badarg, [To, Msg]).
 
--spec send_remote(node(), pid() | reference() | atom(), dest(), Msg) -> Msg.
-send_remote(Node, Dest, To, Msg) ->
+%% @private The reply of a call (ecall_request:run_call/5) to the
+%% caller's alias: as send/2, but `Urgent' (see ecall_transport:send/4).
+-spec send_reply(reference(), Msg, boolean()) -> Msg.
+send_reply(Alias, Msg, Urgent) ->
+    case node(Alias) of
+        Node when Node =:= node() -> Alias ! Msg;
+        Node -> send_remote(Node, Alias, Alias, Msg, Urgent)
+    end.
+
+-spec send_remote(node(), pid() | reference() | atom(), dest(), Msg, boolean()) -> Msg.
+send_remote(Node, Dest, To, Msg, Urgent) ->
     case ecall_conn:route(Node) of
         {Mod, State} when Mod =/= closing ->
             after_native(Node),
-            case Mod:send(State, Dest, Msg) of
+            case Mod:send(State, Dest, Msg, Urgent) of
                 ok -> Msg;
                 closed -> native(Node, To, Msg);
                 %% A send has no error to return: under `error' as under
@@ -225,10 +235,10 @@ call_any(Nodes, M, F, A) ->
 -spec call_any([node()], module(), atom(), [term()], boolean()) ->
           {ok, {node(), term()}} | {error, term()}.
 call_any(Nodes, M, F, A, RpcErr) when is_list(Nodes), is_boolean(RpcErr) ->
-    in_master(fun() ->
-                      {Tag, Called} = parallel(Nodes, M, F, A),
-                      any_loop(Tag, length(Called), RpcErr, [])
-              end).
+    in_master(Nodes, fun(Urgent) ->
+                             {Tag, Called} = parallel(Nodes, M, F, A, Urgent),
+                             any_loop(Tag, length(Called), RpcErr, [])
+                     end).
 
 -spec any_loop(reference(), non_neg_integer(), boolean(), [{node(), term()}]) ->
           {ok, {node(), term()}} | {error, term()}.
@@ -255,10 +265,11 @@ call_all(Nodes, M, F, A) ->
 -spec call_all([node()], module(), atom(), [term()], boolean()) ->
           {ok, [{node(), term()}]} | {error, term()}.
 call_all(Nodes, M, F, A, RpcErr) when is_list(Nodes), is_boolean(RpcErr) ->
-    {Called, Result} = in_master(fun() ->
-                                         {Tag, Called0} = parallel(Nodes, M, F, A),
-                                         {Called0, all_loop(Tag, length(Called0), RpcErr, #{})}
-                                 end),
+    {Called, Result} =
+        in_master(Nodes, fun(Urgent) ->
+                                 {Tag, Called0} = parallel(Nodes, M, F, A, Urgent),
+                                 {Called0, all_loop(Tag, length(Called0), RpcErr, #{})}
+                         end),
     case Result of
         {ok, Oks} when map_size(Oks) =:= 0 -> {error, none_is_available};
         {ok, Oks} -> {ok, [{N, maps:get(N, Oks)} || N <- Called, maps:is_key(N, Oks)]};
@@ -293,11 +304,11 @@ call_all_wait(Nodes, M, F, A) ->
           {[{node(), term()}], [{node(), term()}]}.
 call_all_wait(Nodes, M, F, A, RpcErr) when is_list(Nodes), is_boolean(RpcErr) ->
     {Called, Answers} =
-        in_master(fun() ->
-                          {Tag, Called0} = parallel(Nodes, M, F, A),
-                          {Called0, maps:from_list([receive {Tag, N, R} -> {N, R} end
-                                                    || _ <- Called0])}
-                  end),
+        in_master(Nodes, fun(Urgent) ->
+                                 {Tag, Called0} = parallel(Nodes, M, F, A, Urgent),
+                                 {Called0, maps:from_list([receive {Tag, N, R} -> {N, R} end
+                                                           || _ <- Called0])}
+                         end),
     Replies = [{N, R} || N <- Called, {ok, R} <- [maps:get(N, Answers)]],
     Rejects = [{N, E} || N <- Called, {error, E} <- [maps:get(N, Answers)],
                          RpcErr orelse not is_badrpc(E)],
@@ -306,26 +317,38 @@ call_all_wait(Nodes, M, F, A, RpcErr) when is_list(Nodes), is_boolean(RpcErr) ->
 %% Runs `Fun' in a short-lived process and returns its result. The
 %% parallel patterns gather answers there: answers that come after the
 %% pattern has decided (call_any, call_all) go to a process that is gone
-%% and never reach the caller's mailbox.
--spec in_master(fun(() -> Result)) -> Result.
-in_master(Fun) ->
+%% and never reach the caller's mailbox. Whether each node's call is
+%% urgent is decided here, in the calling process, which keeps the history
+%% (ecall_request:urgent/1); `Fun' gets the answers, by node.
+-spec in_master([node()], fun((#{node() => boolean()}) -> Result)) -> Result.
+in_master(Nodes, Fun) ->
     Caller = self(),
-    {Master, Mref} = spawn_monitor(fun() -> Caller ! {self(), Fun()} end),
+    Urgent = case ecall_request:closed_loop() of
+                 true -> maps:from_list([{N, ecall_request:urgent(N)} || N <- unique(Nodes)]);
+                 false -> #{}
+             end,
+    {Master, Mref} = spawn_monitor(fun() -> Caller ! {self(), Fun(Urgent)} end),
     receive
         {Master, Result} ->
             demonitor(Mref, [flush]),
+            ecall_request:returned(),
             Result;
         {'DOWN', Mref, process, Master, Reason} ->
             erlang:error(Reason)
     end.
 
 %% Starts one call per distinct node; answers come as {Tag, Node, Result}.
--spec parallel([node()], module(), atom(), [term()]) -> {reference(), [node()]}.
-parallel(Nodes, M, F, A) ->
+-spec parallel([node()], module(), atom(), [term()], #{node() => boolean()}) ->
+          {reference(), [node()]}.
+parallel(Nodes, M, F, A, Urgent) ->
     Tag = make_ref(),
     Self = self(),
     Called = unique(Nodes),
-    _ = [spawn(fun() -> Self ! {Tag, N, call(N, M, F, A)} end) || N <- Called],
+    _ = [spawn(fun() ->
+                       U = maps:get(N, Urgent, false),
+                       Self ! {Tag, N, ecall_request:call(N, M, F, A, infinity, U)}
+               end)
+         || N <- Called],
     {Tag, Called}.
 
 %% Nodes without repeats, in their first order.

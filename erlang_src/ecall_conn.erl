@@ -164,16 +164,27 @@ open(Transport, Node, Timeout) ->
               nif -> ecall_transport_nif;
               erlang -> ecall_proxy
           end,
-    %% The peer's receiver names, over plain distribution (control plane).
-    try erpc:call(Node, ecall_receiver_sup, names, [], Timeout) of
-        Receivers ->
-            case Mod:open(Node, Receivers) of
+    %% The peer's receiver names and protocol, over plain distribution
+    %% (control plane).
+    try hello(Node, Timeout) of
+        {Protocol, Receivers} ->
+            case Mod:open(Node, Receivers, Protocol) of
                 {ok, State, Links} -> {ok, {Mod, State}, Links};
                 {error, _} = E -> E
             end
     catch
         error:{erpc, noconnection} -> {error, noconnection};
         Class:Reason -> {error, {no_ecall_on_peer, {Class, Reason}}}
+    end.
+
+%% A peer of the first releases has no hello/1: protocol 0.
+-spec hello(node(), timeout()) -> {ecall_transport:protocol(), [binary()]}.
+hello(Node, Timeout) ->
+    try erpc:call(Node, ecall_receiver_sup, hello, [ecall_transport:protocol()], Timeout) of
+        #{protocol := Protocol, receivers := Receivers} -> {Protocol, Receivers}
+    catch
+        error:{exception, undef, [{ecall_receiver_sup, hello, _, _} | _]} ->
+            {0, erpc:call(Node, ecall_receiver_sup, names, [], Timeout)}
     end.
 
 -spec handle_call(term(), gen_server:from(), #st{}) -> {reply, term(), #st{}} | {noreply, #st{}}.

@@ -10,7 +10,7 @@
 -export([load_error/0, log_target/2, log_off/0]).
 -export([cnode_start/4, cnode_info/1,
          peer_open/6, peer_close/1, peer_stats/1, overflow_drop/1,
-         send/3, push/3, push_iovec/3, caller_link/1, wait_room/3]).
+         send/4, push/4, push_iovec/3, caller_link/1, wait_room/3]).
 -export([encode/1, encoded_size/1]).
 
 -on_load(init/0).
@@ -90,15 +90,19 @@ peer_stats(_Peer) -> erlang:nif_error(nif_not_loaded).
 
 %% Encodes {send, To, Msg} and queues it. `large': nothing queued, its
 %% encoding passed 16 KiB; push it with push_iovec/3 (term_to_iovec).
--spec send(peer(), pid() | atom() | reference(), term()) ->
+%% `Urgent': its caller waits for the answer before its next request, so
+%% a busy link's writer does not hold it back for company.
+-spec send(peer(), pid() | atom() | reference(), term(), boolean()) ->
           ok | closed | large | {full, non_neg_integer()}.
-send(_Peer, _To, _Msg) -> erlang:nif_error(nif_not_loaded).
+send(_Peer, _To, _Msg, _Urgent) -> erlang:nif_error(nif_not_loaded).
 
 %% Queues any request tuple. `Room': `false', or the room wait_room/3
 %% set aside for this caller (a push that queues uses it up; one that
-%% answers `large' leaves it for push_iovec/3). `large' as for send/3.
--spec push(peer(), tuple(), room() | false) -> ok | closed | large | {full, non_neg_integer()}.
-push(_Peer, _Request, _Room) -> erlang:nif_error(nif_not_loaded).
+%% answers `large' leaves it for push_iovec/3). `large' and `Urgent' as
+%% for send/4.
+-spec push(peer(), tuple(), room() | false, boolean()) ->
+          ok | closed | large | {full, non_neg_integer()}.
+push(_Peer, _Request, _Room, _Urgent) -> erlang:nif_error(nif_not_loaded).
 
 %% Queues a request encoded by erlang:term_to_iovec/1 as a batch of its
 %% own (dirty scheduler).

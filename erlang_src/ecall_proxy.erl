@@ -18,33 +18,44 @@
 -module(ecall_proxy).
 -behaviour(ecall_transport).
 
--export([open/2, send/3, push/2, reply_watcher/1, stats/1, close/2]).
+-export([open/3, send/4, push/3, loop_starts/1, reply_watcher/1, stats/1, close/2]).
 -export([init/4]).
 
--record(pool, {proxies :: tuple(), counters :: counters:counters_ref()}).
+-record(pool, {proxies :: tuple(), counters :: counters:counters_ref(),
+               protocol :: ecall_transport:protocol(),
+               %% Closed-loop calls (loop_starts/1).
+               loops :: atomics:atomics_ref()}).
 -opaque pool() :: #pool{}.
 -export_type([pool/0]).
 
 %% @doc Starts one proxy per receiver name of `Node', linked to the caller
 %% (the connection process, which stops when a proxy dies). No links to
 %% wait for: usable at once.
--spec open(node(), [binary()]) -> {ok, pool(), 0}.
-open(Node, Receivers) ->
+-spec open(node(), [binary()], ecall_transport:protocol()) -> {ok, pool(), 0}.
+open(Node, Receivers, Protocol) ->
     C = counters:new(2, [write_concurrency]),
     Max = ecall_config:get(max_batch_count),
     Proxies = [proc_lib:spawn_opt(?MODULE, init, [{binary_to_atom(R), Node}, C, Max, self()],
                                   [link, {message_queue_data, off_heap}])
                || R <- Receivers],
-    {ok, #pool{proxies = list_to_tuple(Proxies), counters = C}, 0}.
+    {ok, #pool{proxies = list_to_tuple(Proxies), counters = C, protocol = Protocol,
+               loops = atomics:new(1, [])}, 0}.
 
--spec send(pool(), pid() | reference() | atom(), term()) -> ok.
-send(Pool, Dest, Msg) ->
-    push(Pool, {send, Dest, Msg}).
+%% A proxy never holds a request back for company (it sends what its
+%% mailbox holds as soon as it runs): `Urgent' only travels with a call, so
+%% that the peer does not hold back its reply (ecall_transport:wire/3).
+-spec send(pool(), pid() | reference() | atom(), term(), boolean()) -> ok.
+send(Pool, Dest, Msg, _Urgent) ->
+    push(Pool, {send, Dest, Msg}, false).
 
--spec push(pool(), ecall_transport:request()) -> ok.
-push(Pool, Request) ->
-    pick(Pool) ! {do, Request},
+-spec push(pool(), ecall_transport:request(), boolean()) -> ok.
+push(#pool{protocol = Protocol} = Pool, Request, Urgent) ->
+    pick(Pool) ! {do, ecall_transport:wire(Request, Urgent, Protocol)},
     ok.
+
+-spec loop_starts(pool()) -> pos_integer().
+loop_starts(#pool{loops = Loops}) ->
+    atomics:add_get(Loops, 1, 1).
 
 %% The proxy is linked to the connection: it goes down with it, and the
 %% connection goes down with it.

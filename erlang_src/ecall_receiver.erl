@@ -2,7 +2,8 @@
 %% One receiver worker: replays each `{batch, Requests}' in order (see
 %% ecall_transport:request()): `{send, To, Msg}' is `To ! Msg', `{cast, M,
 %% F, A}' spawns M:F(A...) and `{call, Alias, M, F, A}' spawns a process
-%% that applies it and sends the reply to `Alias' (ecall_request:run_call/4).
+%% that applies it and sends the reply to `Alias' (ecall_request:run_call/5),
+%% marked urgent when the call came as `{call, Alias, M, F, A, urgent}'.
 %%
 %% A special process (proc_lib + sys) rather than a gen_server: the loop is
 %% the hot path on the receiving node. It answers system messages, so
@@ -74,10 +75,13 @@ replay([{cast, M, F, A} | Rest], C, N) when is_atom(M), is_atom(F), is_list(A) -
     replay(Rest, C, N + 1);
 replay([{call, Alias, M, F, A} | Rest], C, N)
   when is_reference(Alias), is_atom(M), is_atom(F), is_list(A) ->
-    case spawn_or_count(C, ecall_request, run_call, [Alias, M, F, A]) of
-        ok -> ok;
-        {error, Why} -> ecall:send(Alias, {Alias, {badrpc, Why}})
-    end,
+    call(C, Alias, M, F, A, false),
+    replay(Rest, C, N + 1);
+replay([{call, Alias, M, F, A, urgent} | Rest], C, N)
+  when is_reference(Alias), is_atom(M), is_atom(F), is_list(A) ->
+    %% Its caller waits for this reply before its next request: the reply
+    %% is not held back for company on the way back.
+    call(C, Alias, M, F, A, true),
     replay(Rest, C, N + 1);
 replay([], C, N) ->
     counters:add(C, ?REQUESTS, N);
@@ -87,6 +91,13 @@ replay([_Bad | Rest], C, N) ->
 replay(_Improper, C, N) ->
     counters:add(C, ?MALFORMED, 1),
     counters:add(C, ?REQUESTS, N).
+
+-spec call(counters:counters_ref(), reference(), module(), atom(), list(), boolean()) -> term().
+call(C, Alias, M, F, A, Urgent) ->
+    case spawn_or_count(C, ecall_request, run_call, [Alias, M, F, A, Urgent]) of
+        ok -> ok;
+        {error, Why} -> ecall:send_reply(Alias, {Alias, {badrpc, Why}}, Urgent)
+    end.
 
 %% spawn/3 raises system_limit when the process table is full: counted, and
 %% the rest of the batch goes on.

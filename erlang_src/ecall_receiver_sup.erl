@@ -5,7 +5,7 @@
 -module(ecall_receiver_sup).
 -behaviour(supervisor).
 
--export([start_link/0, init/1, names/0, counters/0, fence/2]).
+-export([start_link/0, init/1, hello/1, names/0, counters/0, fence/2]).
 
 -spec start_link() -> {ok, pid()} | {error, term()}.
 start_link() ->
@@ -21,6 +21,16 @@ init([]) ->
     Workers = [#{id => I, start => {ecall_receiver, start_link, [I]}}
                || I <- lists:seq(1, N)],
     {ok, {#{strategy => one_for_one, intensity => 10, period => 10}, Workers}}.
+
+%% @doc What a peer opening a connection needs to know: the pool's names
+%% and this node's protocol (what its receivers accept). Called over plain
+%% distribution with the caller's protocol, which newer versions may use
+%% to answer in kind. A peer that finds no hello/1 (the first releases)
+%% asks names/0 and takes protocol 0.
+-spec hello(ecall_transport:protocol()) ->
+          #{protocol := ecall_transport:protocol(), receivers := [binary()]}.
+hello(_TheirProtocol) ->
+    #{protocol => ecall_transport:protocol(), receivers => names()}.
 
 %% @doc Registered names of the pool, as the C-node of a peer wants them.
 -spec names() -> [binary()].

@@ -15,7 +15,25 @@
 %% | cannot be spawned on the peer | {error, {badrpc, system_limit}} | raises      |
 -module(ecall_request).
 
--export([cast/4, call/5, run_call/4, run_cast/3]).
+-export([cast/4, call/5, call/6, urgent/1, closed_loop/0, returned/0, run_call/5,
+         run_cast/3]).
+
+%% Process dictionary key: when the process's last call returned
+%% (monotonic, microseconds).
+-define(LAST_CALL, '$ecall_last_call').
+%% A call made this soon after the caller's last one returned is in a
+%% closed loop (see closed_loop/0): a busy link's writer would hold it up
+%% to 1-2 ms waiting for company.
+-define(CLOSED_LOOP_US, 2000).
+%% Process dictionary key, with the peer: the peer's count of closed-loop
+%% calls (ecall_transport:loop_starts/1) at the process's last one.
+-define(LOOP_STARTS, '$ecall_loop_starts').
+%% Closed-loop calls to one peer that may start during one caller's cycle
+%% for its calls to stay urgent: past that, such callers bring each other
+%% company, and gathering pays again (bench/run.sh pingpong: gathering
+%% made each call of 1 to 64 such callers 4-10 times slower; at 1,000 it
+%% carried more calls per second than no gathering).
+-define(LOOP_COMPANY, 256).
 
 %% @doc See ecall:cast/4 (arguments checked there).
 -spec cast(node(), module(), atom(), list()) -> ok | {error, overload}.
@@ -24,7 +42,7 @@ cast(Node, M, F, A) ->
         undefined ->
             erpc:cast(Node, M, F, A);
         {Mod, State} ->
-            case Mod:push(State, {cast, M, F, A}) of
+            case Mod:push(State, {cast, M, F, A}, false) of
                 ok -> ok;
                 closed -> erpc:cast(Node, M, F, A);
                 overload -> overloaded(ok)
@@ -44,9 +62,18 @@ overloaded(Dropped) ->
 %% @doc See ecall:call/5 (arguments checked there).
 -spec call(node(), module(), atom(), list(), timeout()) ->
           {ok, term()} | {error, term()}.
-call(Node, M, F, A, Timeout) when Node =:= node() ->
-    erpc_call(Node, M, F, A, Timeout);
 call(Node, M, F, A, Timeout) ->
+    Result = call(Node, M, F, A, Timeout, urgent(Node)),
+    returned(),
+    Result.
+
+%% @doc call/5 with its urgency (urgent/1) decided by the caller: the
+%% parallel patterns decide in the calling process, and call from helpers.
+-spec call(node(), module(), atom(), list(), timeout(), boolean()) ->
+          {ok, term()} | {error, term()}.
+call(Node, M, F, A, Timeout, _Urgent) when Node =:= node() ->
+    erpc_call(Node, M, F, A, Timeout);
+call(Node, M, F, A, Timeout, Urgent) ->
     case ecall_conn:peer(Node) of
         undefined ->
             erpc_call(Node, M, F, A, Timeout);
@@ -60,7 +87,7 @@ call(Node, M, F, A, Timeout) ->
                     %% messages the caller already had (a process with a
                     %% long mailbox does not scan it on every call).
                     Mref = monitor(process, Watcher, [{alias, reply_demonitor}]),
-                    case Mod:push(State, {call, Mref, M, F, A}) of
+                    case Mod:push(State, {call, Mref, M, F, A}, Urgent) of
                         ok ->
                             wait_reply(Mref, Timeout);
                         closed ->
@@ -73,6 +100,50 @@ call(Node, M, F, A, Timeout) ->
                     end
             end
     end.
+
+%% @doc Whether the calling process's next call to `Node' should be urgent:
+%% not held back on either link to be batched with others. A busy link's
+%% writer batches requests by waiting up to 1-2 ms for more to come. A
+%% caller in a closed loop (closed_loop/0) brings none while it waits for
+%% its answer: held back, each of its calls would wait that long on the
+%% way out and again on the way back. Unless many callers are in such
+%% loops with the same peer: they then bring each other company, and the
+%% batches save more than the wait costs. How many is counted without
+%% any bookkeeping of their own: each closed-loop call counts itself in
+%% the peer (ecall_transport:loop_starts/1), and the number of such calls
+%% started since the caller's last one is about how many callers are in
+%% such loops. Urgent up to 256 of them.
+-spec urgent(node()) -> boolean().
+urgent(Node) ->
+    closed_loop() andalso
+        case ecall_conn:peer(Node) of
+            {Mod, State} ->
+                Starts = Mod:loop_starts(State),
+                case put({?LOOP_STARTS, Node}, Starts) of
+                    undefined -> true;
+                    Before -> Starts - Before =< ?LOOP_COMPANY
+                end;
+            undefined ->
+                false
+        end.
+
+%% @doc Whether the calling process is in a closed loop: its last call
+%% returned less than 2 ms ago, so it waits for each answer before its
+%% next request (a process calling in a loop, a gen_server calling per
+%% message). A caller that pauses between calls (a paced load) is not.
+-spec closed_loop() -> boolean().
+closed_loop() ->
+    case get(?LAST_CALL) of
+        undefined -> false;
+        Last -> erlang:monotonic_time(microsecond) - Last < ?CLOSED_LOOP_US
+    end.
+
+%% @doc Notes that a call of the calling process has returned (see
+%% closed_loop/0).
+-spec returned() -> ok.
+returned() ->
+    _ = put(?LAST_CALL, erlang:monotonic_time(microsecond)),
+    ok.
 
 -spec wait_reply(reference(), timeout()) -> {ok, term()} | {error, term()}.
 wait_reply(Mref, Timeout) ->
@@ -118,17 +189,19 @@ erpc_call(Node, M, F, A, Timeout) ->
     end.
 
 %% @doc On the receiving node: runs a linked call and sends the reply back
-%% through this node's own ecall connection (batched), or `!' without one.
--spec run_call(reference(), module(), atom(), list()) -> term().
-run_call(Alias, M, F, A) ->
+%% through this node's own ecall connection (batched, or at once when
+%% `Urgent': its caller is in a closed loop), or `!' without one.
+-spec run_call(reference(), module(), atom(), list(), boolean()) -> term().
+run_call(Alias, M, F, A, Urgent) ->
     Reply = try {value, apply(M, F, A)}
             catch
                 throw:Value -> {value, Value};
                 _Class:Reason -> {exception, Reason}
             end,
-    ecall:send(Alias, {Alias, Reply}).
+    ecall:send_reply(Alias, {Alias, Reply}, Urgent).
 
 %% @doc On the receiving node: runs a cast, as erpc:cast/4 would.
 -spec run_cast(module(), atom(), list()) -> term().
 run_cast(M, F, A) ->
     apply(M, F, A).
+

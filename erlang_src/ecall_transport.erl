@@ -20,30 +20,55 @@
 %% budget is full and the `overflow' policy is `error' or `drop'; counted).
 -module(ecall_transport).
 
-%% One element of a `{batch, Requests}' message.
+%% One element of a `{batch, Requests}' message. A call marked `urgent'
+%% comes from a caller in a closed loop (ecall_request:closed_loop/0): the
+%% peer sends its reply without waiting for other requests to batch with
+%% it. Only sent to a peer of protocol 1 or more (wire/3).
 -type request() :: {send, Dest :: pid() | reference() | atom(), Msg :: term()}
                  | {cast, module(), atom(), [term()]}
-                 | {call, Alias :: reference(), module(), atom(), [term()]}.
+                 | {call, Alias :: reference(), module(), atom(), [term()]}
+                 | {call, Alias :: reference(), module(), atom(), [term()], urgent}.
 %% What a linked call's reply carries back to `Alias', as `{Alias, Reply}'.
 -type reply() :: {value, term()} | {exception, term()} | {badrpc, term()}.
 -type push_result() :: ok | closed | overload.
 -type t() :: {module(), term()}.
--export_type([request/0, reply/0, push_result/0, t/0]).
+%% What a peer's receivers accept, learnt when the connection opens
+%% (ecall_receiver_sup:hello/1): 0, the first releases (no `hello/1'); 1,
+%% also urgent calls.
+-type protocol() :: non_neg_integer().
+-export_type([request/0, reply/0, push_result/0, t/0, protocol/0]).
 
-%% Opens the transport to `Node', whose receiver pool has the names given.
+-export([protocol/0, wire/3]).
+
+%% This node's protocol: what its receivers accept.
+-define(PROTOCOL, 1).
+
+%% Opens the transport to `Node', whose receiver pool has the names given
+%% and accepts what `Protocol' says.
 %% The calling process is the owner: it gets the transport's events (for
 %% the NIF, `{ecall_link, K, up | {down, Reason} | {alive, Node}}') and
 %% it is linked to whatever processes the transport starts. `Links' is how
 %% many `up' events to wait for before publishing (0: usable at once).
--callback open(Node :: node(), Receivers :: [binary()]) ->
+-callback open(Node :: node(), Receivers :: [binary()], Protocol :: protocol()) ->
     {ok, State :: term(), Links :: non_neg_integer()} | {error, term()}.
 
-%% `Dest ! Msg' on the peer, in the caller's order.
--callback send(State :: term(), Dest :: pid() | reference() | atom(), Msg :: term()) ->
+%% `Dest ! Msg' on the peer, in the caller's order. `Urgent': the caller
+%% waits for an answer before its next request (a call in a closed loop,
+%% or a reply to one), so the transport should not hold it back waiting
+%% for other requests to batch with it.
+-callback send(State :: term(), Dest :: pid() | reference() | atom(), Msg :: term(),
+               Urgent :: boolean()) ->
     push_result().
 
-%% Queues one request, in the caller's order.
--callback push(State :: term(), request()) -> push_result().
+%% Queues one request, in the caller's order; `Urgent' as for send/4.
+-callback push(State :: term(), request(), Urgent :: boolean()) -> push_result().
+
+%% Counts a call of a caller in a closed loop (ecall_request:closed_loop/0)
+%% and returns the count so far: the difference between the counts that a
+%% caller sees at two of its calls is how many such calls to this peer
+%% started in between, about how many callers are in such loops with this
+%% peer (ecall_request:urgent/1).
+-callback loop_starts(State :: term()) -> pos_integer().
 
 %% The process that stands for the path carrying the calling process's
 %% requests: it exits when that path fails (with `{link_down, Reason}' or
@@ -57,3 +82,18 @@
 %% Stops the transport; what it holds is dropped. Returns how many
 %% requests that was. Callers waiting on replies see `Why'.
 -callback close(State :: term(), Why :: term()) -> Dropped :: non_neg_integer().
+
+%% @doc This node's protocol (see {@type protocol()}).
+-spec protocol() -> protocol().
+protocol() ->
+    ?PROTOCOL.
+
+%% @doc The request as it goes to a peer of protocol `Protocol': a call
+%% from a caller in a closed loop is marked `urgent' when the peer knows
+%% what that means (an older receiver would count it malformed and the
+%% caller would wait out its timeout).
+-spec wire(request(), boolean(), protocol()) -> request().
+wire({call, Alias, M, F, A}, true, Protocol) when Protocol >= 1 ->
+    {call, Alias, M, F, A, urgent};
+wire(Request, _Urgent, _Protocol) ->
+    Request.

@@ -10,7 +10,7 @@
 -module(ecall_transport_nif).
 -behaviour(ecall_transport).
 
--export([open/2, send/3, push/2, reply_watcher/1, stats/1, close/2]).
+-export([open/3, send/4, push/3, loop_starts/1, reply_watcher/1, stats/1, close/2]).
 -export([caller_link/1]).
 
 %% Binary messages from this size on take the large-message path: encoded
@@ -19,37 +19,45 @@
 %% scheduler is held for the copy.
 -define(LARGE, 65536).
 
--opaque state() :: {node(), ecall_nif:peer()}.
+%% The peer's protocol (ecall_transport:protocol()) decides what an urgent
+%% call looks like on the wire (ecall_transport:wire/3).
+%% `Loops' counts closed-loop calls (loop_starts/1).
+-opaque state() :: {node(), ecall_nif:peer(), ecall_transport:protocol(),
+                    Loops :: atomics:atomics_ref()}.
 -export_type([state/0]).
 
--spec open(node(), [binary()]) -> {ok, state(), pos_integer()} | {error, term()}.
-open(Node, Receivers) ->
+-spec open(node(), [binary()], ecall_transport:protocol()) ->
+          {ok, state(), pos_integer()} | {error, term()}.
+open(Node, Receivers, Protocol) ->
     case ecall_cnode:cnode() of
         {ok, CNode} ->
             Cookie = atom_to_binary(erlang:get_cookie(Node)),
             {ok, Peer} = ecall_nif:peer_open(CNode, atom_to_binary(Node), Cookie,
                                              Receivers, self(), ecall_config:peer_opts()),
-            {ok, {Node, Peer}, length(ecall_nif:cnode_info(CNode))};
+            {ok, {Node, Peer, Protocol, atomics:new(1, [])}, length(ecall_nif:cnode_info(CNode))};
         {error, _} = E ->
             E
     end.
 
--spec send(state(), pid() | reference() | atom(), term()) -> ecall_transport:push_result().
-send(State, Dest, Msg) when is_binary(Msg), byte_size(Msg) >= ?LARGE ->
+-spec send(state(), pid() | reference() | atom(), term(), boolean()) ->
+          ecall_transport:push_result().
+send(State, Dest, Msg, _Urgent) when is_binary(Msg), byte_size(Msg) >= ?LARGE ->
+    %% A batch of its own: never held back for company.
     push_iovec(State, {send, Dest, Msg});
-send({_, Peer} = State, Dest, Msg) ->
+send({_, Peer, _, _} = State, Dest, Msg, Urgent) ->
     %% The common case: the NIF builds {send, Dest, Msg} as it encodes.
-    case ecall_nif:send(Peer, Dest, Msg) of
-        {full, _} -> push(State, {send, Dest, Msg});
+    case ecall_nif:send(Peer, Dest, Msg, Urgent) of
+        {full, _} -> push(State, {send, Dest, Msg}, Urgent);
         large -> push_iovec(State, {send, Dest, Msg});
         Result -> Result
     end.
 
--spec push(state(), ecall_transport:request()) -> ecall_transport:push_result().
-push({_, Peer} = State, Request) ->
+-spec push(state(), ecall_transport:request(), boolean()) -> ecall_transport:push_result().
+push({_, Peer, Protocol, _} = State, Request0, Urgent) ->
+    Request = ecall_transport:wire(Request0, Urgent, Protocol),
     push_with(State, element(1, Request),
               fun(Room) ->
-                      case ecall_nif:push(Peer, Request, Room) of
+                      case ecall_nif:push(Peer, Request, Room, Urgent) of
                           large -> ecall_nif:push_iovec(Peer, erlang:term_to_iovec(Request), Room);
                           Result -> Result
                       end
@@ -60,7 +68,7 @@ push({_, Peer} = State, Request) ->
 %% by term_to_iovec (a BIF that yields; big binaries are referenced, not
 %% copied), copied into a batch of its own on a dirty scheduler.
 -spec push_iovec(state(), ecall_transport:request()) -> ecall_transport:push_result().
-push_iovec({_, Peer} = State, Request) ->
+push_iovec({_, Peer, _, _} = State, Request) ->
     IoVec = erlang:term_to_iovec(Request),
     push_with(State, element(1, Request),
               fun(Room) -> ecall_nif:push_iovec(Peer, IoVec, Room) end).
@@ -70,7 +78,7 @@ push_iovec({_, Peer} = State, Request) ->
 
 %% `Kind' (send, cast, call) is for the overflow_drop telemetry event.
 -spec push_with(state(), send | cast | call, pusher()) -> ecall_transport:push_result().
-push_with({Node, Peer}, Kind, Push) ->
+push_with({Node, Peer, _, _}, Kind, Push) ->
     case Push(false) of
         {full, Size} ->
             case ecall_config:get(overflow) of
@@ -109,12 +117,16 @@ admitted(Push, Room) ->
         _ -> closed
     end.
 
+-spec loop_starts(state()) -> pos_integer().
+loop_starts({_, _, _, Loops}) ->
+    atomics:add_get(Loops, 1, 1).
+
 %% The process that stands for the link carrying this caller's requests,
 %% which exits when that link or the whole connection goes down: one local
 %% monitor on it gives the caller both the reply alias and prompt failure.
 %% Nothing per call crosses the network but the request itself.
 -spec reply_watcher(state()) -> {ok, pid()} | closed.
-reply_watcher({Node, Peer}) ->
+reply_watcher({Node, Peer, _, _}) ->
     case ecall_conn:watcher(Node, ecall_nif:caller_link(Peer)) of
         undefined -> closed;
         Watcher -> {ok, Watcher}
@@ -122,17 +134,17 @@ reply_watcher({Node, Peer}) ->
 
 %% @doc The link (0-based) that carries the calling process's requests.
 -spec caller_link(state()) -> non_neg_integer().
-caller_link({_, Peer}) ->
+caller_link({_, Peer, _, _}) ->
     ecall_nif:caller_link(Peer).
 
 %% Each `per_link' entry carries its link number (`link', from 1, as in
 %% logs and telemetry).
 -spec stats(state()) -> map().
-stats({_, Peer}) ->
+stats({_, Peer, _, _}) ->
     (ecall_nif:peer_stats(Peer))#{transport => nif}.
 
 -spec close(state(), term()) -> non_neg_integer().
-close({_, Peer}, _Why) ->
+close({_, Peer, _, _}, _Why) ->
     %% Callers waiting on replies monitor the link watchers, which the
     %% connection process ends with the reason.
     ok = ecall_nif:peer_close(Peer),

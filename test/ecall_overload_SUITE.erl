@@ -50,13 +50,13 @@ budget_bounds_queue_and_close_releases(_Config) ->
     Ref = make_ref(),
     ?assertEqual(wait, ecall_nif:wait_room(Peer, 520, Ref)),
     %% Later callers queue behind the waiting one even if they would fit.
-    ?assertMatch({full, _}, ecall_nif:send(Peer, self(), tiny)),
+    ?assertMatch({full, _}, ecall_nif:send(Peer, self(), tiny, false)),
     ok = ecall_nif:peer_close(Peer),
     receive {ecall_room, Ref, false} -> ok after 5000 -> ct:fail(waiter_not_released) end,
     Closed = ecall_nif:peer_stats(Peer),
     ?assertEqual(Queued, maps:get(closed_drops, Closed)),
     ?assertEqual(0, maps:get(queued_bytes, Closed)),
-    ?assertEqual(closed, ecall_nif:send(Peer, self(), x)).
+    ?assertEqual(closed, ecall_nif:send(Peer, self(), x, false)).
 
 %% Room set aside for a caller let in from a full budget is the caller's
 %% until its push: a caller that dies first (killed between its wake-up
@@ -84,7 +84,7 @@ room_of_a_dead_caller_goes_back(_Config) ->
     ?assertEqual(3000, Queued()),
     %% 3,000 of 4,096 are set aside: a push of 1,500 bytes does not fit.
     Big = binary:copy(<<"x">>, 1500),
-    ?assertMatch({full, _}, ecall_nif:send(Peer, self(), Big)),
+    ?assertMatch({full, _}, ecall_nif:send(Peer, self(), Big, false)),
     %% A caller waiting for 2,000 bytes (they do not fit beside the
     %% 3,000) is woken, with its room, once the dead caller's room is taken
     %% out, dropped and collected.
@@ -100,11 +100,11 @@ room_of_a_dead_caller_goes_back(_Config) ->
     %% A push takes its room; room it did not need goes back at once.
     Request = {send, self(), binary:copy(<<"y">>, 500)},
     {Size, _, _} = ecall_nif:encoded_size(Request),
-    ?assertEqual(ok, ecall_nif:push(Peer, Request, Room)),
+    ?assertEqual(ok, ecall_nif:push(Peer, Request, Room, false)),
     ?assertEqual(Size, Queued()),
     %% Used up: a second push with it is an ordinary one, and collecting
     %% it gives nothing back.
-    ?assertEqual(ok, ecall_nif:push(Peer, Request, Room)),
+    ?assertEqual(ok, ecall_nif:push(Peer, Request, Room, false)),
     ?assertEqual(2 * Size, Queued()),
     garbage_collect(),
     ?assertEqual(2 * Size, Queued()),
@@ -114,14 +114,14 @@ room_of_a_dead_caller_goes_back(_Config) ->
                                       self(), (ecall_config:peer_opts())#{max_queue_bytes => 4096}),
     OtherQueued = fun() -> maps:get(queued_bytes, ecall_nif:peer_stats(Other)) end,
     {retry, Foreign} = ecall_nif:wait_room(Other, 1000, make_ref()),
-    ?assertEqual(ok, ecall_nif:push(Peer, Request, Foreign)),
+    ?assertEqual(ok, ecall_nif:push(Peer, Request, Foreign, false)),
     ?assertEqual(3 * Size, Queued()),
     ?assertEqual(1000, OtherQueued()),
     ok = ecall_nif:peer_close(Other),
     ok = ecall_nif:peer_close(Peer).
 
 push_until_full(Peer, Payload, N) ->
-    case ecall_nif:send(Peer, self(), Payload) of
+    case ecall_nif:send(Peer, self(), Payload, false) of
         ok -> push_until_full(Peer, Payload, N + 1);
         {full, _} -> N
     end.

@@ -293,6 +293,9 @@ impl Peer {
         }
         let shard = shard % self.shards.len();
         let link = &self.links[self.link_of_shard(shard)];
+        if lone.is_some_and(|e| e.urgent) {
+            link.stats.urgent.fetch_add(1, Ordering::Relaxed);
+        }
         // A small request behind a sleeping writer goes to the socket at
         // once, from this thread (link/side.rs). Not an admitted one: the
         // callers still waiting for room are woken by the writer's
@@ -516,6 +519,35 @@ mod tests {
         peer.push(0, &[97, 0], 0);
         assert_eq!((wakes(), link.state.load(Ordering::SeqCst)), (2, AWAKE));
         assert_eq!(peer.shards[0].backlog().requests, GATHER_REQUESTS);
+    }
+
+    /// An urgent request (its caller waits for the answer before its next
+    /// one) wakes a gathering writer at once, and is counted; once the
+    /// writer has taken it, the shard is no longer urgent, so ordinary
+    /// pushes that follow wait for company again.
+    #[test]
+    fn an_urgent_push_ends_gathering() {
+        use crate::link::{AWAKE, GATHERING};
+        let peer = test_peer(1 << 20);
+        let link = &peer.links[0];
+        let wakes = || peer.stats.wakes.load(Ordering::Relaxed);
+        let urgent = |b: &'static [u8]| Element {
+            urgent: true,
+            ..Element::text(b)
+        };
+        link.state.store(GATHERING, Ordering::SeqCst);
+        peer.push(0, &[97, 1], 0);
+        assert_eq!(wakes(), 0, "an ordinary push waits for company");
+        assert!(!peer.shards[0].backlog().urgent);
+        assert_eq!(peer.push_element(0, urgent(&[97, 2]), 0), Push::Queued);
+        assert_eq!((wakes(), link.state.load(Ordering::SeqCst)), (1, AWAKE));
+        assert_eq!(link.stats.urgent.load(Ordering::Relaxed), 1);
+        assert!(peer.shards[0].backlog().worth_writing());
+        assert_eq!(peer.shards[0].take().map(|f| f.count), Some(2));
+        link.state.store(GATHERING, Ordering::SeqCst);
+        peer.push(0, &[97, 3], 0);
+        assert_eq!(wakes(), 1);
+        assert!(!peer.shards[0].backlog().worth_writing());
     }
 
     /// Pushes racing for the last room never take the queue past the

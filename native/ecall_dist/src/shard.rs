@@ -48,6 +48,10 @@ pub struct Element<'a> {
     /// Atoms written as id references (for `cached_atoms`, counted when
     /// the element is written).
     pub refs: u32,
+    /// Its caller is in a closed loop: it waits for the answer before its
+    /// next request, so holding this one back for company only delays it
+    /// (see `may_gather` in `link/writer.rs`).
+    pub urgent: bool,
 }
 
 impl<'a> Element<'a> {
@@ -58,6 +62,7 @@ impl<'a> Element<'a> {
             bytes,
             text: true,
             refs: 0,
+            urgent: false,
         }
     }
 }
@@ -88,6 +93,8 @@ struct Inner {
     open_text: bool,
     /// Id references in the open batch's elements.
     open_refs: u64,
+    /// Whether an element of the open batch is urgent.
+    open_urgent: bool,
     /// One spent buffer kept for reuse so that a steady stream of small
     /// batches does not allocate a fresh one each time.
     spare: Vec<u8>,
@@ -104,6 +111,8 @@ pub struct Backlog {
     pub requests: u32,
     /// Their bytes.
     pub bytes: usize,
+    /// Whether one of them is urgent ([`Element::urgent`]).
+    pub urgent: bool,
 }
 
 impl Backlog {
@@ -111,7 +120,20 @@ impl Backlog {
     pub const FULL: Backlog = Backlog {
         requests: u32::MAX,
         bytes: usize::MAX,
+        urgent: true,
     };
+
+    /// Whether a gathering writer should stop waiting for company: the
+    /// shard holds [`GATHER_REQUESTS`] or [`GATHER_BYTES`], or an urgent
+    /// request.
+    ///
+    /// [`GATHER_REQUESTS`]: crate::link::GATHER_REQUESTS
+    /// [`GATHER_BYTES`]: crate::link::GATHER_BYTES
+    pub fn worth_writing(&self) -> bool {
+        self.urgent
+            || self.requests >= crate::link::GATHER_REQUESTS
+            || self.bytes >= crate::link::GATHER_BYTES
+    }
 }
 
 /// One shard: the queue of one group of callers towards one peer.
@@ -172,6 +194,7 @@ impl Shard {
         g.open_count += 1;
         g.open_text |= element.text;
         g.open_refs += u64::from(element.refs);
+        g.open_urgent |= element.urgent;
         let backlog = Self::backlog_locked(&g, header_len);
         Some(under_lock(backlog))
     }
@@ -190,6 +213,7 @@ impl Shard {
         Backlog {
             requests: g.open_count,
             bytes: g.open.len().saturating_sub(header_len),
+            urgent: g.open_urgent,
         }
     }
 
@@ -201,6 +225,7 @@ impl Shard {
         let count = std::mem::replace(&mut g.open_count, 0);
         let text = std::mem::replace(&mut g.open_text, false) || self.header_text;
         let refs = std::mem::replace(&mut g.open_refs, 0);
+        g.open_urgent = false;
         g.sealed.push_back(Frame {
             bytes,
             count,
@@ -317,6 +342,7 @@ impl Shard {
         g.open_count = 0;
         g.open_text = false;
         g.open_refs = 0;
+        g.open_urgent = false;
         (n, b)
     }
 }

@@ -269,6 +269,7 @@ async fn encode_time_atom_ids_reach_erl() {
                     bytes: &bytes,
                     text,
                     refs,
+                    urgent: false,
                 },
                 0,
             )

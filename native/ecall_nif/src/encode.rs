@@ -310,6 +310,7 @@ impl Encoded<'_> {
             bytes: self.bytes,
             text: self.text,
             refs: u32::try_from(self.refs).unwrap_or(u32::MAX),
+            urgent: false,
         }
     }
 }

@@ -14,6 +14,7 @@
 #![warn(clippy::all)]
 
 use ecall_dist::link::posix_name;
+use ecall_dist::shard::Element;
 use ecall_dist::{
     BatchCaps, Identity, IdentityConfig, LinkDown, LinkEvents, Listen, Peer, PeerConfig, Push,
 };
@@ -31,7 +32,7 @@ mod atoms {
         ok, error, send, full, closed, large, wait, retry, ecall_link, ecall_cnode, ecall_room,
         up, down, alive, badarg,
         pushed, batches, requests, bytes, writes, dropped, connects, disconnects,
-        stalls, cached_atoms, queued_bytes, links_up, overflow_waits, overflow_drops, per_link, link, fragmented, lone, lone_partial, gathers, wakes, closed_drops, links, shards, accepted, refused,
+        stalls, cached_atoms, queued_bytes, links_up, overflow_waits, overflow_drops, per_link, link, fragmented, lone, lone_partial, gathers, urgent, wakes, closed_drops, links, shards, accepted, refused,
         node, creation, port, inbound_frames, inbound_answered, inbound_ignored, inbound_malformed,
         handshakes_shed, accept_errors, stopped,
         // Link-down reasons (see `down_reason`).
@@ -438,17 +439,24 @@ fn caller_shard(env: Env<'_>) -> usize {
 /// Returns `ok`, `{full, Size}` (nothing queued: see `wait_room/3`),
 /// `closed`, or `large` (nothing queued: the encoding passed
 /// [`encode::INLINE_MAX`]; the caller pushes it with `push_iovec/3`).
+/// `urgent`: see [`ecall_dist::shard::Element::urgent`].
 #[rustler::nif]
-fn send<'a>(env: Env<'a>, peer: ResourceArc<PeerRes>, to: Term<'a>, msg: Term<'a>) -> Term<'a> {
+fn send<'a>(
+    env: Env<'a>,
+    peer: ResourceArc<PeerRes>,
+    to: Term<'a>,
+    msg: Term<'a>,
+    urgent: bool,
+) -> Term<'a> {
     let shard = caller_shard(env);
     let req = [atoms::send().to_term(env), to, msg];
     encode::tuple_with(env, &req, encode::INLINE_MAX, |e| {
-        push_encoded(env, &peer.peer, shard, &e, None)
+        push_encoded(env, &peer.peer, shard, &e, None, urgent)
     })
 }
 
 /// Queues any request term (`{send, ...}`, `{cast, ...}`, `{call, ...}`)
-/// on the caller's shard; same results as `send/3`. `room` is `false`, or
+/// on the caller's shard; same results as `send/4`. `room` is `false`, or
 /// the room `wait_room/3` set aside for this caller (used up by a push
 /// that queues; kept by one that answers `large`).
 #[rustler::nif(name = "push")]
@@ -457,10 +465,11 @@ fn push_request<'a>(
     peer: ResourceArc<PeerRes>,
     req: Term<'a>,
     room: Term<'a>,
+    urgent: bool,
 ) -> Term<'a> {
     let shard = caller_shard(env);
     encode::term_with(env, req, encode::INLINE_MAX, |e| {
-        push_encoded(env, &peer.peer, shard, &e, Some(room))
+        push_encoded(env, &peer.peer, shard, &e, Some(room), urgent)
     })
 }
 
@@ -522,14 +531,19 @@ fn push_encoded<'a>(
     shard: usize,
     e: &encode::Encoded<'_>,
     room: Option<Term<'a>>,
+    urgent: bool,
 ) -> Term<'a> {
     if e.large {
         return atoms::large().encode(env);
     }
     let reserved = room.map_or(0, |r| reserved(r, peer));
+    let element = Element {
+        urgent,
+        ..e.element()
+    };
     answer(
         env,
-        peer.push_element(shard, e.element(), reserved),
+        peer.push_element(shard, element, reserved),
         e.bytes.len(),
     )
 }
@@ -646,7 +660,7 @@ fn peer_stats<'a>(env: Env<'a>, peer: ResourceArc<PeerRes>) -> NifResult<Term<'a
         .collect();
     // The counters every link keeps; a peer's total is their sum.
     type Counter = fn(&LinkStats) -> &AtomicU64;
-    let counters: [(Atom, Counter); 16] = [
+    let counters: [(Atom, Counter); 17] = [
         (atoms::batches(), |l| &l.batches),
         (atoms::requests(), |l| &l.requests),
         (atoms::bytes(), |l| &l.bytes),
@@ -659,6 +673,7 @@ fn peer_stats<'a>(env: Env<'a>, peer: ResourceArc<PeerRes>) -> NifResult<Term<'a
         (atoms::lone(), |l| &l.lone),
         (atoms::lone_partial(), |l| &l.lone_partial),
         (atoms::gathers(), |l| &l.gathers),
+        (atoms::urgent(), |l| &l.urgent),
         (atoms::inbound_frames(), |l| &l.inbound.frames),
         (atoms::inbound_answered(), |l| &l.inbound.answered),
         (atoms::inbound_ignored(), |l| &l.inbound.ignored),

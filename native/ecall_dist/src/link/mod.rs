@@ -36,7 +36,11 @@
 //! writer within [`BUSY_SLEEP`] of its falling asleep) the writer gathers
 //! instead: it waits until a shard holds [`GATHER_REQUESTS`] or
 //! [`GATHER_BYTES`], or [`GATHER_WAIT`] has passed (`may_gather`), so that
-//! batches are worth a write and the peer a message.
+//! batches are worth a write and the peer a message. An urgent request (its
+//! caller waits for the answer before its next one: see
+//! [`Element::urgent`](crate::shard::Element::urgent)) ends that wait, or
+//! keeps the writer from starting it: company would not come from such a
+//! caller, and the wait would be added to each of its requests.
 //!
 //! # Tick
 //!
@@ -184,6 +188,11 @@ pub struct LinkStats {
     pub lone_partial: AtomicU64,
     /// Gathering waits made by the writer (see `may_gather` in writer.rs).
     pub gathers: AtomicU64,
+    /// Urgent requests pushed ([`Element::urgent`]): each ends or
+    /// forestalls a gathering wait.
+    ///
+    /// [`Element::urgent`]: crate::shard::Element::urgent
+    pub urgent: AtomicU64,
     /// Gauge: connected now.
     pub up: AtomicBool,
     /// What the peer sent us on this link (ticks aside).
@@ -242,7 +251,7 @@ impl LinkShared {
     pub(crate) fn wants_wake(&self, backlog: crate::shard::Backlog) -> bool {
         match self.state.load(Ordering::Relaxed) {
             SLEEPING => true,
-            GATHERING => backlog.requests >= GATHER_REQUESTS || backlog.bytes >= GATHER_BYTES,
+            GATHERING => backlog.worth_writing(),
             _ => false,
         }
     }

@@ -1,8 +1,8 @@
 //! The writing half of a connected link.
 
 use super::{
-    LinkDown, LinkShared, WriteSide, AWAKE, BUSY_SLEEP, GATHERING, GATHER_AFTER, GATHER_BYTES,
-    GATHER_REQUESTS, GATHER_WAIT, SLEEPING,
+    LinkDown, LinkShared, WriteSide, AWAKE, BUSY_SLEEP, GATHERING, GATHER_AFTER, GATHER_WAIT,
+    SLEEPING,
 };
 use crate::fragment::{InFlight, FRAGMENT};
 use crate::inbound;
@@ -418,8 +418,10 @@ fn may_sleep(peer: &Peer, link: &LinkShared, mine: &[usize]) -> bool {
 /// (the last pass wrote [`GATHER_AFTER`] requests or more, or a push woke
 /// the writer less than [`BUSY_SLEEP`] after it went to sleep) the writer
 /// does not take the few that came meanwhile at once: it waits until one
-/// of its shards holds [`GATHER_REQUESTS`] or [`GATHER_BYTES`] (a push that
-/// sees it wakes the writer) or [`GATHER_WAIT`] has passed. Fewer, larger
+/// of its shards holds [`GATHER_REQUESTS`](super::GATHER_REQUESTS) or
+/// [`GATHER_BYTES`](super::GATHER_BYTES) or an urgent
+/// request (a push that sees it wakes the writer: `Backlog::worth_writing`)
+/// or [`GATHER_WAIT`] has passed. Fewer, larger
 /// batches: fewer writes and wake-ups here, and on the peer fewer messages
 /// to decode and receiver wake-ups, for at most `GATHER_WAIT` of latency on
 /// a busy link. A lone request on a quiet link never waits: the pass before
@@ -429,10 +431,9 @@ fn may_sleep(peer: &Peer, link: &LinkShared, mine: &[usize]) -> bool {
 /// Returns whether the writer should wait (no shard is past a threshold).
 fn may_gather(peer: &Peer, link: &LinkShared, mine: &[usize]) -> bool {
     link.state.store(GATHERING, Ordering::SeqCst);
-    let ready = mine.iter().any(|&s| {
-        let b = peer.shards[s].backlog();
-        b.requests >= GATHER_REQUESTS || b.bytes >= GATHER_BYTES
-    });
+    let ready = mine
+        .iter()
+        .any(|&s| peer.shards[s].backlog().worth_writing());
     if ready {
         link.state.store(AWAKE, Ordering::Relaxed);
     }
