@@ -192,6 +192,7 @@ cast_one(Nodes, M, F, A) when is_list(Nodes) ->
 %% @doc Casts to every node of `Nodes'.
 -spec cast_all([node()], module(), atom(), [term()]) -> ok.
 cast_all(Nodes, M, F, A) when is_list(Nodes) ->
+    ok = check_request(Nodes, M, F, A, [Nodes, M, F, A]),
     lists:foreach(fun(N) -> _ = cast(N, M, F, A) end, Nodes).
 
 %% @equiv call_one(Nodes, M, F, A, false)
@@ -235,6 +236,7 @@ call_any(Nodes, M, F, A) ->
 -spec call_any([node()], module(), atom(), [term()], boolean()) ->
           {ok, {node(), term()}} | {error, term()}.
 call_any(Nodes, M, F, A, RpcErr) when is_list(Nodes), is_boolean(RpcErr) ->
+    ok = check_request(Nodes, M, F, A, [Nodes, M, F, A, RpcErr]),
     in_master(Nodes, fun(Urgent) ->
                              {Tag, Called} = parallel(Nodes, M, F, A, Urgent),
                              any_loop(Tag, length(Called), RpcErr, [])
@@ -265,6 +267,7 @@ call_all(Nodes, M, F, A) ->
 -spec call_all([node()], module(), atom(), [term()], boolean()) ->
           {ok, [{node(), term()}]} | {error, term()}.
 call_all(Nodes, M, F, A, RpcErr) when is_list(Nodes), is_boolean(RpcErr) ->
+    ok = check_request(Nodes, M, F, A, [Nodes, M, F, A, RpcErr]),
     {Called, Result} =
         in_master(Nodes, fun(Urgent) ->
                                  {Tag, Called0} = parallel(Nodes, M, F, A, Urgent),
@@ -303,6 +306,7 @@ call_all_wait(Nodes, M, F, A) ->
 -spec call_all_wait([node()], module(), atom(), [term()], boolean()) ->
           {[{node(), term()}], [{node(), term()}]}.
 call_all_wait(Nodes, M, F, A, RpcErr) when is_list(Nodes), is_boolean(RpcErr) ->
+    ok = check_request(Nodes, M, F, A, [Nodes, M, F, A, RpcErr]),
     {Called, Answers} =
         in_master(Nodes, fun(Urgent) ->
                                  {Tag, Called0} = parallel(Nodes, M, F, A, Urgent),
@@ -313,6 +317,22 @@ call_all_wait(Nodes, M, F, A, RpcErr) when is_list(Nodes), is_boolean(RpcErr) ->
     Rejects = [{N, E} || N <- Called, {error, E} <- [maps:get(N, Answers)],
                          RpcErr orelse not is_badrpc(E)],
     {Replies, Rejects}.
+
+%% The checks of cast/4 and call/5, made before anything is sent: a
+%% parallel pattern's helper that raised `badarg' would never answer, and
+%% the pattern would wait for it forever.
+-spec check_request(term(), term(), term(), term(), [term()]) -> ok.
+check_request(Nodes, M, F, A, Args) ->
+    case is_atom(M) andalso is_atom(F) andalso is_list(A)
+        andalso all_atoms(Nodes) of
+        true -> ok;
+        false -> erlang:error(badarg, Args)
+    end.
+
+-spec all_atoms(term()) -> boolean().
+all_atoms([N | Rest]) when is_atom(N) -> all_atoms(Rest);
+all_atoms([]) -> true;
+all_atoms(_) -> false.
 
 %% Runs `Fun' in a short-lived process and returns its result. The
 %% parallel patterns gather answers there: answers that come after the

@@ -268,7 +268,14 @@ rpc_bad_arguments(_Config) ->
     ?assertError(badarg, ecall:call(b, m, "f", [])),
     ?assertError(badarg, ecall:call(b, m, f, [], -1)),
     ?assertError(badarg, ecall:call(b, m, f, [], soon)),
-    ?assertError(function_clause, ecall:call_all(not_a_list, m, f, [])).
+    ?assertError(function_clause, ecall:call_all(not_a_list, m, f, [])),
+    %% The parallel patterns check before they start: a helper that raised
+    %% would never answer, and the pattern would wait for it forever.
+    ?assertError(badarg, ecall:call_all([b], m, "f", [])),
+    ?assertError(badarg, ecall:call_any([b, "c"], m, f, [])),
+    ?assertError(badarg, ecall:call_all_wait([b | c], m, f, [])),
+    ?assertError(badarg, ecall:call_any([b], m, f, not_a_list, true)),
+    ?assertError(badarg, ecall:cast_all([b], "m", f, [])).
 
 %% A caller in a closed loop (each call right after the last one returned)
 %% sends its calls urgent, so that neither node's link holds them back
