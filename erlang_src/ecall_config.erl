@@ -47,8 +47,9 @@ spec() ->
       backoff_max => {pos_integer, 5000,
                       "most ms between reconnect attempts (doubling from backoff_min)"},
       gather => {boolean, true,
-                 "a busy link waits up to 1-2 ms for 128 requests before it writes; "
-                 "false: it writes at once (callers that wait for each answer)"},
+                 "a busy link waits up to 1-2 ms for 128 requests before it writes "
+                 "(urgent calls of callers in a closed loop end the wait); "
+                 "false: it never waits"},
       discovery => {boolean, true,
                     "connect to every node that runs ecall (pg group)"},
       transport => {{one_of, [nif, erlang]}, nif,
