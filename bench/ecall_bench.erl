@@ -788,6 +788,40 @@ per_call(Fun, N) ->
     repeat(Fun, N),
     (erlang:monotonic_time(nanosecond) - T0) / N.
 
+%% ECALL_BENCH_LOOPERS=N: N callers in a closed loop (back-to-back calls
+%% of erlang:node/0 on B, through the variant's call) beside a point's
+%% writers, from their release to the point's end: what a few such
+%% callers do to a paced load sharing their links, and what it does to
+%% them. Their calls are not in the point's rate; their CPU is in its CPU.
+loopers(local, _B) ->
+    [];
+loopers(Variant, B) ->
+    N = list_to_integer(os:getenv("ECALL_BENCH_LOOPERS", "0")),
+    Call = case Variant of
+               native -> fun() -> B = erpc:call(B, erlang, node, []) end;
+               _ -> fun() -> {ok, B} = ecall:call(B, erlang, node, []) end
+           end,
+    [spawn_link(fun() -> looper(Call, 0, erlang:monotonic_time(microsecond)) end)
+     || _ <- lists:seq(1, N)].
+
+looper(Call, Calls, T0) ->
+    receive
+        {stop, From} -> From ! {looped, self(), Calls, erlang:monotonic_time(microsecond) - T0}
+    after 0 ->
+        Call(),
+        looper(Call, Calls + 1, T0)
+    end.
+
+stop_loopers(_Variant, []) ->
+    ok;
+stop_loopers(Variant, Loopers) ->
+    [L ! {stop, self()} || L <- Loopers],
+    Done = [receive {looped, L, Calls, Us} -> {Calls, Us} end || L <- Loopers],
+    Calls = lists:sum([C || {C, _} <- Done]),
+    io:format("~p loopers: ~b callers, ~b calls, ~.1f us per call~n",
+              [Variant, length(Loopers), Calls,
+               lists:sum([Us / max(1, C) || {C, Us} <- Done]) / length(Loopers)]).
+
 %% Wall ns per call of Procs processes making N calls each at once.
 par_per_call(Fun, N, Procs) ->
     Self = self(),
@@ -894,8 +928,10 @@ point(B, Variant, Op, N, K, P, OnStart) ->
     T0 = erlang:monotonic_time(),
     [W ! Go || W <- Writers],
     OnStart(),
+    Loopers = loopers(Variant, B),
     {Counted, SpanSum} = receive {Ref, done, C, Sum} -> {C, Sum} end,
     T1 = erlang:monotonic_time(),
+    stop_loopers(Variant, Loopers),
     Wall1 = erlang:statistics(scheduler_wall_time),
     CpuA = cpu_seconds(os:getpid()) - CpuA0,
     CpuB = cpu_seconds(erpc:call(B, os, getpid, [])) - CpuB0,

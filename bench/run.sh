@@ -15,7 +15,8 @@
 # and a breakdown; soak: 5,000 writers for MINUTES. Variants (ECALL_BENCH_VARIANTS,
 # comma-separated, in the order to run them at each point; default all):
 # native, ecall_erlang, ecall_nif, local;
-# ECALL_BENCH_OPS (send,cast,call) limits a sweep's operations.
+# ECALL_BENCH_OPS (send,cast,call) limits a sweep's operations;
+# ECALL_BENCH_LOOPERS=N adds N closed-loop callers beside each point's writers.
 # ECALL_BENCH_ERL_FLAGS adds emulator flags to node A (for example "+S 1").
 #
 # Node A runs the driver; it starts node B with `peer'. Both run with
