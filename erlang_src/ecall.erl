@@ -164,6 +164,14 @@ call(Node, M, F, A) ->
 %% With an ecall connection the request and its reply travel in batches
 %% (the reply through the called node's own ecall links); without one this
 %% is `erpc:call/5' with the same return values.
+%%
+%% A call made less than 2 ms after the caller's last one returned (a
+%% caller in a closed loop) is urgent: the links do not hold it or its
+%% reply back to batch it with others, unless many callers are in such
+%% loops with the same node. For that the calling process keeps two
+%% entries in its process dictionary: `'$ecall_last_call'' (when its last
+%% call returned) and `{'$ecall_loop_starts', Node}' (a count seen at its
+%% last closed-loop call to `Node').
 -spec call(node(), module(), atom(), [term()], timeout()) -> call_result().
 call(Node, M, F, A, Timeout)
   when is_atom(Node), is_atom(M), is_atom(F), is_list(A),
