@@ -90,8 +90,9 @@ if [ "${1:-}" = profile ]; then
 fi
 
 # Plots of what this run wrote (matplotlib from PyPI, installed when
-# missing; without it the CSV is still there).
-dir=$(ls -td bench/results/*/ 2>/dev/null | head -1)
+# missing; without it the CSV is still there), where it wrote it
+# (ECALL_BENCH_OUT, as in ecall_bench:write_csv/3).
+dir=$(ls -td "${ECALL_BENCH_OUT:-bench/results}"/*/ 2>/dev/null | head -1)
 if [ -n "$dir" ] && ls "$dir"/*.csv >/dev/null 2>&1; then
     python3 -c 'import matplotlib' 2>/dev/null || pip install -q matplotlib >/dev/null 2>&1 || true
     python3 bench/plot.py "$dir" || echo "bench: no plots (matplotlib missing)"
