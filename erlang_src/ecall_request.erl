@@ -31,7 +31,7 @@
 %% Closed-loop calls to one peer that may start during one caller's cycle
 %% for its calls to stay urgent: past that, such callers bring each other
 %% company, and gathering pays again (bench/run.sh pingpong: gathering
-%% made each call of 1 to 64 such callers 4-10 times slower; at 1,000 it
+%% made each call of 1 to 64 such callers 4-13 times slower; at 1,000 it
 %% carried more calls per second than no gathering).
 -define(LOOP_COMPANY, 256).
 
@@ -112,7 +112,9 @@ call(Node, M, F, A, Timeout, Urgent) ->
 %% any bookkeeping of their own: each closed-loop call counts itself in
 %% the peer (ecall_transport:loop_starts/1), and the number of such calls
 %% started since the caller's last one is about how many callers are in
-%% such loops. Urgent up to 256 of them.
+%% such loops. Urgent up to 256 of them. (The first call of a loop that
+%% starts long after the caller's last one compares with an old count,
+%% and is not urgent; the next one is.)
 -spec urgent(node()) -> boolean().
 urgent(Node) ->
     closed_loop() andalso
@@ -204,4 +206,3 @@ run_call(Alias, M, F, A, Urgent) ->
 -spec run_cast(module(), atom(), list()) -> term().
 run_cast(M, F, A) ->
     apply(M, F, A).
-
