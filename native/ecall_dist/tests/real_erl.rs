@@ -602,6 +602,38 @@ async fn idle_requests_are_written_by_their_caller_in_order() {
     peer.close();
 }
 
+/// An urgent request (its caller waits for each answer before its next
+/// one) behind a sleeping writer is written by its caller even on a link
+/// written to a moment ago: the writer would write it alone anyway, one
+/// thread wake-up later. 50 of them pushed back to back: without urgency,
+/// only the first (the link is then busy for `LONE_GAP`) went alone; a
+/// tick or anything else that wakes the writer meanwhile only sends a few
+/// through it, hence "at least half".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn urgent_requests_are_written_alone_on_a_busy_link() {
+    use ecall_dist::shard::Element;
+    use std::sync::atomic::Ordering::Relaxed;
+    let (_epmd, _id, mut erl, peer) = seq_link().await;
+    writer_asleep(&peer).await;
+    let ls = peer.link_stats(0).unwrap();
+    let lone0 = ls.lone.load(Relaxed);
+    for i in 1..=50 {
+        let bytes = seq_element(i, 100);
+        let urgent = Element {
+            urgent: true,
+            ..Element::text(&bytes)
+        };
+        assert_eq!(peer.push_element(0, urgent, 0), Push::Queued);
+    }
+    let lone = ls.lone.load(Relaxed) - lone0;
+    let done = element_body(&encode(&atom("done"))).unwrap().to_vec();
+    assert_eq!(peer.push(0, &done, 0), Push::Queued);
+    assert_eq!(erl.line().await, "got 50 in order");
+    assert!(lone >= 25, "{lone} of 50 urgent requests written alone");
+    assert_eq!(ls.urgent.load(Relaxed), 50);
+    peer.close();
+}
+
 /// A lone write the socket takes only in part (the peer is stopped and
 /// the buffers are full) leaves the rest to the writer, before anything
 /// queued after it.
