@@ -564,10 +564,17 @@ pingpong(N) ->
     Variants = chosen([native, ecall_erlang, ecall_nif, ecall_nif_nogather]),
     %% The 1,000-caller row is the closed loop under load (the link is
     %% never idle): a twentieth of the calls each, to keep its length.
-    Rows = [pingpong_row(B, V, C, Junk, Calls)
-            || {C, Junk, Calls} <- [{1, 0, N}, {8, 0, N}, {64, 0, N},
-                                    {1000, 0, max(10, N div 20)}, {1, 100000, N}],
-               V <- Variants],
+    %% ECALL_BENCH_CALLERS=C1,C2,...: those rows instead (no mailbox row),
+    %% past 64 callers with a twentieth of the calls each too.
+    Shape = case os:getenv("ECALL_BENCH_CALLERS") of
+                false ->
+                    [{1, 0, N}, {8, 0, N}, {64, 0, N}, {1000, 0, max(10, N div 20)},
+                     {1, 100000, N}];
+                Cs ->
+                    [{C, 0, case C > 64 of true -> max(10, N div 20); false -> N end}
+                     || C <- [list_to_integer(X) || X <- string:lexemes(Cs, ",")]]
+            end,
+    Rows = [pingpong_row(B, V, C, Junk, Calls) || {C, Junk, Calls} <- Shape, V <- Variants],
     %% urgent: the share of calls sent urgent (A's links) and of replies
     %% (B's links back); batch: requests per batch on A's links.
     io:format("~n~-19s ~8s ~9s ~12s ~10s ~8s ~8s ~7s~n",

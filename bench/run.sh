@@ -7,7 +7,8 @@
 # each, P ms apart; sweep: every operation at the writer counts given;
 # micro: push and encode costs per call; large: 10 MB messages beside small
 # ones; latency: a probe's call round trips, idle and under N writers;
-# pingpong: closed-loop callers (1, 8, 64, 1,000, and 1 with 100,000 messages queued)
+# pingpong: closed-loop callers (1, 8, 64, 1,000, and 1 with 100,000 messages queued;
+# ECALL_BENCH_CALLERS=C1,C2,.. for other counts)
 # making N back-to-back calls each;
 # tls: send, cast, call at N writers, native and both ecall transports, on TLS
 # distribution; hops: idle round trips leg by leg (! or ecall each way);

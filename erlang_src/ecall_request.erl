@@ -32,7 +32,9 @@
 %% for its calls to stay urgent: past that, such callers bring each other
 %% company, and gathering pays again (bench/run.sh pingpong: gathering
 %% made each call of 1 to 64 such callers 4-13 times slower; at 1,000 it
-%% carried more calls per second than no gathering).
+%% carried more calls per second than no gathering; with 128, 256 and 512
+%% callers this limit did better than none and than 0 at 256 and 512, and
+%% urgency won at 128).
 -define(LOOP_COMPANY, 256).
 
 %% @doc See ecall:cast/4 (arguments checked there).
