@@ -50,6 +50,9 @@ spec() ->
                  "a busy link waits up to 1-2 ms for 128 requests before it writes "
                  "(urgent calls of callers in a closed loop end the wait); "
                  "false: it never waits"},
+      urgent => {boolean, true,
+                 "calls of callers in a closed loop go urgent, not held back for company "
+                 "(read when a connection opens); false: they wait like any request"},
       discovery => {boolean, true,
                     "connect to every node that runs ecall (pg group)"},
       transport => {{one_of, [nif, erlang]}, nif,

@@ -24,7 +24,7 @@
 -record(pool, {proxies :: tuple(), counters :: counters:counters_ref(),
                protocol :: ecall_transport:protocol(),
                %% Closed-loop calls (loop_starts/1).
-               loops :: atomics:atomics_ref()}).
+               loops :: atomics:atomics_ref() | off}).
 -opaque pool() :: #pool{}.
 -export_type([pool/0]).
 
@@ -39,7 +39,7 @@ open(Node, Receivers, Protocol) ->
                                   [link, {message_queue_data, off_heap}])
                || R <- Receivers],
     {ok, #pool{proxies = list_to_tuple(Proxies), counters = C, protocol = Protocol,
-               loops = atomics:new(1, [])}, 0}.
+               loops = ecall_transport:loops()}, 0}.
 
 %% A proxy never holds a request back for company (it sends what its
 %% mailbox holds as soon as it runs): `Urgent' only travels with a call, so
@@ -53,9 +53,9 @@ push(#pool{protocol = Protocol} = Pool, Request, Urgent) ->
     pick(Pool) ! {do, ecall_transport:wire(Request, Urgent, Protocol)},
     ok.
 
--spec loop_starts(pool()) -> pos_integer().
+-spec loop_starts(pool()) -> pos_integer() | off.
 loop_starts(#pool{loops = Loops}) ->
-    atomics:add_get(Loops, 1, 1).
+    ecall_transport:loop_starts(Loops).
 
 %% The proxy is linked to the connection: it goes down with it, and the
 %% connection goes down with it.

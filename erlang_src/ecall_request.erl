@@ -114,7 +114,8 @@ call(Node, M, F, A, Timeout, Urgent) ->
 %% any bookkeeping of their own: each closed-loop call counts itself in
 %% the peer (ecall_transport:loop_starts/1), and the number of such calls
 %% started since the caller's last one is about how many callers are in
-%% such loops. Urgent up to 256 of them. (The first call of a loop that
+%% such loops. Urgent up to 256 of them, and never with the `urgent'
+%% setting false when the connection opened. (The first call of a loop that
 %% starts long after the caller's last one compares with an old count,
 %% and is not urgent; the next one is.)
 -spec urgent(node()) -> boolean().
@@ -122,10 +123,14 @@ urgent(Node) ->
     closed_loop() andalso
         case ecall_conn:peer(Node) of
             {Mod, State} ->
-                Starts = Mod:loop_starts(State),
-                case put({?LOOP_STARTS, Node}, Starts) of
-                    undefined -> true;
-                    Before -> Starts - Before =< ?LOOP_COMPANY
+                case Mod:loop_starts(State) of
+                    off ->
+                        false;
+                    Starts ->
+                        case put({?LOOP_STARTS, Node}, Starts) of
+                            undefined -> true;
+                            Before -> Starts - Before =< ?LOOP_COMPANY
+                        end
                 end;
             undefined ->
                 false

@@ -38,7 +38,7 @@
 -type protocol() :: non_neg_integer().
 -export_type([request/0, reply/0, push_result/0, t/0, protocol/0]).
 
--export([protocol/0, wire/3]).
+-export([protocol/0, wire/3, loops/0, loop_starts/1]).
 
 %% This node's protocol: what its receivers accept.
 -define(PROTOCOL, 1).
@@ -67,8 +67,10 @@
 %% and returns the count so far: the difference between the counts that a
 %% caller sees at two of its calls is how many such calls to this peer
 %% started in between, about how many callers are in such loops with this
-%% peer (ecall_request:urgent/1).
--callback loop_starts(State :: term()) -> pos_integer().
+%% peer (ecall_request:urgent/1); `off' when the `urgent' setting was
+%% false as the transport opened. Both transports keep the counter made
+%% by loops/0 and count with loop_starts/1 below.
+-callback loop_starts(State :: term()) -> pos_integer() | off.
 
 %% The process that stands for the path carrying the calling process's
 %% requests: it exits when that path fails (with `{link_down, Reason}' or
@@ -97,3 +99,19 @@ wire({call, Alias, M, F, A}, true, Protocol) when Protocol >= 1 ->
     {call, Alias, M, F, A, urgent};
 wire(Request, _Urgent, _Protocol) ->
     Request.
+
+%% @doc A counter of closed-loop calls for a transport that opens now, or
+%% `off' when the `urgent' setting is false.
+-spec loops() -> atomics:atomics_ref() | off.
+loops() ->
+    case ecall_config:get(urgent) of
+        true -> atomics:new(1, []);
+        false -> off
+    end.
+
+%% @doc Counts one closed-loop call on a counter of loops/0.
+-spec loop_starts(atomics:atomics_ref() | off) -> pos_integer() | off.
+loop_starts(off) ->
+    off;
+loop_starts(Loops) ->
+    atomics:add_get(Loops, 1, 1).

@@ -21,9 +21,10 @@
 
 %% The peer's protocol (ecall_transport:protocol()) decides what an urgent
 %% call looks like on the wire (ecall_transport:wire/3).
-%% `Loops' counts closed-loop calls (loop_starts/1).
+%% `Loops' counts closed-loop calls (loop_starts/1); `off' with the
+%% `urgent' setting false.
 -opaque state() :: {node(), ecall_nif:peer(), ecall_transport:protocol(),
-                    Loops :: atomics:atomics_ref()}.
+                    Loops :: atomics:atomics_ref() | off}.
 -export_type([state/0]).
 
 -spec open(node(), [binary()], ecall_transport:protocol()) ->
@@ -34,7 +35,7 @@ open(Node, Receivers, Protocol) ->
             Cookie = atom_to_binary(erlang:get_cookie(Node)),
             {ok, Peer} = ecall_nif:peer_open(CNode, atom_to_binary(Node), Cookie,
                                              Receivers, self(), ecall_config:peer_opts()),
-            {ok, {Node, Peer, Protocol, atomics:new(1, [])}, length(ecall_nif:cnode_info(CNode))};
+            {ok, {Node, Peer, Protocol, ecall_transport:loops()}, length(ecall_nif:cnode_info(CNode))};
         {error, _} = E ->
             E
     end.
@@ -117,9 +118,9 @@ admitted(Push, Room) ->
         _ -> closed
     end.
 
--spec loop_starts(state()) -> pos_integer().
+-spec loop_starts(state()) -> pos_integer() | off.
 loop_starts({_, _, _, Loops}) ->
-    atomics:add_get(Loops, 1, 1).
+    ecall_transport:loop_starts(Loops).
 
 %% The process that stands for the link carrying this caller's requests,
 %% which exits when that link or the whole connection goes down: one local

@@ -12,7 +12,7 @@
          link_loss_fails_its_callers_only/1, peer_killed_with_1000_calls/1,
          unreachable_node/1, multi_node_patterns/1, rpc_bad_arguments/1,
          call_from_a_long_mailbox/1, closed_loop_calls_are_urgent/1,
-         urgent_calls_to_a_first_release_peer/1]).
+         urgent_calls_to_a_first_release_peer/1, urgent_off/1]).
 
 -import(ecall_test_nodes, [start_node/1, stop_node/1, start_peer/1, flush_traces/0, connect_back/1]).
 
@@ -23,7 +23,7 @@ all() ->
     [cast_through_link, call_results_match_fallback, call_timeout_no_late_reply,
      link_loss_fails_its_callers_only, peer_killed_with_1000_calls, unreachable_node,
      multi_node_patterns, rpc_bad_arguments, call_from_a_long_mailbox,
-     closed_loop_calls_are_urgent, urgent_calls_to_a_first_release_peer].
+     closed_loop_calls_are_urgent, urgent_calls_to_a_first_release_peer, urgent_off].
 
 init_per_suite(Config) ->
     ok = ecall_test_nodes:start_ecall(),
@@ -368,6 +368,34 @@ urgent_calls_to_a_first_release_peer(Config) ->
         _ = erpc:call(B, code, soft_purge, [Mod]),
         {module, Mod} = erpc:call(B, code, load_file, [Mod]),
         _ = erpc:call(B, code, soft_purge, [Mod]),
+        _ = ecall:disconnect(B),
+        ok = ecall:connect(B)
+    end.
+
+%% With the `urgent' setting false (read when a connection opens), the
+%% same closed loop sends nothing urgent: neither node's links count one,
+%% and the calls are all answered.
+urgent_off(Config) ->
+    B = ?config(b, Config),
+    connect_back(B),
+    A = node(),
+    ok = application:set_env(ecall, urgent, false),
+    try
+        _ = ecall:disconnect(B),
+        ok = ecall:connect(B),
+        {ok, #{urgent := UA0}} = ecall:stats(B),
+        {ok, #{urgent := UB0}} = erpc:call(B, ecall, stats, [A]),
+        {Pid, Mref} = spawn_monitor(fun() ->
+                                            exit({done, [ecall:call(B, erlang, '+', [I, 1], 5000)
+                                                         || I <- lists:seq(1, 50)]})
+                                    end),
+        Results = receive {'DOWN', Mref, process, Pid, {done, R}} -> R end,
+        ?assertEqual([{ok, I + 1} || I <- lists:seq(1, 50)], Results),
+        {ok, #{urgent := UA1}} = ecall:stats(B),
+        {ok, #{urgent := UB1}} = erpc:call(B, ecall, stats, [A]),
+        ?assertEqual({UA0, UB0}, {UA1, UB1})
+    after
+        ok = application:unset_env(ecall, urgent),
         _ = ecall:disconnect(B),
         ok = ecall:connect(B)
     end.
