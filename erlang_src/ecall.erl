@@ -42,10 +42,7 @@
 %% and count it (`overflow_drops'): a send has no error to return.
 -spec send(dest(), Msg) -> Msg.
 send(To, Msg) when is_pid(To); is_reference(To) ->
-    case node(To) of
-        Node when Node =:= node() -> To ! Msg;
-        Node -> send_remote(Node, To, To, Msg, false)
-    end;
+    send_to(To, Msg, false);
 send({Name, Node} = To, Msg) when is_atom(Name), is_atom(Node) ->
     case Node =:= node() of
         true -> To ! Msg;
@@ -60,9 +57,13 @@ send(To, Msg) ->
 %% caller's alias: as send/2, but `Urgent' (see ecall_transport:send/4).
 -spec send_reply(reference(), Msg, boolean()) -> Msg.
 send_reply(Alias, Msg, Urgent) ->
-    case node(Alias) of
-        Node when Node =:= node() -> Alias ! Msg;
-        Node -> send_remote(Node, Alias, Alias, Msg, Urgent)
+    send_to(Alias, Msg, Urgent).
+
+-spec send_to(pid() | reference(), Msg, boolean()) -> Msg.
+send_to(To, Msg, Urgent) ->
+    case node(To) of
+        Node when Node =:= node() -> To ! Msg;
+        Node -> send_remote(Node, To, To, Msg, Urgent)
     end.
 
 -spec send_remote(node(), pid() | reference() | atom(), dest(), Msg, boolean()) -> Msg.

@@ -304,13 +304,13 @@ pub struct Encoded<'b> {
 }
 
 impl Encoded<'_> {
-    /// What a push hands the shard.
-    pub fn element(&self) -> Element<'_> {
+    /// What a push hands the shard (`urgent`: see [`Element::urgent`]).
+    pub fn element(&self, urgent: bool) -> Element<'_> {
         Element {
             bytes: self.bytes,
             text: self.text,
             refs: u32::try_from(self.refs).unwrap_or(u32::MAX),
-            urgent: false,
+            urgent,
         }
     }
 }

@@ -14,7 +14,6 @@
 #![warn(clippy::all)]
 
 use ecall_dist::link::posix_name;
-use ecall_dist::shard::Element;
 use ecall_dist::{
     BatchCaps, Identity, IdentityConfig, LinkDown, LinkEvents, Listen, Peer, PeerConfig, Push,
 };
@@ -537,13 +536,9 @@ fn push_encoded<'a>(
         return atoms::large().encode(env);
     }
     let reserved = room.map_or(0, |r| reserved(r, peer));
-    let element = Element {
-        urgent,
-        ..e.element()
-    };
     answer(
         env,
-        peer.push_element(shard, element, reserved),
+        peer.push_element(shard, e.element(urgent), reserved),
         e.bytes.len(),
     )
 }
