@@ -24,6 +24,8 @@
 -define(A_ADDR, "169.254.77.1").
 -define(B_ADDR, "169.254.77.2").
 -define(STALL_MS, 3000).
+%% Bytes of each sender's message (node A).
+-define(PAYLOAD, 2000).
 
 suite() ->
     [{timetrap, {minutes, 4}}].
@@ -112,12 +114,20 @@ short_cut_loses_nothing_long_cut_fails_fast(Config) ->
         ct:pal("long cut: ~p", [Long]),
         #{out_of_order := 0, max_queued := Q2, lost := Lost, counted_drops := Counted,
           first_call_error_ms := FirstErr, stalls := Stalls, links_up := Up,
-          links := Links} = Long,
+          links := Links, kernel_queued := Kernel} = Long,
         ?assert(Q2 =< Budget),
         ?assert(Stalls >= 1),
         %% Calls waiting on a reaped link fail within the stall timeout.
         ?assert(FirstErr =< ?STALL_MS + 2000),
-        ?assertEqual(Lost, Counted),
+        %% What is missing is what was counted as dropped, and at most
+        %% what the kernel held for B when the links were reaped: bytes a
+        %% reaped socket had taken are delivered if the old connection
+        %% gets them through before the peer drops it, else lost, and
+        %% nobody counts them (each message takes ?PAYLOAD bytes or more
+        %% there).
+        ?assert(Counted >= 1),
+        ?assert(Lost >= Counted),
+        ?assert((Lost - Counted) * ?PAYLOAD =< Kernel),
         ?assertEqual(Links, Up)
     after
         [stop_node(N) || N <- [A, B]],
@@ -249,7 +259,6 @@ reply_ready(Owner, #{waiting := W, marks := Marks, n := N, bad := Bad} = St) ->
 
 -define(SENDERS, 20).
 -define(CALLERS, 10).
--define(PAYLOAD, 2000).
 
 partition_a() ->
     try run_a()
@@ -277,7 +286,7 @@ cut_round(B, Sink, Senders, Callers, Round) ->
     {ok, S0} = ecall:stats(B),
     #{closed_drops := C0} = ecall:stats(),
     T0 = erlang:monotonic_time(millisecond),
-    Sampler = spawn_link(fun() -> sample(B, 0) end),
+    Sampler = spawn_link(fun() -> sample(B, 0, 0) end),
     "restored\n" = io:get_line(""),
     %% Stop the senders: each sends its mark after its numbers and says
     %% how many it sent in all. The sink reports once every mark is in, so
@@ -288,7 +297,7 @@ cut_round(B, Sink, Senders, Callers, Round) ->
     Sink ! {report, Ref, self(), Round, length(Senders)},
     {Received, Bad} = receive {Ref, Got, OutOfOrder} -> {Got, OutOfOrder} end,
     Sampler ! {stop, self()},
-    MaxQ = receive {sampled, Q} -> Q end,
+    {MaxQ, MaxKernel} = receive {sampled, Q, K} -> {Q, K} end,
     {ok, #{links := Links}} = ecall:stats(B),
     {ok, S1} = ecall:stats(B),
     #{closed_drops := C1} = ecall:stats(),
@@ -296,7 +305,7 @@ cut_round(B, Sink, Senders, Callers, Round) ->
                            || C <- Callers]),
     First = case [Ms || {Ms, _} <- Errors] of [] -> none; L -> lists:min(L) - T0 end,
     Result = #{sent => Sent, received => Received, lost => Sent - Received,
-               out_of_order => Bad, max_queued => MaxQ,
+               out_of_order => Bad, max_queued => MaxQ, kernel_queued => MaxKernel,
                budget => ecall_config:get(max_queue_bytes),
                counted_drops => maps:get(dropped, S1) - maps:get(dropped, S0) + C1 - C0
                                 + maps:get(closed_drops, S1) - maps:get(closed_drops, S0),
@@ -341,15 +350,20 @@ caller(Owner, B, Errors) ->
         end
     end.
 
-sample(B, Max) ->
+%% The most queued for B in ecall's budget, and in this node's kernel: the
+%% Send-Q (written, not acknowledged) of every TCP socket to B, by `ss'.
+sample(B, Max, MaxKernel) ->
     Q = case ecall:stats(B) of
             {ok, #{queued_bytes := Bytes}} -> Bytes;
             _ -> 0
         end,
+    K = lists:sum([list_to_integer(SendQ)
+                   || Line <- string:lexemes(os:cmd("ss -Htn dst " ?B_ADDR), "\n"),
+                      [_State, _RecvQ, SendQ | _] <- [string:lexemes(Line, " ")]]),
     receive
-        {stop, From} -> From ! {sampled, max(Max, Q)}
+        {stop, From} -> From ! {sampled, max(Max, Q), max(MaxKernel, K)}
     after 20 ->
-        sample(B, max(Max, Q))
+        sample(B, max(Max, Q), max(MaxKernel, K))
     end.
 
 %% The first connect can come before B's ecall has started.
