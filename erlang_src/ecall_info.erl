@@ -68,8 +68,8 @@ counters(S) ->
         _ ->
             out("  queued ~b bytes, pushed ~b, full ~b, overflow waits ~b, overflow drops ~b~n",
                 [G(queued_bytes), G(pushed), G(full), G(overflow_waits), G(overflow_drops)]),
-            out("  dropped ~b, stalls ~b, connects ~b, disconnects ~b~n",
-                [G(dropped), G(stalls), G(connects), G(disconnects)])
+            out("  dropped ~b, unconfirmed ~b, stalls ~b, connects ~b, disconnects ~b~n",
+                [G(dropped), G(unconfirmed), G(stalls), G(connects), G(disconnects)])
     end.
 
 -spec link_line(map()) -> ok.
@@ -79,10 +79,10 @@ link_line(L) ->
              1 -> "up";
              _ -> "down"
          end,
-    out("  link ~b: ~s, batches ~b, requests ~b, writes ~b, dropped ~b, stalls ~b, "
-        "connects ~b, disconnects ~b~n",
-        [G(link), Up, G(batches), G(requests), G(writes), G(dropped), G(stalls), G(connects),
-         G(disconnects)]).
+    out("  link ~b: ~s, batches ~b, requests ~b, writes ~b, dropped ~b, unconfirmed ~b, "
+        "stalls ~b, connects ~b, disconnects ~b~n",
+        [G(link), Up, G(batches), G(requests), G(writes), G(dropped), G(unconfirmed),
+         G(stalls), G(connects), G(disconnects)]).
 
 -spec out(io:format(), [term()]) -> ok.
 out(Format, Args) ->

@@ -4,7 +4,7 @@
 //! few vectored writes as the socket allows, and a deadline that reaps a
 //! peer that stopped draining without cutting off one that is merely slow.
 
-use crate::link::{LinkDown, LinkStats};
+use crate::link::{LinkDown, LinkStats, SentLog};
 use std::io::IoSlice;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -23,15 +23,19 @@ const MAX_SLICES: usize = 64;
 
 /// Writes `bufs` with [`write_all_vectored`] and counts the write in `ls`;
 /// a missed deadline is counted as a stall and ends the link as
-/// [`LinkDown::Stalled`].
+/// [`LinkDown::Stalled`]. What the socket took, all or part, goes to `log`.
 pub(crate) async fn write_with_deadline<W: AsyncWrite + Unpin>(
     ls: &LinkStats,
     wr: &mut W,
     bufs: &[&[u8]],
     deadline: Option<Duration>,
+    log: &mut SentLog,
 ) -> Result<(), LinkDown> {
     let total: usize = bufs.iter().map(|b| b.len()).sum();
-    match write_all_vectored(wr, bufs, deadline).await {
+    let mut taken = 0;
+    let r = write_all_vectored(wr, bufs, deadline, &mut taken).await;
+    log.bytes(taken);
+    match r {
         Ok(()) => {}
         Err(None) => {
             ls.stalls.fetch_add(1, Ordering::Relaxed);
@@ -47,11 +51,13 @@ pub(crate) async fn write_with_deadline<W: AsyncWrite + Unpin>(
 /// Writes every buffer, in order, with as few syscalls as the socket
 /// allows. With a `stall` deadline, every [`STALL_PIECE`] bytes must be
 /// taken within it (the timer is armed per syscall and dropped when it
-/// returns: nothing sweeps). `Err(None)`: stalled.
+/// returns: nothing sweeps). `Err(None)`: stalled. `taken` adds the bytes
+/// the socket took, also when it fails part way.
 pub(crate) async fn write_all_vectored<W: AsyncWrite + Unpin>(
     wr: &mut W,
     bufs: &[&[u8]],
     stall: Option<Duration>,
+    taken: &mut u64,
 ) -> Result<(), Option<std::io::Error>> {
     let (mut i, mut off) = (0usize, 0usize);
     let mut piece_left = STALL_PIECE;
@@ -76,6 +82,7 @@ pub(crate) async fn write_all_vectored<W: AsyncWrite + Unpin>(
         if n == 0 {
             return Err(Some(std::io::ErrorKind::WriteZero.into()));
         }
+        *taken += n as u64;
         if n >= piece_left {
             piece_left = STALL_PIECE;
             piece_due = stall.map(|d| Instant::now() + d);
@@ -200,16 +207,25 @@ mod tests {
         let want: Vec<u8> = owned.concat();
         for stall in [None, Some(Duration::from_secs(10))] {
             let mut w = Trickle::default();
-            write_all_vectored(&mut w, &bufs, stall).await.unwrap();
+            let mut taken = 0;
+            write_all_vectored(&mut w, &bufs, stall, &mut taken)
+                .await
+                .unwrap();
             assert_eq!(w.got, want);
+            assert_eq!(taken, want.len() as u64);
             assert!(w.pendings > 0 && w.calls > bufs.len() / 2);
             assert!(w.widest <= MAX_SLICES);
         }
         // And through the counting wrapper.
         let (ls, mut w) = (LinkStats::default(), Trickle::default());
-        write_with_deadline(&ls, &mut w, &bufs, Some(Duration::from_secs(10)))
+        let mut log = SentLog::default();
+        write_with_deadline(&ls, &mut w, &bufs, Some(Duration::from_secs(10)), &mut log)
             .await
             .unwrap();
+        // Every byte is in the log: the last one of the stream is the
+        // write's, and the bytes before it too.
+        log.requests(1);
+        assert_eq!(log.unconfirmed(want.len() as u64), 1);
         assert_eq!(w.got, want);
         assert_eq!(ls.writes.load(Ordering::Relaxed), 1);
         assert_eq!(ls.bytes.load(Ordering::Relaxed), want.len() as u64);
@@ -226,13 +242,16 @@ mod tests {
             ..Trickle::default()
         };
         let t0 = Instant::now();
-        let r = write_all_vectored(&mut w, &[b"abc"], Some(deadline)).await;
+        let mut taken = 0;
+        let r = write_all_vectored(&mut w, &[b"abc"], Some(deadline), &mut taken).await;
         assert!(matches!(r, Err(None)));
+        assert_eq!(taken, 0);
         assert!(t0.elapsed() >= deadline);
         assert!(w.got.is_empty());
 
         let ls = LinkStats::default();
-        let r = write_with_deadline(&ls, &mut w, &[b"abc"], Some(deadline)).await;
+        let mut log = SentLog::default();
+        let r = write_with_deadline(&ls, &mut w, &[b"abc"], Some(deadline), &mut log).await;
         assert_eq!(r, Err(LinkDown::Stalled));
         assert_eq!(ls.stalls.load(Ordering::Relaxed), 1);
         assert_eq!(ls.writes.load(Ordering::Relaxed), 0);
@@ -242,7 +261,7 @@ mod tests {
             zero: true,
             ..Trickle::default()
         };
-        let r = write_all_vectored(&mut w, &[b"abc"], Some(deadline)).await;
+        let r = write_all_vectored(&mut w, &[b"abc"], Some(deadline), &mut taken).await;
         assert!(matches!(r, Err(Some(e)) if e.kind() == io::ErrorKind::WriteZero));
     }
 }

@@ -214,6 +214,16 @@ pub enum LinkWrite {
 }
 
 impl LinkStream {
+    /// The TCP socket's descriptor (under TLS too), for [`unacked`]: valid
+    /// as long as either half of this stream lives.
+    pub fn raw_fd(&self) -> std::os::fd::RawFd {
+        use std::os::fd::AsRawFd;
+        match self {
+            LinkStream::Tcp(s) => s.as_raw_fd(),
+            LinkStream::Tls(s) => s.get_ref().0.as_raw_fd(),
+        }
+    }
+
     /// The two halves, for the link's reader and writer tasks.
     pub fn into_split(self) -> (LinkRead, LinkWrite) {
         match self {
@@ -243,6 +253,31 @@ impl LinkWrite {
     /// Whether [`LinkWrite::try_write`] can write at all.
     pub(crate) fn can_try_write(&self) -> bool {
         matches!(self, LinkWrite::Tcp(_))
+    }
+}
+
+/// Bytes written to TCP socket `fd` that its peer has not acknowledged
+/// (Linux's `SIOCOUTQ`), or `None` where the kernel does not say. The
+/// caller must hold the socket open (a half of its [`LinkStream`]).
+#[allow(unsafe_code)]
+pub(crate) fn unacked(fd: std::os::fd::RawFd) -> Option<u64> {
+    #[cfg(target_os = "linux")]
+    {
+        let mut n: libc::c_int = 0;
+        // SAFETY: `fd` is an open socket for the duration of the call (the
+        // caller holds it), and SIOCOUTQ (TIOCOUTQ on a socket) writes one
+        // int, to `n`, which lives across the call.
+        let r = unsafe { libc::ioctl(fd, libc::TIOCOUTQ, &mut n as *mut libc::c_int) };
+        if r == 0 {
+            u64::try_from(n).ok()
+        } else {
+            None
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        let _ = fd;
+        None
     }
 }
 

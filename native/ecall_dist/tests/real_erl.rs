@@ -101,6 +101,17 @@ fn open_peer(
     cookie: &str,
     receiver: &str,
 ) -> (Arc<Peer>, mpsc::UnboundedReceiver<Event>) {
+    open_peer_stall(id, node, cookie, receiver, Duration::from_secs(10))
+}
+
+/// [`open_peer`] with its write deadline.
+fn open_peer_stall(
+    id: &Arc<Identity>,
+    node: &str,
+    cookie: &str,
+    receiver: &str,
+    stall: Duration,
+) -> (Arc<Peer>, mpsc::UnboundedReceiver<Event>) {
     let (tx, rx) = mpsc::unbounded_channel();
     let peer = Peer::open(
         &tokio::runtime::Handle::current(),
@@ -112,7 +123,7 @@ fn open_peer(
             shards: 1,
             caps: BatchCaps::default(),
             max_queue_bytes: 1 << 20,
-            stall_timeout: Some(Duration::from_secs(10)),
+            stall_timeout: Some(stall),
             backoff_min: Duration::from_millis(50),
             backoff_max: Duration::from_millis(500),
             gather: true,
@@ -136,11 +147,25 @@ async fn sink_link(
     Arc<Peer>,
     mpsc::UnboundedReceiver<Event>,
 ) {
+    sink_link_stall(eval, Duration::from_secs(10)).await
+}
+
+/// [`sink_link`] with the link's write deadline.
+async fn sink_link_stall(
+    eval: &str,
+    stall: Duration,
+) -> (
+    Epmd,
+    Arc<Identity>,
+    Erl,
+    Arc<Peer>,
+    mpsc::UnboundedReceiver<Event>,
+) {
     let epmd = Epmd::start().await;
     let id = identity(&epmd, COOKIE, Duration::from_secs(15)).await;
     let mut erl = Erl::start(&epmd, COOKIE, &[], eval);
     assert_eq!(erl.line().await, "ready");
-    let (peer, mut events) = open_peer(&id, &erl.node, COOKIE, "sink");
+    let (peer, mut events) = open_peer_stall(&id, &erl.node, COOKIE, "sink", stall);
     assert!(matches!(next_event(&mut events).await, Event::Up));
     (epmd, id, erl, peer, events)
 }
@@ -675,5 +700,50 @@ async fn a_partial_lone_write_is_finished_by_the_writer_first() {
     assert_eq!(erl.line().await, format!("got {i} in order"));
     assert_eq!(ls.lone_partial.load(Relaxed), 1);
     assert_eq!(ls.dropped.load(Relaxed), 0);
+    peer.close();
+}
+
+/// A link reaped while the kernel still holds requests the peer has not
+/// acknowledged (the peer is stopped, the buffers are full) counts them
+/// as `unconfirmed`: the requests written alone before the one the socket
+/// took only in part. That one's rest stalls the writer, and it is
+/// counted as dropped instead (it never went out whole).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reaped_link_counts_what_the_kernel_still_held() {
+    use std::sync::atomic::Ordering::Relaxed;
+    let (_epmd, _id, erl, peer, mut events) =
+        sink_link_stall(seq_eval(), Duration::from_millis(500)).await;
+    let pid = erl._child.id().expect("erl runs").to_string();
+    let signal = |sig: &str| {
+        let ok = std::process::Command::new("kill")
+            .args([sig, &pid])
+            .status()
+            .expect("kill")
+            .success();
+        assert!(ok, "kill {sig} {pid}");
+    };
+    signal("-STOP");
+    let ls = peer.link_stats(0).unwrap();
+    let mut i = 0;
+    while ls.lone_partial.load(Relaxed) == 0 {
+        assert!(
+            i < 4000,
+            "64 MB written to a stopped peer without a partial write"
+        );
+        writer_asleep(&peer).await;
+        i += 1;
+        assert_eq!(peer.push(0, &seq_element(i, 16_000), 0), Push::Queued);
+    }
+    let down = next_event(&mut events).await;
+    signal("-CONT");
+    assert!(matches!(down, Event::Down(LinkDown::Stalled)), "{down:?}");
+    let (lone, unconfirmed) = (ls.lone.load(Relaxed), ls.unconfirmed.load(Relaxed));
+    eprintln!("{lone} lone writes, {unconfirmed} unconfirmed at the reap");
+    assert_eq!(ls.dropped.load(Relaxed), 1);
+    assert!(unconfirmed >= 1, "none of {lone} lone writes unconfirmed");
+    assert!(
+        unconfirmed < lone,
+        "{unconfirmed} of {lone} lone writes unconfirmed"
+    );
     peer.close();
 }

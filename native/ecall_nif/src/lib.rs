@@ -31,7 +31,7 @@ mod atoms {
         ok, error, send, full, closed, large, wait, retry, ecall_link, ecall_cnode, ecall_room,
         up, down, alive, badarg,
         pushed, batches, requests, bytes, writes, dropped, connects, disconnects,
-        stalls, cached_atoms, queued_bytes, links_up, overflow_waits, overflow_drops, per_link, link, fragmented, lone, lone_partial, gathers, urgent, wakes, closed_drops, links, shards, accepted, refused,
+        stalls, unconfirmed, cached_atoms, queued_bytes, links_up, overflow_waits, overflow_drops, per_link, link, fragmented, lone, lone_partial, gathers, urgent, wakes, closed_drops, links, shards, accepted, refused,
         node, creation, port, inbound_frames, inbound_answered, inbound_ignored, inbound_malformed,
         handshakes_shed, accept_errors, stopped,
         // Link-down reasons (see `down_reason`).
@@ -655,12 +655,13 @@ fn peer_stats<'a>(env: Env<'a>, peer: ResourceArc<PeerRes>) -> NifResult<Term<'a
         .collect();
     // The counters every link keeps; a peer's total is their sum.
     type Counter = fn(&LinkStats) -> &AtomicU64;
-    let counters: [(Atom, Counter); 17] = [
+    let counters: [(Atom, Counter); 18] = [
         (atoms::batches(), |l| &l.batches),
         (atoms::requests(), |l| &l.requests),
         (atoms::bytes(), |l| &l.bytes),
         (atoms::writes(), |l| &l.writes),
         (atoms::dropped(), |l| &l.dropped),
+        (atoms::unconfirmed(), |l| &l.unconfirmed),
         (atoms::connects(), |l| &l.connects),
         (atoms::disconnects(), |l| &l.disconnects),
         (atoms::stalls(), |l| &l.stalls),

@@ -63,7 +63,10 @@
 //! connection resets it. What the shards hold stays queued meanwhile
 //! (bounded by the byte budget) and goes out once the link is back. A batch
 //! that was being written when the socket died is lost, as it would be with
-//! native distribution, and counted in `dropped`.
+//! native distribution, and counted in `dropped`. Requests already on the
+//! socket whose bytes the peer had not acknowledged when the connection
+//! ended are counted in `unconfirmed`: they arrive only if the old
+//! connection gets them through before the peer drops it (`link/sent.rs`).
 //!
 //! # Shutdown
 //!
@@ -81,6 +84,7 @@ use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use tokio::sync::Notify;
 
+mod sent;
 mod side;
 mod task;
 mod writer;
@@ -137,6 +141,7 @@ pub(crate) fn frame_out(
     }
 }
 
+pub(crate) use sent::SentLog;
 pub(crate) use side::WriteSide;
 pub use side::{LONE_GAP, LONE_MAX};
 
@@ -172,6 +177,12 @@ pub struct LinkStats {
     /// Requests dropped by this link: lost in a write that failed, or
     /// queued when the link was reaped as stalled.
     pub dropped: AtomicU64,
+    /// Requests possibly lost: written to a connection that then ended
+    /// (otherwise than by our close) while the kernel still held some of
+    /// their bytes, unacknowledged by the peer (see `link/sent.rs`). They
+    /// reached the peer only if the old connection got them through before
+    /// the peer dropped it: an upper bound.
+    pub unconfirmed: AtomicU64,
     /// Connections made (the first one included).
     pub connects: AtomicU64,
     /// Connections lost or failed.

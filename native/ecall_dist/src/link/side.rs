@@ -29,7 +29,7 @@
 //! request is written alone. The writer takes its side back (under the
 //! same lock) before it writes anything, so writes never interleave.
 
-use super::{LinkShared, AWAKE, SLEEPING};
+use super::{LinkShared, SentLog, AWAKE, SLEEPING};
 use crate::atom_cache::OutCache;
 use crate::shard::{Element, Shard};
 use crate::stream::LinkWrite;
@@ -72,17 +72,29 @@ pub(crate) struct WriteSide {
     /// The part of a lone frame that the socket did not take at once: the
     /// writer writes it before anything else.
     pub(super) pending: Vec<u8>,
+    /// What the socket took (`unconfirmed`, when the connection ends).
+    pub(super) sent: SentLog,
+    /// The socket's descriptor, valid while `wr` lives.
+    fd: std::os::fd::RawFd,
 }
 
 impl WriteSide {
-    pub(super) fn new(wr: LinkWrite, atom_cache: bool) -> WriteSide {
+    pub(super) fn new(wr: LinkWrite, fd: std::os::fd::RawFd, atom_cache: bool) -> WriteSide {
         WriteSide {
             wr,
             cache: atom_cache.then(OutCache::default),
             scratch: Vec::new(),
             plain: Vec::new(),
             pending: Vec::new(),
+            sent: SentLog::default(),
+            fd,
         }
+    }
+
+    /// Requests on this connection that the peer may not have received:
+    /// those with bytes the kernel still holds (`None`: it does not say).
+    pub(super) fn unconfirmed(&self) -> Option<u64> {
+        crate::stream::unacked(self.fd).map(|n| self.sent.unconfirmed(n))
     }
 
     /// Does not let one huge write pin its memory in the buffers.
@@ -180,8 +192,11 @@ impl LinkShared {
             ls.writes.fetch_add(1, Ordering::Relaxed);
             ls.bytes.fetch_add(written as u64, Ordering::Relaxed);
         }
+        side.sent.bytes(written as u64);
         let partial = written < frame.len();
-        if partial {
+        if !partial {
+            side.sent.requests(1);
+        } else {
             ls.lone_partial.fetch_add(1, Ordering::Relaxed);
             side.pending = frame[written..].to_vec();
         }

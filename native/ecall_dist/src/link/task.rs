@@ -102,6 +102,7 @@ async fn run_link(peer: Arc<Peer>, k: usize, id: Arc<Identity>, events: Arc<dyn 
 
 /// Runs one connected link until it fails or the peer closes; returns why.
 async fn connected(peer: &Arc<Peer>, k: usize, id: &Identity, conn: cnode::Connected) -> LinkDown {
+    let fd = conn.stream.raw_fd();
     let (mut rd, wr) = conn.stream.into_split();
     let (ctl_tx, ctl_rx) = tokio::sync::mpsc::channel::<Vec<u8>>(16);
     let reading = Arc::clone(peer);
@@ -113,6 +114,7 @@ async fn connected(peer: &Arc<Peer>, k: usize, id: &Identity, conn: cnode::Conne
         Arc::clone(peer),
         k,
         wr,
+        fd,
         id.tick(),
         conn.atom_cache,
         conn.fragments,

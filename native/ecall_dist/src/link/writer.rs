@@ -54,6 +54,7 @@ impl LinkWriter {
         peer: Arc<Peer>,
         k: usize,
         wr: LinkWrite,
+        fd: std::os::fd::RawFd,
         tick: Duration,
         atom_cache: bool,
         fragments: bool,
@@ -62,7 +63,7 @@ impl LinkWriter {
         LinkWriter {
             peer,
             k,
-            side: Some(WriteSide::new(wr, atom_cache)),
+            side: Some(WriteSide::new(wr, fd, atom_cache)),
             tick,
             deadline,
             // Fragments need the distribution header, which comes with the
@@ -89,6 +90,12 @@ impl LinkWriter {
         mut ctl: mpsc::Receiver<Vec<u8>>,
     ) -> LinkDown {
         let why = self.serve(&mut reader, &mut ctl).await;
+        // Before the shutdown, while the kernel still holds what the peer
+        // did not acknowledge. Our own close lingers until the peer has
+        // read everything: nothing is unconfirmed then.
+        if !matches!(why, LinkDown::Closed) {
+            self.count_unconfirmed(&why);
+        }
         if let Some(side) = self.side.as_mut() {
             let _ = side.wr.shutdown().await;
         }
@@ -150,6 +157,9 @@ impl LinkWriter {
                 // Written batches count; on error, the rest is lost. Either
                 // way their bytes go back to the budget.
                 let (n, b) = tally(&done);
+                if let Some(side) = self.side.as_mut() {
+                    side.sent.requests(n);
+                }
                 ls.batches.fetch_add(done.len() as u64, Ordering::Relaxed);
                 ls.requests.fetch_add(n, Ordering::Relaxed);
                 for (s, f) in done.drain(..) {
@@ -225,12 +235,19 @@ impl LinkWriter {
         if !side.pending.is_empty() {
             // What a lone write left: before anything else (order).
             let pending = std::mem::take(&mut side.pending);
-            let r =
-                write_with_deadline(&link.stats, &mut side.wr, &[&pending], self.deadline).await;
+            let r = write_with_deadline(
+                &link.stats,
+                &mut side.wr,
+                &[&pending],
+                self.deadline,
+                &mut side.sent,
+            )
+            .await;
             if let Err(down) = r {
                 link.stats.dropped.fetch_add(1, Ordering::Relaxed);
                 return Some(down);
             }
+            side.sent.requests(1);
             self.last_write = Instant::now();
         }
         match woke {
@@ -244,6 +261,7 @@ impl LinkWriter {
                     &mut side.wr,
                     &[&inbound::TICK],
                     self.deadline,
+                    &mut side.sent,
                 )
                 .await;
                 self.last_write = Instant::now();
@@ -259,7 +277,8 @@ impl LinkWriter {
         let ls = &self.peer.links[self.k].stats;
         let side = side_of(&mut self.side)?;
         let Some(cache) = side.cache.as_mut() else {
-            return write_with_deadline(ls, &mut side.wr, frames, self.deadline).await;
+            return write_with_deadline(ls, &mut side.wr, frames, self.deadline, &mut side.sent)
+                .await;
         };
         side.scratch.clear();
         // Answers and ticks: atoms as text.
@@ -271,9 +290,46 @@ impl LinkWriter {
             .stats
             .cached_atoms
             .fetch_add(hits, Ordering::Relaxed);
-        let r = write_with_deadline(ls, &mut side.wr, &[&side.scratch], self.deadline).await;
+        let r = write_with_deadline(
+            ls,
+            &mut side.wr,
+            &[&side.scratch],
+            self.deadline,
+            &mut side.sent,
+        )
+        .await;
         side.trim();
         r
+    }
+
+    /// Counts (in `unconfirmed`, and in a log line) the requests of a
+    /// connection that ended for `why` whose bytes the kernel still held.
+    fn count_unconfirmed(&self, why: &LinkDown) {
+        let Some(side) = self.side.as_ref() else {
+            return;
+        };
+        match side.unconfirmed() {
+            Some(0) => {}
+            Some(n) => {
+                self.peer.links[self.k]
+                    .stats
+                    .unconfirmed
+                    .fetch_add(n, Ordering::Relaxed);
+                tracing::warn!(
+                    peer = self.peer.node(),
+                    link = self.k + 1,
+                    requests = n,
+                    reason = %why,
+                    "requests possibly lost: their bytes were still in the socket when the connection ended"
+                );
+            }
+            None => tracing::warn!(
+                peer = self.peer.node(),
+                link = self.k + 1,
+                reason = %why,
+                "the kernel did not say what the socket still held: requests possibly lost are not counted"
+            ),
+        }
     }
 
     /// Whether `shard` has a message going out in fragments (its next
@@ -299,7 +355,14 @@ impl LinkWriter {
             for (_, f) in frames.iter() {
                 super::frame_out(None, &f.bytes, f.text, f.refs, &mut side.scratch);
             }
-            let r = write_with_deadline(ls, &mut side.wr, &[&side.scratch], self.deadline).await;
+            let r = write_with_deadline(
+                ls,
+                &mut side.wr,
+                &[&side.scratch],
+                self.deadline,
+                &mut side.sent,
+            )
+            .await;
             side.trim();
             if r.is_ok() {
                 done.append(frames);
@@ -355,7 +418,7 @@ impl LinkWriter {
                 slices.push(&f.frame.bytes[r.clone()]);
             }
         }
-        let r = write_with_deadline(ls, &mut side.wr, &slices, self.deadline).await;
+        let r = write_with_deadline(ls, &mut side.wr, &slices, self.deadline, &mut side.sent).await;
         drop(slices);
         side.trim();
         if r.is_err() {
