@@ -14,7 +14,7 @@
 %% `!'. Nothing is promised between different callers.
 -module(ecall).
 
--export([send/2, cast/4, call/4, call/5]).
+-export([send/2, send/3, cast/4, call/4, call/5]).
 -export([send_reply/3]).
 -export([cast_one/4, cast_all/4,
          call_one/4, call_one/5, call_any/4, call_any/5,
@@ -30,7 +30,9 @@
 -define(BARRIER_TIMEOUT, 5000).
 
 -type call_result() :: {ok, term()} | {error, term()}.
--export_type([dest/0, call_result/0]).
+%% See send/3.
+-type send_option() :: urgent.
+-export_type([dest/0, call_result/0, send_option/0]).
 
 %% @doc Sends `Msg' to `To' and returns `Msg', like `To ! Msg'.
 %%
@@ -43,15 +45,59 @@
 -spec send(dest(), Msg) -> Msg.
 send(To, Msg) when is_pid(To); is_reference(To) ->
     send_to(To, Msg, false);
-send({Name, Node} = To, Msg) when is_atom(Name), is_atom(Node) ->
-    case Node =:= node() of
-        true -> To ! Msg;
-        false -> send_remote(Node, Name, To, Msg, false)
-    end;
+send({Name, Node}, Msg) when is_atom(Name), is_atom(Node) ->
+    send_named(Name, Node, Msg, false);
 send(To, Msg) when is_atom(To) ->
     To ! Msg;
 send(To, Msg) ->
     erlang:error(badarg, [To, Msg]).
+
+%% @doc send/2 with options; `send(To, Msg, [])' is `send(To, Msg)'.
+%%
+%% `urgent': the message is not held back on a busy link. A link that
+%% carries many requests waits up to 1-2 ms for a batch worth a write
+%% (gathering, see the README). A process that waits for an answer before
+%% it sends again brings no company meanwhile, so each of its messages
+%% would wait that long on the way out, and the answer again on the way
+%% back: a request and its reply exchanged with send/2 pay 2-4 ms a round
+%% trip on a busy link. An urgent message ends that wait (or keeps the
+%% link from starting it) and is written at once, alone if the link's
+%% writer sleeps. Send the reply urgent too. Calls (call/4,5) decide this
+%% by themselves; sends never do, since nothing tells a send that an answer
+%% is awaited. The cost: the batch it cuts short, so keep it for messages
+%% someone waits on. Order is kept as for send/2.
+%%
+%% Raises `badarg' for an unknown option, or as send/2 does.
+-spec send(dest(), Msg, [send_option()]) -> Msg.
+send(To, Msg, Opts) ->
+    Urgent = case Opts of
+                 [] -> false;
+                 [urgent] -> true;
+                 _ -> send_options(Opts, [To, Msg, Opts])
+             end,
+    case To of
+        _ when is_pid(To); is_reference(To) ->
+            send_to(To, Msg, Urgent);
+        {Name, Node} when is_atom(Name), is_atom(Node) ->
+            send_named(Name, Node, Msg, Urgent);
+        _ when is_atom(To) ->
+            To ! Msg;
+        _ ->
+            erlang:error(badarg, [To, Msg, Opts])
+    end.
+
+%% Options of send/3 other than [] and [urgent]: a proper list of them.
+-spec send_options(term(), [term()]) -> true.
+send_options([urgent | Rest], Args) -> send_options(Rest, Args);
+send_options([], _Args) -> true;
+send_options(_Bad, Args) -> erlang:error(badarg, Args).
+
+-spec send_named(atom(), node(), Msg, boolean()) -> Msg.
+send_named(Name, Node, Msg, Urgent) ->
+    case Node =:= node() of
+        true -> {Name, Node} ! Msg;
+        false -> send_remote(Node, Name, {Name, Node}, Msg, Urgent)
+    end.
 
 %% @private The reply of a call (ecall_request:run_call/5) to the
 %% caller's alias: as send/2, but `Urgent' (see ecall_transport:send/4).

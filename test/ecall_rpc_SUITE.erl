@@ -12,7 +12,8 @@
          link_loss_fails_its_callers_only/1, peer_killed_with_1000_calls/1,
          unreachable_node/1, multi_node_patterns/1, rpc_bad_arguments/1,
          call_from_a_long_mailbox/1, closed_loop_calls_are_urgent/1,
-         urgent_calls_to_a_first_release_peer/1, urgent_off/1]).
+         urgent_calls_to_a_first_release_peer/1, urgent_off/1, urgent_sends/1,
+         sends_in_a_closed_loop/1]).
 
 -import(ecall_test_nodes, [start_node/1, stop_node/1, start_peer/1, flush_traces/0, connect_back/1]).
 
@@ -23,7 +24,8 @@ all() ->
     [cast_through_link, call_results_match_fallback, call_timeout_no_late_reply,
      link_loss_fails_its_callers_only, peer_killed_with_1000_calls, unreachable_node,
      multi_node_patterns, rpc_bad_arguments, call_from_a_long_mailbox,
-     closed_loop_calls_are_urgent, urgent_calls_to_a_first_release_peer, urgent_off].
+     closed_loop_calls_are_urgent, urgent_calls_to_a_first_release_peer, urgent_off,
+     urgent_sends, sends_in_a_closed_loop].
 
 init_per_suite(Config) ->
     ok = ecall_test_nodes:start_ecall(),
@@ -364,6 +366,73 @@ urgent_off(Config) ->
         ok = application:unset_env(ecall, urgent),
         reconnect(B)
     end.
+
+%% send/3 with `urgent': each such send counts as urgent on this node's
+%% links (it ends or forestalls a gathering wait there), none on B's (a
+%% send carries no mark: whoever answers decides for the answer), and
+%% urgent and plain sends from one process arrive in the order they were
+%% made, to a pid and to a registered name. `[]' is send/2. Options that
+%% are not a proper list of `urgent' raise badarg, before anything is sent.
+urgent_sends(Config) ->
+    B = ?config(b, Config),
+    connect_back(B),
+    ?assertError(badarg, ecall:send(self(), x, [bogus])),
+    ?assertError(badarg, ecall:send(self(), x, urgent)),
+    ?assertError(badarg, ecall:send(self(), x, [urgent | bad])),
+    ?assertError(badarg, ecall:send("pid", x, [urgent])),
+    ?assertError(badarg, ecall:send({"name", B}, x, [])),
+    N = 200,
+    Collector = erpc:call(B, erlang, spawn, [ecall_test_nodes, collector, [self(), N]]),
+    Name = list_to_atom("urgent_sends_" ++ integer_to_list(erlang:unique_integer([positive]))),
+    true = erpc:call(B, erlang, register, [Name, Collector]),
+    {UA0, UB0} = urgent_counts(B),
+    %% Every third send plain, and every other one to the name.
+    Sent = [begin
+                Msg = {seq, self(), I},
+                To = case I rem 2 of 0 -> Collector; 1 -> {Name, B} end,
+                Opts = case I rem 3 of 0 -> []; _ -> [urgent] end,
+                Msg = ecall:send(To, Msg, Opts),
+                Opts
+            end || I <- lists:seq(1, N)],
+    receive
+        {collected, Collector, Report} ->
+            ?assertMatch(#{total := N, callers := 1, out_of_order := 0}, Report)
+    after 30000 ->
+        ct:fail(not_collected)
+    end,
+    {UA1, UB1} = urgent_counts(B),
+    ?assertEqual(length([O || [urgent] = O <- Sent]), UA1 - UA0),
+    ?assertEqual(UB0, UB1).
+
+%% A request and its reply exchanged with ecall:send/2, back to back, by
+%% one pair of processes: each request wakes a link writer right after it
+%% fell asleep, which used to make the link gather (wait 1-2 ms for
+%% company) before every write, on both nodes: about one wait per
+%% exchange here. The first wait brings no company and makes the link
+%% sparse (no waits for 100 ms, then one to look again), so this node's
+%% links wait a few times in all, not once per exchange. Every reply
+%% comes back, in order.
+sends_in_a_closed_loop(Config) ->
+    B = ?config(b, Config),
+    connect_back(B),
+    Echo = erpc:call(B, erlang, spawn, [ecall_test_nodes, ecall_echo_loop, []]),
+    N = 200,
+    Exchange = fun(I) ->
+                       _ = ecall:send(Echo, {echo, self(), I}),
+                       receive I -> ok after 5000 -> {timeout, I} end
+               end,
+    %% The path warmed (connections up, atoms cached): counted from here.
+    ok = Exchange(0),
+    {ok, #{gathers := G0}} = ecall:stats(B),
+    T0 = erlang:monotonic_time(millisecond),
+    Results = [Exchange(I) || I <- lists:seq(1, N)],
+    Ms = erlang:monotonic_time(millisecond) - T0,
+    {ok, #{gathers := G1}} = ecall:stats(B),
+    Echo ! stop,
+    ?assertEqual(lists:duplicate(N, ok), Results),
+    ct:pal("~b exchanges in ~b ms, ~b gathering waits", [N, Ms, G1 - G0]),
+    %% One wait per 100 ms of exchanges at most, and a few besides.
+    ?assert(G1 - G0 =< 4 + Ms div 100).
 
 %% {urgent requests on this node's links to B, on B's links to this node}.
 urgent_counts(B) ->

@@ -16,7 +16,8 @@
 %% logger handler used by the suites.
 -export([log/2]).
 %% Run on peers.
--export([collector/2, echo/1, echo_loop/0, fail/2, tell/2, whoami/0, block/1, error_on/1]).
+-export([collector/2, echo/1, echo_loop/0, ecall_echo_loop/0, fail/2, tell/2, whoami/0,
+         block/1, error_on/1]).
 
 %% ecall on this node (the suites' init_per_suite): distributed, with its
 %% C-node identities registered.
@@ -154,6 +155,13 @@ flush_links(Mod, State, Echo, Wanted) ->
 %% On the peer: echoes markers.
 echo_loop() ->
     receive {echo, From, Ref} -> From ! Ref, echo_loop() end.
+
+%% echo_loop/0 answering through ecall:send/2; `stop' ends it.
+ecall_echo_loop() ->
+    receive
+        {echo, From, Ref} -> ecall:send(From, Ref), ecall_echo_loop();
+        stop -> ok
+    end.
 
 %% Returns once every receiver worker on `Node' has counted the batches it
 %% has begun: a system message is handled between batches.

@@ -40,7 +40,9 @@
 //! caller waits for the answer before its next one: see
 //! [`Element::urgent`](crate::shard::Element::urgent)) ends that wait, or
 //! keeps the writer from starting it: company would not come from such a
-//! caller, and the wait would be added to each of its requests.
+//! caller, and the wait would be added to each of its requests. A wait
+//! that brought almost no company makes the link sparse for a while
+//! ([`SPARSE_BELOW`]): it does not gather then, and writes what it has.
 //!
 //! # Tick
 //!
@@ -84,6 +86,7 @@ use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use tokio::sync::Notify;
 
+mod pacing;
 mod sent;
 mod side;
 mod task;
@@ -142,6 +145,7 @@ pub(crate) fn frame_out(
 }
 
 pub(crate) use sent::SentLog;
+use side::clock;
 pub(crate) use side::WriteSide;
 pub use side::{LONE_GAP, LONE_MAX};
 
@@ -231,13 +235,34 @@ pub const GATHER_WAIT: std::time::Duration = std::time::Duration::from_millis(1)
 /// nothing).
 pub const GATHER_AFTER: u64 = 4;
 /// A writer woken this soon after it went to sleep takes its link for busy
-/// and gathers before its next pass. Without it a steady stream (a request
+/// and gathers before its next pass, unless the link is sparse (see
+/// [`SPARSE_BELOW`]).
+/// Without it a steady stream (a request
 /// every few tens of µs) kept the writer in passes of one to three
 /// requests, each followed by a sleep and a wake-up: on the paced call
 /// load, 104,000 sleeps and batches of 15 per 2 M calls; with it, 7,000
 /// sleeps and batches of 80-90. A link with a request every 200 µs or more
 /// (5,000 per second) still gets each one written at once.
 pub const BUSY_SLEEP: std::time::Duration = std::time::Duration::from_micros(200);
+
+/// A gathering wait that ran its full length and brought fewer requests
+/// than this makes the link sparse for [`SPARSE_FOR`]: it does not gather
+/// then, and writes what it has at once. A closed loop looks like that:
+/// senders that each wait for an answer before their next request (a
+/// request and its reply exchanged by sends) bring no company, and a wait
+/// for it is added to every round trip (one such sender took 1.7-1.8 ms a
+/// round trip with gathering, 0.18-0.19 ms on a sparse link, against
+/// 0.10-0.14 ms for `!`: `ECALL_BENCH_EXCHANGE=send bench/run.sh
+/// pingpong`). The sparseness ends early when a pass takes this many
+/// requests, or [`GATHER_AFTER`] of them came while the pass before it
+/// wrote: a burst, which closed-loop senders do not make. A paced load
+/// fills a wait with a hundred or more.
+pub const SPARSE_BELOW: u64 = 16;
+
+/// How long a link stays sparse ([`SPARSE_BELOW`]) before a gathering wait
+/// looks again: a load that grows back into batches gets them again by
+/// then, and a closed loop pays one wait (1-2 ms) per period.
+pub const SPARSE_FOR: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// What the push path and a link's writer share.
 #[derive(Debug, Default)]

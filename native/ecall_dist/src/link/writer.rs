@@ -1,9 +1,7 @@
 //! The writing half of a connected link.
 
-use super::{
-    LinkDown, LinkShared, WriteSide, AWAKE, BUSY_SLEEP, GATHERING, GATHER_AFTER, GATHER_WAIT,
-    SLEEPING,
-};
+use super::pacing::Pacing;
+use super::{LinkDown, LinkShared, WriteSide, AWAKE, GATHERING, GATHER_WAIT, SLEEPING};
 use crate::fragment::{InFlight, FRAGMENT};
 use crate::inbound;
 use crate::io::write_with_deadline;
@@ -118,9 +116,8 @@ impl LinkWriter {
         let mut frames: Vec<(usize, Frame)> = Vec::with_capacity(mine.len());
         let mut done: Vec<(usize, Frame)> = Vec::with_capacity(mine.len());
         self.last_write = Instant::now();
-        // Whether the last pass wrote enough to make the next one gather
-        // (see `may_gather`).
-        let mut gather = false;
+        // When to gather (see `may_gather` and link/pacing.rs).
+        let mut pacing = Pacing::default();
         loop {
             if peer.is_closed() {
                 return LinkDown::Closed;
@@ -133,7 +130,10 @@ impl LinkWriter {
                     return e;
                 }
             }
-            if std::mem::take(&mut gather)
+            // Whether this pass follows a gathering wait that ran its full
+            // length: what it takes is all the company there was.
+            let mut waited_out = false;
+            if pacing.take_gather()
                 && peer.config.gather
                 && self.inflight.is_empty()
                 && may_gather(&peer, link, &mine)
@@ -143,6 +143,8 @@ impl LinkWriter {
                     return down;
                 }
                 ls.gathers.fetch_add(1, Ordering::Relaxed);
+                waited_out = Instant::now() >= until;
+                pacing.gathered();
             }
             frames.extend(
                 mine.iter()
@@ -174,7 +176,7 @@ impl LinkWriter {
                 }
                 peer.release(b);
                 self.last_write = Instant::now();
-                gather = n >= GATHER_AFTER;
+                pacing.passed(n, waited_out, super::clock());
                 continue;
             }
             if !may_sleep(&peer, link, &mine) {
@@ -186,8 +188,9 @@ impl LinkWriter {
                 return down;
             }
             // Woken that soon: requests are coming faster than passes of
-            // one or two can follow, so the link is busy (see may_gather).
-            gather = slept.elapsed() < BUSY_SLEEP;
+            // one or two can follow, so the link is busy (see may_gather),
+            // unless gathering found no company there lately.
+            pacing.slept(slept.elapsed(), super::clock());
         }
     }
 
