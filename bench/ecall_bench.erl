@@ -558,15 +558,30 @@ latency(N) ->
 %% last row has one caller with 100,000 other messages in its mailbox: a
 %% call's receive should not scan them (erpc's does not). The row of 1,000
 %% callers makes a twentieth of N calls each.
+%%
+%% ECALL_BENCH_EXCHANGE=send: the exchange is a request and its reply by
+%% sends instead (each caller has an echo process of its own on B, which
+%% answers the way the request came), with the variant ecall_nif_urgent:
+%% ecall:send/3 with `urgent' both ways. No mailbox row then (a plain
+%% receive scans the mailbox).
 pingpong(N) ->
     {Peer, B} = start_b(),
-    io:format("pingpong: A=~p B=~p, ~b back-to-back calls per caller~n", [node(), B, N]),
-    Variants = chosen([native, ecall_erlang, ecall_nif, ecall_nif_nogather]),
+    Exchange = case os:getenv("ECALL_BENCH_EXCHANGE") of
+                   "send" -> send;
+                   _ -> call
+               end,
+    io:format("pingpong: A=~p B=~p, ~b back-to-back ~ss per caller~n", [node(), B, N, Exchange]),
+    Variants = chosen(case Exchange of
+                          call -> [native, ecall_erlang, ecall_nif, ecall_nif_nogather];
+                          send -> [native, ecall_erlang, ecall_nif, ecall_nif_urgent]
+                      end),
     %% The 1,000-caller row is the closed loop under load (the link is
     %% never idle): a twentieth of the calls each, to keep its length.
     %% ECALL_BENCH_CALLERS=C1,C2,...: those rows instead (no mailbox row),
     %% past 64 callers with a twentieth of the calls each too.
     Shape = case os:getenv("ECALL_BENCH_CALLERS") of
+                false when Exchange =:= send ->
+                    [{1, 0, N}, {8, 0, N}, {64, 0, N}, {1000, 0, max(10, N div 20)}];
                 false ->
                     [{1, 0, N}, {8, 0, N}, {64, 0, N}, {1000, 0, max(10, N div 20)},
                      {1, 100000, N}];
@@ -574,7 +589,8 @@ pingpong(N) ->
                     [{C, 0, case C > 64 of true -> max(10, N div 20); false -> N end}
                      || C <- [list_to_integer(X) || X <- string:lexemes(Cs, ",")]]
             end,
-    Rows = [pingpong_row(B, V, C, Junk, Calls) || {C, Junk, Calls} <- Shape, V <- Variants],
+    Rows = [pingpong_row(B, V, C, Junk, Calls, Exchange)
+            || {C, Junk, Calls} <- Shape, V <- Variants],
     %% urgent: the share of calls sent urgent (A's links) and of replies
     %% (B's links back); batch: requests per batch on A's links.
     io:format("~n~-19s ~8s ~9s ~12s ~10s ~8s ~8s ~7s~n",
@@ -589,14 +605,12 @@ pingpong(N) ->
     peer:stop(Peer),
     ok.
 
-pingpong_row(B, V, C, Junk, N) ->
+pingpong_row(B, V, C, Junk, N, Exchange) ->
     use_transport(B, V),
-    Call = case V of
-               native -> fun() -> B = erpc:call(B, erlang, node, []) end;
-               _ -> fun() -> {ok, B} = ecall:call(B, erlang, node, []) end
-           end,
+    Exchanges = [exchange(B, V, Exchange) || _ <- lists:seq(1, C)],
     %% Warm the path (connections up, atoms cached) before timing.
-    [Call() || _ <- lists:seq(1, 10)],
+    {Warm, _} = hd(Exchanges),
+    [Warm() || _ <- lists:seq(1, 10)],
     Self = self(),
     Go = make_ref(),
     Pids = [spawn_link(fun() ->
@@ -605,7 +619,7 @@ pingpong_row(B, V, C, Junk, N) ->
                                T0 = erlang:monotonic_time(microsecond),
                                repeat(Call, N),
                                Self ! {Go, self(), erlang:monotonic_time(microsecond) - T0}
-                       end) || _ <- lists:seq(1, C)],
+                       end) || {Call, _} <- Exchanges],
     Stats = fun() ->
                     {case ecall:stats(B) of {ok, S} -> S; _ -> #{} end,
                      case erpc:call(B, ecall, stats, [node()]) of {ok, SB} -> SB; _ -> #{} end}
@@ -615,6 +629,7 @@ pingpong_row(B, V, C, Junk, N) ->
     [P ! Go || P <- Pids],
     Times = [receive {Go, P, T} -> T end || P <- Pids],
     Wall = erlang:monotonic_time(microsecond) - T0,
+    [Echo ! stop || {_, Echo} <- Exchanges, is_pid(Echo)],
     {A1, B1} = Stats(),
     D = fun(Key, S1, S0) -> maps:get(Key, S1, 0) - maps:get(Key, S0, 0) end,
     #{variant => V, callers => C, mailbox => Junk, calls => C * N,
@@ -623,6 +638,27 @@ pingpong_row(B, V, C, Junk, N) ->
       urgent => 100 * D(urgent, A1, A0) / (C * N),
       urgent_back => 100 * D(urgent, B1, B0) / (C * N),
       batch => D(requests, A1, A0) / max(1, D(batches, A1, A0))}.
+
+%% One exchange of a pingpong caller, and the echo process on B it uses
+%% (none for calls): a call of erlang:node/0 on B, or a request and its
+%% reply by sends (see pingpong/1).
+exchange(B, native, call) ->
+    {fun() -> B = erpc:call(B, erlang, node, []) end, none};
+exchange(B, _V, call) ->
+    {fun() -> {ok, B} = ecall:call(B, erlang, node, []) end, none};
+exchange(B, V, send) ->
+    Back = case V of
+               native -> bang;
+               ecall_nif_urgent -> ecall_urgent;
+               _ -> ecall
+           end,
+    Echo = erpc:call(B, erlang, spawn, [?MODULE, echo, [Back]]),
+    Send = case Back of
+               bang -> fun erlang:send/2;
+               ecall -> fun ecall:send/2;
+               ecall_urgent -> fun(To, Msg) -> ecall:send(To, Msg, [urgent]) end
+           end,
+    {fun() -> Send(Echo, {self(), ping}), receive {Echo, ping} -> ok end end, Echo}.
 
 %% Where an idle round trip goes: a message to an echo process on B and
 %% back, each leg by `!' or by ecall:send/2 (over the NIF transport), p50
@@ -659,14 +695,16 @@ echo_probe(Echo, There) ->
                     erlang:convert_time_unit(T1 - T0, native, microsecond)
                 end || _ <- lists:seq(1, ?PROBES)]).
 
-%% On B: answers each {From, X} with {self(), X} by `!' (bang) or ecall.
+%% On B: answers each {From, X} with {self(), X} by `!' (bang), ecall
+%% or ecall urgent (ecall:send/3).
 echo(Back) ->
     receive
         stop -> ok;
         {From, X} ->
             case Back of
                 bang -> From ! {self(), X};
-                ecall -> ecall:send(From, {self(), X})
+                ecall -> ecall:send(From, {self(), X});
+                ecall_urgent -> ecall:send(From, {self(), X}, [urgent])
             end,
             echo(Back)
     end.

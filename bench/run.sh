@@ -9,7 +9,8 @@
 # ones; latency: a probe's call round trips, idle and under N writers;
 # pingpong: closed-loop callers (1, 8, 64, 1,000, and 1 with 100,000 messages queued;
 # ECALL_BENCH_CALLERS=C1,C2,.. for other counts)
-# making N back-to-back calls each;
+# making N back-to-back calls each (ECALL_BENCH_EXCHANGE=send: a request
+# and its reply by sends instead, plain and urgent);
 # tls: send, cast, call at N writers, native and both ecall transports, on TLS
 # distribution; hops: idle round trips leg by leg (! or ecall each way);
 # profile: perf on both nodes during one point per transport, flame graphs
