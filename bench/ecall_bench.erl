@@ -600,8 +600,9 @@ pingpong(N) ->
                [V, C, J, Us, round(Rate), U, UB, Batch])
      || #{variant := V, callers := C, mailbox := J, us_per_call := Us, rate := Rate,
           urgent := U, urgent_back := UB, batch := Batch} <- Rows],
-    write_csv("pingpong", [variant, callers, mailbox, calls, us_per_call, rate, urgent,
-                           urgent_back, batch], Rows),
+    Csv = case Exchange of call -> "pingpong"; send -> "pingpong-send" end,
+    write_csv(Csv, [variant, callers, mailbox, calls, us_per_call, rate, urgent,
+                    urgent_back, batch], Rows),
     peer:stop(Peer),
     ok.
 
