@@ -101,7 +101,8 @@ pub struct Peer {
     pub(crate) shards: Box<[Shard]>,
     pub(crate) links: Box<[LinkShared]>,
     waiters: Mutex<VecDeque<Waiter>>,
-    waiting: AtomicUsize,
+    /// How many callers wait for room (the length of `waiters`).
+    pub(crate) waiting: AtomicUsize,
     pub(crate) cancel: CancellationToken,
     /// Set by [`Peer::close`] before the token is cancelled: the push path
     /// reads this plain flag (one atomic load) instead of the token, whose

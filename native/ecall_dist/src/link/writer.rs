@@ -176,7 +176,11 @@ impl LinkWriter {
                 }
                 peer.release(b);
                 self.last_write = Instant::now();
-                pacing.passed(n, waited_out, super::clock());
+                // A wait that callers could not fill because they wait
+                // for room (the budget is full: the peer is the bound)
+                // says nothing about company: it is queued behind them.
+                let no_waiters = peer.waiting.load(Ordering::Relaxed) == 0;
+                pacing.passed(n, waited_out && no_waiters, super::clock());
                 continue;
             }
             if !may_sleep(&peer, link, &mine) {
