@@ -41,7 +41,8 @@ impl Pacing {
 
     /// A pass wrote `n` requests at `now`; `waited_out`: right after a
     /// gathering wait that ran its full length (what it took is all the
-    /// company there was).
+    /// company there was). The writer says false for a wait that callers
+    /// blocked on the byte budget could not fill.
     pub(super) fn passed(&mut self, n: u64, waited_out: bool, now: u64) {
         if n >= SPARSE_BELOW || (self.after_pass && n >= GATHER_AFTER) {
             self.sparse_until = 0;
