@@ -251,14 +251,16 @@ pub const BUSY_SLEEP: std::time::Duration = std::time::Duration::from_micros(200
 /// senders that each wait for an answer before their next request (a
 /// request and its reply exchanged by sends) bring no company, and a wait
 /// for it is added to every round trip (one such sender took 1.8-1.9 ms a
-/// round trip with gathering, 0.16 ms on a sparse link, against 0.10-0.14
+/// round trip with gathering, 0.14-0.19 ms on a sparse link, against 0.07-0.14
 /// ms for `!`: `ECALL_BENCH_EXCHANGE=send bench/run.sh pingpong`). The
 /// sparseness ends early when a pass takes this many requests, or
 /// [`GATHER_AFTER`] of them came while the pass before it wrote: a burst,
 /// which closed-loop senders do not make. Fewer than 8 in 1-2 ms is fewer
 /// than 4,000-8,000 requests a second on the link, where batches save
 /// little; with 16, paced calls at 1,000 writers (about 9,000 a second per
-/// link) went sparse and cost 10-30 % more CPU per call, with 8 6-12 %.
+/// link) went sparse and cost 10-30 % more CPU per call; with 8 (and the
+/// writer's rule that a wait callers blocked on the budget could not fill
+/// does not count) they cost what they did before.
 pub const SPARSE_BELOW: u64 = 8;
 
 /// How long a link stays sparse ([`SPARSE_BELOW`]) before a gathering wait
