@@ -72,7 +72,14 @@ erlc -o "$out" -I test bench/ecall_bench.erl test/ecall_test_nodes.erl
 # shellcheck disable=SC2086
 erl -sname "bench_a_$$" +sbwt none +sbwtdcpu none +sbwtdio none +P 4000000 ${ECALL_BENCH_ERL_FLAGS:-} \
     -noinput -pa _build/default/lib/ecall/ebin -pa "$out" \
-    -run ecall_bench main "$@"
+    -run ecall_bench main "$@" &
+erl_pid=$!
+# A run stopped part way (kill, or a signal to this script alone) stops
+# node A too; A stops its peer B (peer:stop on shutdown). Without this, both
+# nodes outlived the script, and the private epmd it ran under.
+trap 'kill "$erl_pid" 2>/dev/null || true' INT TERM HUP
+wait "$erl_pid"
+trap - INT TERM HUP
 
 if [ "${1:-}" = profile ]; then
     # Only this run's operation: `messages' and `nodes' speak of this run.
