@@ -793,8 +793,10 @@ micro() ->
     %% A call from a caller in a closed loop decides whether it is urgent
     %% (ecall_request:urgent/1: the caller's history, one count in the
     %% peer): that alone, from one process and from one per scheduler.
+    %% (Urgent or not: with several such loops on one scheduler, each one
+    %% sees the others' calls between two of its own, past the limit.)
     Loop = fun() ->
-                   true = ecall_request:urgent(B),
+                   _ = ecall_request:urgent(B),
                    ecall_request:returned()
            end,
     ecall_request:returned(),
@@ -868,18 +870,21 @@ stop_loopers(Variant, Loopers) ->
               [Variant, length(Loopers), Calls,
                lists:sum([Us / max(1, C) || {C, Us} <- Done]) / length(Loopers)]).
 
-%% Wall ns per call of Procs processes making N calls each at once.
+%% Wall ns per call of Procs processes making N calls each at once. A
+%% process that fails fails the run (it used to leave the run waiting for
+%% its answer forever).
 par_per_call(Fun, N, Procs) ->
-    Self = self(),
-    Pids = [spawn(fun() ->
-                          ecall_request:returned(),
-                          receive go -> ok end,
-                          repeat(Fun, N),
-                          Self ! {done, self()}
-                  end) || _ <- lists:seq(1, Procs)],
+    Ps = [spawn_monitor(fun() ->
+                                receive go -> ok end,
+                                ecall_request:returned(),
+                                repeat(Fun, N)
+                        end) || _ <- lists:seq(1, Procs)],
     T0 = erlang:monotonic_time(nanosecond),
-    [P ! go || P <- Pids],
-    [receive {done, P} -> ok end || P <- Pids],
+    [P ! go || {P, _} <- Ps],
+    [receive
+         {'DOWN', M, process, P, normal} -> ok;
+         {'DOWN', M, process, P, Reason} -> erlang:error({par_per_call, Reason})
+     end || {P, M} <- Ps],
     (erlang:monotonic_time(nanosecond) - T0) / N.
 
 repeat(_Fun, 0) -> ok;
