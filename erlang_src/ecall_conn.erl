@@ -214,12 +214,15 @@ handle_info({ecall_link, K, up}, #st{up = Up, down_logged = DL} = St0) ->
     true = ets:insert(ecall_links, {{St0#st.node, K}, Watcher}),
     St = St0#st{up = Up#{K => Watcher}, down_logged = maps:remove(K, DL)},
     {noreply, maybe_publish(St)};
-handle_info({ecall_link, K, {down, Reason}}, #st{up = Up, down_logged = DL} = St) ->
+handle_info({ecall_link, K, {down, Reason, Unconfirmed}}, #st{up = Up, down_logged = DL} = St) ->
     %% Telemetry hears of every failure (`retry': a reconnect attempt
-    %% failed), the log of the first of a streak only.
+    %% failed), the log of the first of a streak only. `unconfirmed':
+    %% requests possibly lost with the connection (the Rust side logs them).
     Meta = #{peer => St#st.node, link => K + 1, reason => Reason, retry => maps:is_key(K, DL)},
-    ecall_telemetry:execute([ecall, link, down], #{}, Meta),
-    _ = Reason =:= stalled andalso ecall_telemetry:execute([ecall, link, reap], #{}, Meta),
+    Measurements = #{unconfirmed => Unconfirmed},
+    ecall_telemetry:execute([ecall, link, down], Measurements, Meta),
+    _ = Reason =:= stalled andalso
+        ecall_telemetry:execute([ecall, link, reap], Measurements, Meta),
     case maps:is_key(K, DL) of
         false -> ?LOG_WARNING("ecall: link ~b to ~p down: ~p", [K + 1, St#st.node, Reason],
                               ?DOMAIN);

@@ -46,7 +46,7 @@
 %% Opens the transport to `Node', whose receiver pool has the names given
 %% and accepts what `Protocol' says.
 %% The calling process is the owner: it gets the transport's events (for
-%% the NIF, `{ecall_link, K, up | {down, Reason} | {alive, Node}}') and
+%% the NIF, `{ecall_link, K, up | {down, Reason, Unconfirmed} | {alive, Node}}') and
 %% it is linked to whatever processes the transport starts. `Links' is how
 %% many `up' events to wait for before publishing (0: usable at once).
 -callback open(Node :: node(), Receivers :: [binary()], Protocol :: protocol()) ->

@@ -197,7 +197,7 @@ stalled_peer_is_reaped(_Config) ->
         Pushes = 300,
         [ecall:send(Sink, Chunk) || _ <- lists:seq(1, Pushes)],
         {Why, T1} = receive
-                        {trace_ts, Conn, 'receive', {ecall_link, _, {down, W}}, T} -> {W, T}
+                        {trace_ts, Conn, 'receive', {ecall_link, _, {down, W, _}}, T} -> {W, T}
                     after 10000 -> ct:fail(not_reaped)
                     end,
         Ms = erlang:convert_time_unit(T1 - T0, native, millisecond),

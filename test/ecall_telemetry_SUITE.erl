@@ -181,7 +181,8 @@ link_down_and_back(_Config) ->
 %% A stalled peer (SIGSTOP): the link is reaped (link down `stalled' and
 %% reap), what it held is lost; what is sent after stays queued behind the
 %% link that cannot reconnect, and the close drops exactly that: close
-%% event, last stats and one log line (domain [ecall]) carry the counts.
+%% event, last stats and one log line (domain [ecall]) carry the counts;
+%% the reap's `unconfirmed' is the link's own count.
 reap_and_close_count_drops(_Config) ->
     ok = sink(),
     ok = application:set_env(ecall, stall_timeout, 1000),
@@ -196,19 +197,23 @@ reap_and_close_count_drops(_Config) ->
     ok = logger:add_handler(?MODULE, ?MODULE, #{config => #{pid => self()}}),
     "" = os:cmd("kill -STOP " ++ OsPid),
     After = 50,
-    try
-        %% 30 MB from this process (one shard, one link): far more than the
-        %% loopback socket buffers hold.
-        Chunk = binary:copy(<<"s">>, 100000),
-        [ecall:send(Sink, Chunk) || _ <- lists:seq(1, 300)],
-        {_, #{link := MyLink, reason := stalled}} = event([ecall, link, reap], C),
-        {_, #{link := MyLink, reason := stalled, retry := false}} = event([ecall, link, down], C),
-        [{tail, I} = ecall:send(Sink, {tail, I}) || I <- lists:seq(1, After)],
-        ok = ecall:disconnect(C)
-    after
-        os:cmd("kill -CONT " ++ OsPid),
-        logger:remove_handler(?MODULE)
-    end,
+    {MyLink, Unconfirmed} =
+        try
+            %% 30 MB from this process (one shard, one link): far more than
+            %% the loopback socket buffers hold.
+            Chunk = binary:copy(<<"s">>, 100000),
+            [ecall:send(Sink, Chunk) || _ <- lists:seq(1, 300)],
+            {#{unconfirmed := U}, #{link := K, reason := stalled}} =
+                event([ecall, link, reap], C),
+            {#{unconfirmed := U}, #{link := K, reason := stalled, retry := false}} =
+                event([ecall, link, down], C),
+            [{tail, I} = ecall:send(Sink, {tail, I}) || I <- lists:seq(1, After)],
+            ok = ecall:disconnect(C),
+            {K, U}
+        after
+            os:cmd("kill -CONT " ++ OsPid),
+            logger:remove_handler(?MODULE)
+        end,
     {_, #{reason := normal}} = event([ecall, connection, down], C),
     {#{closed_drops := Queued, dropped := Lost}, _} = event([ecall, connection, close], C),
     ct:pal("close: ~b queued dropped, ~b lost before", [Queued, Lost]),
@@ -221,6 +226,12 @@ reap_and_close_count_drops(_Config) ->
     {ok, Last} = ecall:last_stats(C),
     ?assertMatch(#{state := closed, closed_drops := Queued, stalls := S} when S >= 1, Last),
     ?assertEqual(Lost, maps:get(dropped, Last)),
+    %% The reap's `unconfirmed' is what the link counted (the reconnect
+    %% attempts that failed after it add nothing).
+    #{per_link := PerLink} = Last,
+    ?assertMatch([#{unconfirmed := Unconfirmed}],
+                 [L || #{link := K} = L <- PerLink, K =:= MyLink]),
+    ct:pal("reap: ~b requests unconfirmed", [Unconfirmed]),
     #{pushed := Pushed, requests := Written} = Last,
     ?assertEqual(300 + After, Pushed),
     ?assertEqual(Pushed, Written + Lost + Queued),
@@ -323,7 +334,7 @@ absent_telemetry_is_harmless(_Config) ->
     receive {tracing, ConnPid} -> ok after ?WAIT -> ct:fail(no_tracer) end,
     [Id1 | _] = erpc:call(C, ecall, nodes, []),
     true = erlang:disconnect_node(Id1),
-    receive {ecall_link, 0, {down, _}} -> ok after ?WAIT -> ct:fail(no_link_down) end,
+    receive {ecall_link, 0, {down, _, _}} -> ok after ?WAIT -> ct:fail(no_link_down) end,
     receive {ecall_link, 0, up} -> ok after ?WAIT -> ct:fail(no_link_up) end,
     %% Answered after both events: they were handled.
     ?assertMatch(#{links_up := 2}, erpc:call(C, ecall_conn, info, [ConnPid])),

@@ -89,7 +89,7 @@ impl LinkEvents for Events {
     fn up(&self, _link: usize) {
         let _ = self.0.send(Event::Up);
     }
-    fn down(&self, _link: usize, reason: &LinkDown) {
+    fn down(&self, _link: usize, reason: &LinkDown, _unconfirmed: u64) {
         let _ = self.0.send(Event::Down(reason.clone()));
     }
     fn alive(&self, _link: usize, _node: &str) {}

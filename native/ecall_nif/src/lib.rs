@@ -309,10 +309,10 @@ impl LinkEvents for Events {
     fn up(&self, link: usize) {
         self.tell(link, |env| atoms::up().encode(env));
     }
-    fn down(&self, link: usize, reason: &LinkDown) {
+    fn down(&self, link: usize, reason: &LinkDown, unconfirmed: u64) {
         let reason = reason.clone();
         self.tell(link, move |env| {
-            (atoms::down(), down_reason(env, &reason)).encode(env)
+            (atoms::down(), down_reason(env, &reason), unconfirmed).encode(env)
         });
     }
     fn alive(&self, link: usize, node: &str) {
@@ -325,7 +325,8 @@ impl LinkEvents for Events {
 }
 
 /// The Erlang term of a link-down reason, as sent in
-/// `{ecall_link, K, {down, Reason}}`:
+/// `{ecall_link, K, {down, Reason, Unconfirmed}}` (`Unconfirmed`: requests
+/// possibly lost with the connection, see `LinkEvents::down`):
 ///
 /// ```text
 /// Reason = closed              % the peer was closed (peer_close/1)

@@ -156,7 +156,9 @@ pub trait LinkEvents: Send + Sync + 'static {
     /// Link `link` is connected.
     fn up(&self, link: usize);
     /// Link `link` lost its connection, or failed to make one.
-    fn down(&self, link: usize, reason: &LinkDown);
+    /// `unconfirmed`: requests of that connection possibly lost with it
+    /// (counted in [`LinkStats::unconfirmed`] too; 0 for a failed attempt).
+    fn down(&self, link: usize, reason: &LinkDown, unconfirmed: u64);
     /// The peer still holds a connection under link `link`'s node name.
     fn alive(&self, link: usize, node: &str);
     /// The task of link `link` has ended (the peer was closed, or the peer

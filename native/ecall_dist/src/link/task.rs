@@ -43,6 +43,8 @@ async fn run_link(peer: Arc<Peer>, k: usize, id: Arc<Identity>, events: Arc<dyn 
             r = attempt => r,
         };
         let result = result.map(|r| r.and_then(|c| peer.same_incarnation(c.creation).map(|_| c)));
+        // Requests the connection's end left unconfirmed (link/sent.rs).
+        let mut unconfirmed = 0;
         let reason = match result {
             Ok(Err(Error::Restarted)) => {
                 peer.links[k]
@@ -52,7 +54,7 @@ async fn run_link(peer: Arc<Peer>, k: usize, id: Arc<Identity>, events: Arc<dyn 
                 let reason = LinkDown::Restarted;
                 // Links are numbered from 1 in logs, as the identities are.
                 tracing::warn!(peer = peer.node(), link = k + 1, %reason, "link stopped");
-                events.down(k, &reason);
+                events.down(k, &reason, 0);
                 return;
             }
             Ok(Ok(conn)) => {
@@ -62,7 +64,8 @@ async fn run_link(peer: Arc<Peer>, k: usize, id: Arc<Identity>, events: Arc<dyn 
                 peer.stats.links_up.fetch_add(1, Ordering::Relaxed);
                 ls.up.store(true, Ordering::Relaxed);
                 events.up(k);
-                let ended = connected(&peer, k, &id, conn).await;
+                let ended;
+                (ended, unconfirmed) = connected(&peer, k, &id, conn).await;
                 peer.links[k].stats.up.store(false, Ordering::Relaxed);
                 peer.stats.links_up.fetch_sub(1, Ordering::Relaxed);
                 if ended.is_stalled() {
@@ -89,7 +92,7 @@ async fn run_link(peer: Arc<Peer>, k: usize, id: Arc<Identity>, events: Arc<dyn 
             .disconnects
             .fetch_add(1, Ordering::Relaxed);
         tracing::warn!(peer = peer.node(), link = k + 1, %reason, "link down");
-        events.down(k, &reason);
+        events.down(k, &reason, unconfirmed);
         drop(peer);
         tokio::select! {
             _ = cancel.cancelled() => return,
@@ -100,8 +103,14 @@ async fn run_link(peer: Arc<Peer>, k: usize, id: Arc<Identity>, events: Arc<dyn 
     }
 }
 
-/// Runs one connected link until it fails or the peer closes; returns why.
-async fn connected(peer: &Arc<Peer>, k: usize, id: &Identity, conn: cnode::Connected) -> LinkDown {
+/// Runs one connected link until it fails or the peer closes; returns why,
+/// and the requests its end left unconfirmed.
+async fn connected(
+    peer: &Arc<Peer>,
+    k: usize,
+    id: &Identity,
+    conn: cnode::Connected,
+) -> (LinkDown, u64) {
     let fd = conn.stream.raw_fd();
     let (mut rd, wr) = conn.stream.into_split();
     let (ctl_tx, ctl_rx) = tokio::sync::mpsc::channel::<Vec<u8>>(16);

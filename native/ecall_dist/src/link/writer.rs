@@ -82,18 +82,23 @@ impl LinkWriter {
     /// read everything by then), for at most [`LINGER`]. Dropping a socket
     /// with unread input sends a reset instead, and a reset can make the
     /// peer discard the last frames we wrote before it read them.
+    ///
+    /// Also returns how many requests the connection's end left
+    /// unconfirmed (see `link/sent.rs`).
     pub(super) async fn run(
         mut self,
         mut reader: JoinHandle<LinkDown>,
         mut ctl: mpsc::Receiver<Vec<u8>>,
-    ) -> LinkDown {
+    ) -> (LinkDown, u64) {
         let why = self.serve(&mut reader, &mut ctl).await;
         // Before the shutdown, while the kernel still holds what the peer
         // did not acknowledge. Our own close lingers until the peer has
         // read everything: nothing is unconfirmed then.
-        if !matches!(why, LinkDown::Closed) {
-            self.count_unconfirmed(&why);
-        }
+        let unconfirmed = if matches!(why, LinkDown::Closed) {
+            0
+        } else {
+            self.count_unconfirmed(&why)
+        };
         if let Some(side) = self.side.as_mut() {
             let _ = side.wr.shutdown().await;
         }
@@ -101,7 +106,7 @@ impl LinkWriter {
             let _ = tokio::time::timeout(LINGER, &mut reader).await;
         }
         reader.abort();
-        why
+        (why, unconfirmed)
     }
 
     async fn serve(
@@ -310,13 +315,14 @@ impl LinkWriter {
     }
 
     /// Counts (in `unconfirmed`, and in a log line) the requests of a
-    /// connection that ended for `why` whose bytes the kernel still held.
-    fn count_unconfirmed(&self, why: &LinkDown) {
+    /// connection that ended for `why` whose bytes the kernel still held,
+    /// and returns how many.
+    fn count_unconfirmed(&self, why: &LinkDown) -> u64 {
         let Some(side) = self.side.as_ref() else {
-            return;
+            return 0;
         };
         match side.unconfirmed() {
-            Some(0) => {}
+            Some(0) => 0,
             Some(n) => {
                 self.peer.links[self.k]
                     .stats
@@ -329,13 +335,17 @@ impl LinkWriter {
                     reason = %why,
                     "requests possibly lost: their bytes were still in the socket when the connection ended"
                 );
+                n
             }
-            None => tracing::warn!(
-                peer = self.peer.node(),
-                link = self.k + 1,
-                reason = %why,
-                "the kernel did not say what the socket still held: requests possibly lost are not counted"
-            ),
+            None => {
+                tracing::warn!(
+                    peer = self.peer.node(),
+                    link = self.k + 1,
+                    reason = %why,
+                    "the kernel did not say what the socket still held: requests possibly lost are not counted"
+                );
+                0
+            }
         }
     }
 
