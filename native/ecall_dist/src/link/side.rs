@@ -29,11 +29,13 @@
 //! request is written alone. The writer takes its side back (under the
 //! same lock) before it writes anything, so writes never interleave.
 
-use super::{LinkShared, SentLog, AWAKE, SLEEPING};
+use super::{LinkDown, LinkShared, LinkStats, SentLog, AWAKE, SLEEPING};
 use crate::atom_cache::OutCache;
+use crate::io::write_with_deadline;
 use crate::shard::{Element, Shard};
 use crate::stream::LinkWrite;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
 /// The largest request written alone; larger ones always queue (a single
 /// `send` of more would likely be partial anyway).
@@ -95,6 +97,29 @@ impl WriteSide {
     /// those with bytes the kernel still holds (`None`: it does not say).
     pub(super) fn unconfirmed(&self) -> Option<u64> {
         crate::stream::unacked(self.fd).map(|n| self.sent.unconfirmed(n))
+    }
+
+    /// Writes `bufs` to the socket with the write deadline, and logs what
+    /// the socket took (see `link/sent.rs`).
+    pub(super) async fn write(
+        &mut self,
+        ls: &LinkStats,
+        bufs: &[&[u8]],
+        deadline: Option<Duration>,
+    ) -> Result<(), LinkDown> {
+        write_with_deadline(ls, &mut self.wr, bufs, deadline, &mut self.sent).await
+    }
+
+    /// [`WriteSide::write`] of what `scratch` holds, and then [`WriteSide::trim`].
+    pub(super) async fn write_scratch(
+        &mut self,
+        ls: &LinkStats,
+        deadline: Option<Duration>,
+    ) -> Result<(), LinkDown> {
+        let r =
+            write_with_deadline(ls, &mut self.wr, &[&self.scratch], deadline, &mut self.sent).await;
+        self.trim();
+        r
     }
 
     /// Does not let one huge write pin its memory in the buffers.

@@ -247,14 +247,7 @@ impl LinkWriter {
         if !side.pending.is_empty() {
             // What a lone write left: before anything else (order).
             let pending = std::mem::take(&mut side.pending);
-            let r = write_with_deadline(
-                &link.stats,
-                &mut side.wr,
-                &[&pending],
-                self.deadline,
-                &mut side.sent,
-            )
-            .await;
+            let r = side.write(&link.stats, &[&pending], self.deadline).await;
             if let Err(down) = r {
                 link.stats.dropped.fetch_add(1, Ordering::Relaxed);
                 return Some(down);
@@ -268,14 +261,9 @@ impl LinkWriter {
             Woke::Ctl(None) => None,
             Woke::Reader(down) => Some(down),
             Woke::Timer if asleep => {
-                let r = write_with_deadline(
-                    &link.stats,
-                    &mut side.wr,
-                    &[&inbound::TICK],
-                    self.deadline,
-                    &mut side.sent,
-                )
-                .await;
+                let r = side
+                    .write(&link.stats, &[&inbound::TICK], self.deadline)
+                    .await;
                 self.last_write = Instant::now();
                 r.err()
             }
@@ -289,8 +277,7 @@ impl LinkWriter {
         let ls = &self.peer.links[self.k].stats;
         let side = side_of(&mut self.side)?;
         let Some(cache) = side.cache.as_mut() else {
-            return write_with_deadline(ls, &mut side.wr, frames, self.deadline, &mut side.sent)
-                .await;
+            return side.write(ls, frames, self.deadline).await;
         };
         side.scratch.clear();
         // Answers and ticks: atoms as text.
@@ -302,16 +289,7 @@ impl LinkWriter {
             .stats
             .cached_atoms
             .fetch_add(hits, Ordering::Relaxed);
-        let r = write_with_deadline(
-            ls,
-            &mut side.wr,
-            &[&side.scratch],
-            self.deadline,
-            &mut side.sent,
-        )
-        .await;
-        side.trim();
-        r
+        side.write_scratch(ls, self.deadline).await
     }
 
     /// Counts (in `unconfirmed`, and in a log line) the requests of a
@@ -372,15 +350,7 @@ impl LinkWriter {
             for (_, f) in frames.iter() {
                 super::frame_out(None, &f.bytes, f.text, f.refs, &mut side.scratch);
             }
-            let r = write_with_deadline(
-                ls,
-                &mut side.wr,
-                &[&side.scratch],
-                self.deadline,
-                &mut side.sent,
-            )
-            .await;
-            side.trim();
+            let r = side.write_scratch(ls, self.deadline).await;
             if r.is_ok() {
                 done.append(frames);
             }
