@@ -507,6 +507,17 @@ async fn restarted_peer_stops_the_link() {
 }
 
 impl Erl {
+    /// Sends the node's OS process `sig` (`-STOP`, `-CONT`).
+    fn signal(&self, sig: &str) {
+        let pid = self._child.id().expect("erl runs").to_string();
+        let ok = std::process::Command::new("kill")
+            .args([sig, &pid])
+            .status()
+            .expect("kill")
+            .success();
+        assert!(ok, "kill {sig} {pid}");
+    }
+
     /// Waits until the node's OS process has exited.
     async fn exited(&mut self) {
         tokio::time::timeout(WAIT, self._child.wait())
@@ -659,6 +670,25 @@ async fn urgent_requests_are_written_alone_on_a_busy_link() {
     peer.close();
 }
 
+/// Pushes sequence elements of 16,000 bytes to link 0 of a peer whose
+/// node is stopped, each written alone while the writer sleeps, until the
+/// socket buffers (a few MB on loopback) are full and the socket takes one
+/// only in part; returns how many were pushed.
+async fn fill_until_partial(peer: &Peer) -> i32 {
+    let ls = peer.link_stats(0).unwrap();
+    let mut i = 0;
+    while ls.lone_partial.load(std::sync::atomic::Ordering::Relaxed) == 0 {
+        assert!(
+            i < 4000,
+            "64 MB written to a stopped peer without a partial write"
+        );
+        writer_asleep(peer).await;
+        i += 1;
+        assert_eq!(peer.push(0, &seq_element(i, 16_000), 0), Push::Queued);
+    }
+    i
+}
+
 /// A lone write the socket takes only in part (the peer is stopped and
 /// the buffers are full) leaves the rest to the writer, before anything
 /// queued after it.
@@ -666,29 +696,9 @@ async fn urgent_requests_are_written_alone_on_a_busy_link() {
 async fn a_partial_lone_write_is_finished_by_the_writer_first() {
     use std::sync::atomic::Ordering::Relaxed;
     let (_epmd, _id, mut erl, peer) = seq_link().await;
-    let pid = erl._child.id().expect("erl runs").to_string();
-    let signal = |sig: &str| {
-        let ok = std::process::Command::new("kill")
-            .args([sig, &pid])
-            .status()
-            .expect("kill")
-            .success();
-        assert!(ok, "kill {sig} {pid}");
-    };
-    signal("-STOP");
+    erl.signal("-STOP");
     let ls = peer.link_stats(0).unwrap();
-    let mut i = 0;
-    // Each request goes out alone while the writer sleeps, until the
-    // socket buffers (a few MB on loopback) are full.
-    while ls.lone_partial.load(Relaxed) == 0 {
-        assert!(
-            i < 4000,
-            "64 MB written to a stopped peer without a partial write"
-        );
-        writer_asleep(&peer).await;
-        i += 1;
-        assert_eq!(peer.push(0, &seq_element(i, 16_000), 0), Push::Queued);
-    }
+    let mut i = fill_until_partial(&peer).await;
     // The writer is awake now, finishing that write: these queue.
     for _ in 0..10 {
         i += 1;
@@ -696,7 +706,7 @@ async fn a_partial_lone_write_is_finished_by_the_writer_first() {
     }
     let done = element_body(&encode(&atom("done"))).unwrap().to_vec();
     assert_eq!(peer.push(0, &done, 0), Push::Queued);
-    signal("-CONT");
+    erl.signal("-CONT");
     assert_eq!(erl.line().await, format!("got {i} in order"));
     assert_eq!(ls.lone_partial.load(Relaxed), 1);
     assert_eq!(ls.dropped.load(Relaxed), 0);
@@ -713,29 +723,11 @@ async fn a_reaped_link_counts_what_the_kernel_still_held() {
     use std::sync::atomic::Ordering::Relaxed;
     let (_epmd, _id, erl, peer, mut events) =
         sink_link_stall(seq_eval(), Duration::from_millis(500)).await;
-    let pid = erl._child.id().expect("erl runs").to_string();
-    let signal = |sig: &str| {
-        let ok = std::process::Command::new("kill")
-            .args([sig, &pid])
-            .status()
-            .expect("kill")
-            .success();
-        assert!(ok, "kill {sig} {pid}");
-    };
-    signal("-STOP");
+    erl.signal("-STOP");
     let ls = peer.link_stats(0).unwrap();
-    let mut i = 0;
-    while ls.lone_partial.load(Relaxed) == 0 {
-        assert!(
-            i < 4000,
-            "64 MB written to a stopped peer without a partial write"
-        );
-        writer_asleep(&peer).await;
-        i += 1;
-        assert_eq!(peer.push(0, &seq_element(i, 16_000), 0), Push::Queued);
-    }
+    fill_until_partial(&peer).await;
     let down = next_event(&mut events).await;
-    signal("-CONT");
+    erl.signal("-CONT");
     assert!(matches!(down, Event::Down(LinkDown::Stalled)), "{down:?}");
     let (lone, unconfirmed) = (ls.lone.load(Relaxed), ls.unconfirmed.load(Relaxed));
     eprintln!("{lone} lone writes, {unconfirmed} unconfirmed at the reap");
