@@ -43,14 +43,8 @@
 %% meanwhile the message goes by `!'); `error' and `drop' drop the message
 %% and count it (`overflow_drops'): a send has no error to return.
 -spec send(dest(), Msg) -> Msg.
-send(To, Msg) when is_pid(To); is_reference(To) ->
-    send_to(To, Msg, false);
-send({Name, Node}, Msg) when is_atom(Name), is_atom(Node) ->
-    send_named(Name, Node, Msg, false);
-send(To, Msg) when is_atom(To) ->
-    To ! Msg;
 send(To, Msg) ->
-    erlang:error(badarg, [To, Msg]).
+    send(To, Msg, false, [To, Msg]).
 
 %% @doc send/2 with options; `send(To, Msg, [])' is `send(To, Msg)'.
 %%
@@ -70,34 +64,27 @@ send(To, Msg) ->
 %% Raises `badarg' for an unknown option, or as send/2 does.
 -spec send(dest(), Msg, [send_option()]) -> Msg.
 send(To, Msg, Opts) ->
-    Urgent = case Opts of
-                 [] -> false;
-                 [urgent] -> true;
-                 _ -> send_options(Opts, [To, Msg, Opts])
-             end,
-    case To of
-        _ when is_pid(To); is_reference(To) ->
-            send_to(To, Msg, Urgent);
-        {Name, Node} when is_atom(Name), is_atom(Node) ->
-            send_named(Name, Node, Msg, Urgent);
-        _ when is_atom(To) ->
-            To ! Msg;
-        _ ->
-            erlang:error(badarg, [To, Msg, Opts])
-    end.
+    send(To, Msg, urgent_option(Opts, false, [To, Msg, Opts]), [To, Msg, Opts]).
 
-%% Options of send/3 other than [] and [urgent]: a proper list of them.
--spec send_options(term(), [term()]) -> true.
-send_options([urgent | Rest], Args) -> send_options(Rest, Args);
-send_options([], _Args) -> true;
-send_options(_Bad, Args) -> erlang:error(badarg, Args).
-
--spec send_named(atom(), node(), Msg, boolean()) -> Msg.
-send_named(Name, Node, Msg, Urgent) ->
+%% send/2,3: `Args' for the badarg.
+-spec send(dest(), Msg, boolean(), [term()]) -> Msg.
+send(To, Msg, Urgent, _Args) when is_pid(To); is_reference(To) ->
+    send_to(To, Msg, Urgent);
+send({Name, Node} = To, Msg, Urgent, _Args) when is_atom(Name), is_atom(Node) ->
     case Node =:= node() of
-        true -> {Name, Node} ! Msg;
-        false -> send_remote(Node, Name, {Name, Node}, Msg, Urgent)
-    end.
+        true -> To ! Msg;
+        false -> send_remote(Node, Name, To, Msg, Urgent)
+    end;
+send(To, Msg, _Urgent, _Args) when is_atom(To) ->
+    To ! Msg;
+send(_To, _Msg, _Urgent, Args) ->
+    erlang:error(badarg, Args).
+
+%% The options of send/3, a proper list of `urgent': whether one is there.
+-spec urgent_option(term(), boolean(), [term()]) -> boolean().
+urgent_option([urgent | Rest], _Urgent, Args) -> urgent_option(Rest, true, Args);
+urgent_option([], Urgent, _Args) -> Urgent;
+urgent_option(_Bad, _Urgent, Args) -> erlang:error(badarg, Args).
 
 %% @private The reply of a call (ecall_request:run_call/5) to the
 %% caller's alias: as send/2, but `Urgent' (see ecall_transport:send/4).

@@ -48,8 +48,8 @@ spec() ->
                       "most ms between reconnect attempts (doubling from backoff_min)"},
       gather => {boolean, true,
                  "a busy link waits up to 1-2 ms for 128 requests before it writes "
-                 "(urgent calls of callers in a closed loop end the wait); "
-                 "false: it never waits"},
+                 "(urgent requests end the wait; a wait that brings fewer than 8 "
+                 "stops the link's waits for 100 ms); false: it never waits"},
       urgent => {boolean, true,
                  "calls of callers in a closed loop go urgent, not held back for company "
                  "(read when a connection opens); false: they wait like any request"},
