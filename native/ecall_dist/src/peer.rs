@@ -319,6 +319,9 @@ impl Peer {
         if wake && link.state.swap(link::AWAKE, Ordering::AcqRel) != link::AWAKE {
             st.wakes.fetch_add(1, Ordering::Relaxed);
             link.notify.notify_one();
+        } else if link.state.load(Ordering::Relaxed) == link::GATHERING {
+            // When company came, for the writer's pacing (link::LULL_FOR).
+            link.note_gathering_push();
         }
         st.pushed.fetch_add(1, Ordering::Relaxed);
         Push::Queued

@@ -31,7 +31,7 @@ mod atoms {
         ok, error, send, full, closed, large, wait, retry, ecall_link, ecall_cnode, ecall_room,
         up, down, alive, badarg,
         pushed, batches, requests, bytes, writes, dropped, connects, disconnects,
-        stalls, unconfirmed, cached_atoms, queued_bytes, links_up, overflow_waits, overflow_drops, per_link, link, fragmented, lone, lone_partial, gathers, urgent, wakes, closed_drops, links, shards, accepted, refused,
+        stalls, unconfirmed, cached_atoms, queued_bytes, links_up, overflow_waits, overflow_drops, per_link, link, fragmented, lone, lone_partial, gathers, lull_trials, lulls, urgent, wakes, closed_drops, links, shards, accepted, refused,
         node, creation, port, inbound_frames, inbound_answered, inbound_ignored, inbound_malformed,
         handshakes_shed, accept_errors, stopped,
         // Link-down reasons (see `down_reason`).
@@ -656,7 +656,7 @@ fn peer_stats<'a>(env: Env<'a>, peer: ResourceArc<PeerRes>) -> NifResult<Term<'a
         .collect();
     // The counters every link keeps; a peer's total is their sum.
     type Counter = fn(&LinkStats) -> &AtomicU64;
-    let counters: [(Atom, Counter); 18] = [
+    let counters: [(Atom, Counter); 20] = [
         (atoms::batches(), |l| &l.batches),
         (atoms::requests(), |l| &l.requests),
         (atoms::bytes(), |l| &l.bytes),
@@ -670,6 +670,8 @@ fn peer_stats<'a>(env: Env<'a>, peer: ResourceArc<PeerRes>) -> NifResult<Term<'a
         (atoms::lone(), |l| &l.lone),
         (atoms::lone_partial(), |l| &l.lone_partial),
         (atoms::gathers(), |l| &l.gathers),
+        (atoms::lull_trials(), |l| &l.lull_trials),
+        (atoms::lulls(), |l| &l.lulls),
         (atoms::urgent(), |l| &l.urgent),
         (atoms::inbound_frames(), |l| &l.inbound.frames),
         (atoms::inbound_answered(), |l| &l.inbound.answered),

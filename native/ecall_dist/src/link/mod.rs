@@ -43,6 +43,10 @@
 //! caller, and the wait would be added to each of its requests. A wait
 //! that brought almost no company makes the link sparse for a while
 //! ([`SPARSE_BELOW`]): it does not gather then, and writes what it has.
+//! So does a trial of not gathering that wrote more requests per second
+//! than gathering did: a closed loop whose waits hold back the requests
+//! that would bring more (started by waits whose company all came at
+//! once: [`LULL_FOR`]).
 //!
 //! # Tick
 //!
@@ -205,6 +209,11 @@ pub struct LinkStats {
     pub lone_partial: AtomicU64,
     /// Gathering waits made by the writer (see `may_gather` in writer.rs).
     pub gathers: AtomicU64,
+    /// Trials of not gathering that lulls started ([`LULL_FOR`]).
+    pub lull_trials: AtomicU64,
+    /// Of those, the ones that paid: each stopped the link gathering for a
+    /// while.
+    pub lulls: AtomicU64,
     /// Urgent requests pushed ([`Element::urgent`]): each ends or
     /// forestalls a gathering wait.
     ///
@@ -270,6 +279,44 @@ pub const SPARSE_BELOW: u64 = 8;
 /// then, and a closed loop pays one wait (1-2 ms) per period.
 pub const SPARSE_FOR: std::time::Duration = std::time::Duration::from_millis(100);
 
+/// A gathering wait that ran its full length, whose company all came in its
+/// first quarter and nothing after (the link's pushes came at once, then
+/// stopped) is a *lull*, and starts a trial (see `link/pacing.rs`): the
+/// link stops gathering for [`LULL_TRIAL`], and if it wrote at least half
+/// as many requests again per second as while it gathered, it stays
+/// sparse for this long (doubled for each trial in a row that paid, up to
+/// 16 times), whatever its passes bring. Closed loops of more
+/// than a few pairs per link look like that: the answers to one batch come
+/// back together, each releases one request, and then nothing comes until
+/// the batch those requests make has gone out and been answered, so the
+/// rest of the wait only delays them, and their rate rises without it.
+/// Requests and replies exchanged by `ecall:send/2` by 64 pairs of
+/// processes took 2.3 ms a round trip with gathering, 1-2 ms of it the wait
+/// on each leg.
+pub const LULL_FOR: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// How long a lull's trial lasts ([`LULL_FOR`]).
+pub const LULL_TRIAL: std::time::Duration = std::time::Duration::from_millis(10);
+
+/// How long gathering must have run (since the link was last sparse after
+/// a lull, or barred) for its rate to be compared in a trial.
+pub const LULL_SAMPLE: std::time::Duration = std::time::Duration::from_millis(10);
+
+/// After a trial that did not pay, lulls start no trial for this long
+/// (doubled for each such trial in a row, up to 16 times).
+/// A paced load's rate is its own: it writes no more without waits, and
+/// only pays their cost in writes and wake-ups (its waits rarely look like
+/// lulls: at 1,000 paced writers a push comes to each link every 100 µs or
+/// so). Nor does a closed loop big enough to keep the machine busy, where
+/// batches pay: 1,000 pairs exchanging by `ecall:send/2` made 267-302k
+/// exchanges a second with batches of 127-137, and 154-207k with every lull
+/// kept (batches of 7-8).
+pub const LULL_BARRED: std::time::Duration = std::time::Duration::from_millis(250);
+
+/// How precisely [`LinkShared::gathering_push`] is kept.
+pub const PUSH_NOTE_GRAIN: std::time::Duration = std::time::Duration::from_micros(20);
+const PUSH_NOTE_GRAIN_NS: u64 = PUSH_NOTE_GRAIN.as_nanos() as u64;
+
 /// What the push path and a link's writer share.
 #[derive(Debug, Default)]
 pub(crate) struct LinkShared {
@@ -285,9 +332,23 @@ pub(crate) struct LinkShared {
     /// Since when the link has been quiet (`side::clock`): set when the
     /// writer goes to sleep and by each lone write.
     pub(crate) quiet_since: AtomicU64,
+    /// When a push last reached a gathering writer (`side::clock`, to
+    /// within [`PUSH_NOTE_GRAIN`]): tells a wait whose company all came at
+    /// once from one whose company kept coming (see [`LULL_FOR`]).
+    pub(crate) gathering_push: AtomicU64,
 }
 
 impl LinkShared {
+    /// A push found the writer gathering: notes when. Written at most once
+    /// per [`PUSH_NOTE_GRAIN`], so that pushes from every scheduler do not
+    /// all write the same cache line.
+    pub(crate) fn note_gathering_push(&self) {
+        let now = clock();
+        if now.saturating_sub(self.gathering_push.load(Ordering::Relaxed)) >= PUSH_NOTE_GRAIN_NS {
+            self.gathering_push.store(now, Ordering::Relaxed);
+        }
+    }
+
     /// The push side of the protocol (see `may_sleep` in writer.rs): with
     /// the shard's lock held, whether this push should wake the writer.
     pub(crate) fn wants_wake(&self, backlog: crate::shard::Backlog) -> bool {

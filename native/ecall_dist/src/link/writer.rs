@@ -1,6 +1,6 @@
 //! The writing half of a connected link.
 
-use super::pacing::Pacing;
+use super::pacing::{Pacing, Wait};
 use super::{LinkDown, LinkShared, WriteSide, AWAKE, GATHERING, GATHER_WAIT, SLEEPING};
 use crate::fragment::{InFlight, FRAGMENT};
 use crate::inbound;
@@ -135,22 +135,32 @@ impl LinkWriter {
                     return e;
                 }
             }
-            // Whether this pass follows a gathering wait that ran its full
-            // length: what it takes is all the company there was.
-            let mut waited_out = false;
+            // How the gathering wait before this pass went, if there was
+            // one (see link/pacing.rs).
+            let mut wait = Wait::None;
             if pacing.take_gather()
                 && peer.config.gather
                 && self.inflight.is_empty()
                 && may_gather(&peer, link, &mine)
             {
                 let until = Instant::now() + GATHER_WAIT;
+                let started = super::clock();
                 if let Some(down) = self.wait(reader, ctl_rx, until, false).await {
                     return down;
                 }
                 ls.gathers.fetch_add(1, Ordering::Relaxed);
-                waited_out = Instant::now() >= until;
+                // A wait that callers could not fill because they wait
+                // for room (the budget is full: the peer is the bound)
+                // says nothing about company: it is queued behind them.
+                if Instant::now() >= until && peer.waiting.load(Ordering::Relaxed) == 0 {
+                    let last_push = link.gathering_push.load(Ordering::Relaxed);
+                    wait = Wait::full(started, super::clock(), last_push);
+                }
                 pacing.gathered();
             }
+            // Callers waiting for room now (before this pass gives room
+            // back): the peer is the bound (see `Pacing::crowded`).
+            let crowded = peer.waiting.load(Ordering::Relaxed) > 0;
             frames.extend(
                 mine.iter()
                     .filter(|&&s| !self.busy(s))
@@ -181,11 +191,15 @@ impl LinkWriter {
                 }
                 peer.release(b);
                 self.last_write = Instant::now();
-                // A wait that callers could not fill because they wait
-                // for room (the budget is full: the peer is the bound)
-                // says nothing about company: it is queued behind them.
-                let no_waiters = peer.waiting.load(Ordering::Relaxed) == 0;
-                pacing.passed(n, waited_out && no_waiters, super::clock());
+                let now = super::clock();
+                if let Some(paid) = pacing.passed(n, wait, now) {
+                    ls.lull_trials.fetch_add(1, Ordering::Relaxed);
+                    ls.lulls.fetch_add(u64::from(paid), Ordering::Relaxed);
+                }
+                let crowded = crowded || peer.waiting.load(Ordering::Relaxed) > 0;
+                if crowded && pacing.crowded(now) {
+                    ls.lull_trials.fetch_add(1, Ordering::Relaxed);
+                }
                 continue;
             }
             if !may_sleep(&peer, link, &mine) {
