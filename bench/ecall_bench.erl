@@ -1030,14 +1030,16 @@ point(B, Variant, Op, N, K, P, OnStart) ->
               end,
     os:getenv("ECALL_BENCH_DEBUG") =:= false orelse
         io:format("~p ~p: wakes ~b, lone ~b, batches ~b, writes ~b, requests ~b, "
-                  "gathers ~b, urgent ~b; "
+                  "gathers ~b, urgent ~b, lull trials ~b (~b paid); "
                   "B back to A (replies): wakes ~b, lone ~b, batches ~b, writes ~b, requests ~b, "
-                  "gathers ~b, urgent ~b~n",
+                  "gathers ~b, urgent ~b, lull trials ~b (~b paid)~n",
                   [Variant, Op, Delta(wakes), LinkSum(S1) - LinkSum(S0), Batches, Writes,
                    Delta(requests), Delta(gathers), Delta(urgent),
+                   Delta(lull_trials), Delta(lulls),
                    BackDelta(wakes), LinkSum(Back1) - LinkSum(Back0),
                    BackDelta(batches), BackDelta(writes), BackDelta(requests),
-                   BackDelta(gathers), BackDelta(urgent)]),
+                   BackDelta(gathers), BackDelta(urgent),
+                   BackDelta(lull_trials), BackDelta(lulls)]),
     #{variant => Variant, op => Op,
       payload => list_to_atom(os:getenv("ECALL_BENCH_PAYLOAD", "map")),
       writers => N, per_writer => K, pause_ms => P,

@@ -13,7 +13,7 @@
          unreachable_node/1, multi_node_patterns/1, rpc_bad_arguments/1,
          call_from_a_long_mailbox/1, closed_loop_calls_are_urgent/1,
          urgent_calls_to_a_first_release_peer/1, urgent_off/1, urgent_sends/1,
-         sends_in_a_closed_loop/1]).
+         sends_in_a_closed_loop/1, many_sends_in_a_closed_loop/1]).
 
 -import(ecall_test_nodes, [start_node/1, stop_node/1, start_peer/1, flush_traces/0, connect_back/1]).
 
@@ -25,7 +25,7 @@ all() ->
      link_loss_fails_its_callers_only, peer_killed_with_1000_calls, unreachable_node,
      multi_node_patterns, rpc_bad_arguments, call_from_a_long_mailbox,
      closed_loop_calls_are_urgent, urgent_calls_to_a_first_release_peer, urgent_off,
-     urgent_sends, sends_in_a_closed_loop].
+     urgent_sends, sends_in_a_closed_loop, many_sends_in_a_closed_loop].
 
 init_per_suite(Config) ->
     ok = ecall_test_nodes:start_ecall(),
@@ -433,6 +433,59 @@ sends_in_a_closed_loop(Config) ->
     ct:pal("~b exchanges in ~b ms, ~b gathering waits", [N, Ms, G1 - G0]),
     %% One wait per 100 ms of exchanges at most, and a few besides.
     ?assert(G1 - G0 =< 4 + Ms div 100).
+
+%% 64 pairs of processes exchanging requests and replies with
+%% ecall:send/2, each pair back to back: a gathering wait on either node
+%% brings company (32 requests a link), so the links gather, but the
+%% company comes at once and then stops (a *lull*), and the wait holds
+%% back the very requests whose replies would bring more. Lulls start
+%% trials of not gathering, and a trial that writes half as much again
+%% per second as gathering did, before and after it, stops the link
+%% gathering for a while (`lulls'). The pairs go on, round after round,
+%% until a trial on this node's links has paid; every reply comes back
+%% in order. With trials that never paid this fails at its deadline: the
+%% links would gather on every leg (2.3 ms a round trip, against 0.2-0.9
+%% ms with lulls: `ECALL_BENCH_EXCHANGE=send bench/run.sh pingpong').
+many_sends_in_a_closed_loop(Config) ->
+    B = ?config(b, Config),
+    connect_back(B),
+    {ok, #{lulls := L0, lull_trials := T0}} = ecall:stats(B),
+    Self = self(),
+    Deadline = erlang:monotonic_time(millisecond) + 60000,
+    Pairs = [spawn_link(fun() -> pair(B, Self, Deadline, L0, 0) end)
+             || _ <- lists:seq(1, 64)],
+    Results = [receive {pair_done, P, R} -> R end || P <- Pairs],
+    {ok, #{lulls := L1, lull_trials := T1, per_link := Links}} = ecall:stats(B),
+    ct:pal("~p: ~b lull trials, ~b paid", [Results, T1 - T0, L1 - L0]),
+    ?assert(lists:all(fun({done, N}) -> N > 0; (_) -> false end, Results)),
+    ?assert(L1 > L0),
+    ?assert(T1 >= L1 - L0 + T0),
+    ?assertEqual(L1, lists:sum([maps:get(lulls, L) || L <- Links])).
+
+%% One pair of many_sends_in_a_closed_loop: rounds of 20 exchanges with
+%% its own echo on B, until this node's links count a lull (or Deadline).
+pair(B, Parent, Deadline, L0, Done) ->
+    Echo = erpc:call(B, erlang, spawn, [ecall_test_nodes, ecall_echo_loop, []]),
+    Round = fun(I) ->
+                    _ = ecall:send(Echo, {echo, self(), I}),
+                    receive I -> ok after 5000 -> {timeout, I} end
+            end,
+    Result = pair_rounds(B, Round, Deadline, L0, Done),
+    Echo ! stop,
+    Parent ! {pair_done, self(), Result}.
+
+pair_rounds(B, Round, Deadline, L0, Done) ->
+    case [R || R <- [Round(Done + I) || I <- lists:seq(1, 20)], R =/= ok] of
+        [] ->
+            {ok, #{lulls := L}} = ecall:stats(B),
+            Now = erlang:monotonic_time(millisecond),
+            if L > L0 -> {done, Done + 20};
+               Now > Deadline -> {no_lull, Done + 20};
+               true -> pair_rounds(B, Round, Deadline, L0, Done + 20)
+            end;
+        Failed ->
+            {failed, Failed}
+    end.
 
 %% {urgent requests on this node's links to B, on B's links to this node}.
 urgent_counts(B) ->
