@@ -439,8 +439,8 @@ sends_in_a_closed_loop(Config) ->
 %% brings company (32 requests a link), so the links gather, but the
 %% company comes at once and then stops (a *lull*), and the wait holds
 %% back the very requests whose replies would bring more. Lulls start
-%% trials of not gathering, and a trial that writes half as much again
-%% per second as gathering did, before and after it, stops the link
+%% trials of not gathering, and a trial that writes a quarter more per
+%% second than gathering did, before and after it, stops the link
 %% gathering for a while (`lulls'). The pairs go on, round after round,
 %% until a trial on this node's links has paid; every reply comes back
 %% in order. With trials that never paid this fails at its deadline: the

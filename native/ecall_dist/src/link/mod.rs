@@ -281,9 +281,10 @@ pub const SPARSE_FOR: std::time::Duration = std::time::Duration::from_millis(100
 
 /// A gathering wait that ran its full length, whose company all came in its
 /// first quarter and nothing after (the link's pushes came at once, then
-/// stopped) is a *lull*, and starts a trial (see `link/pacing.rs`): the
-/// link stops gathering for [`LULL_TRIAL`], and if it wrote at least half
-/// as many requests again per second as while it gathered, it stays
+/// stopped) is a *lull*; two in a row start a trial (see
+/// `link/pacing.rs`): the link stops gathering for [`LULL_TRIAL`], and if
+/// it wrote at least a quarter more requests per second than while it
+/// gathered, before the trial and for [`LULL_SAMPLE`] after it, it stays
 /// sparse for this long (doubled for each trial in a row that paid, up to
 /// 16 times), whatever its passes bring. Closed loops of more
 /// than a few pairs per link look like that: the answers to one batch come
@@ -295,11 +296,14 @@ pub const SPARSE_FOR: std::time::Duration = std::time::Duration::from_millis(100
 /// on each leg.
 pub const LULL_FOR: std::time::Duration = std::time::Duration::from_millis(100);
 
-/// How long a lull's trial lasts ([`LULL_FOR`]).
+/// How long a lull's trial lasts ([`LULL_FOR`]). With 5 ms, 64 pairs
+/// exchanging by sends fell back to 1.8-2.1 ms a round trip: a loop whose
+/// peer still gathers makes two rounds in 5 ms, too few to show the gain.
 pub const LULL_TRIAL: std::time::Duration = std::time::Duration::from_millis(10);
 
 /// How long gathering must have run (since the link was last sparse after
-/// a lull, or barred) for its rate to be compared in a trial.
+/// a lull, or barred) for its rate to be compared in a trial, and how long
+/// it gathers after a trial for the check against the rate after it.
 pub const LULL_SAMPLE: std::time::Duration = std::time::Duration::from_millis(10);
 
 /// After a trial that did not pay, lulls start no trial for this long

@@ -15,17 +15,19 @@
 //! - A gathering wait that ran its full length and whose company all came
 //!   in its first quarter is a *lull*: the pushes came at once, then
 //!   stopped. Two in a row start a trial: the link stops gathering for
-//!   [`LULL_TRIAL`], and if it wrote at least half as many requests again
-//!   per second meanwhile as while it gathered, before the trial and for
-//!   [`LULL_SAMPLE`] after it (a load that grew or shrank meanwhile would
-//!   beat one side only), the waits were holding its own load back (a closed loop: nothing comes back to release more
-//!   requests while a wait holds them), and the link stays sparse for
+//!   [`LULL_TRIAL`], and if it wrote at least a quarter more requests per
+//!   second meanwhile than while it gathered, both before the trial and
+//!   for [`LULL_SAMPLE`] after it (a load that grew or shrank meanwhile
+//!   beats one side only), the waits were holding its own load back (a
+//!   closed loop: nothing comes back to release more requests while a
+//!   wait holds them), and the link stays sparse for
 //!   [`LULL_FOR`], whatever its passes bring. Otherwise batches were what
 //!   paid (a paced load, whose rate is its own, or a closed loop big
 //!   enough to keep the machine busy), and lulls start no trial for
 //!   [`LULL_BARRED`]. Trials in a row with the same outcome double the
 //!   period after them, up to 16 times. Lulls only tell when a trial may
-//!   pay; the trial decides.
+//!   pay; the trial decides. Callers waiting for room in the byte budget
+//!   fail a trial: the peer is the bound (see `Lulls::crowded`).
 
 use super::{
     BUSY_SLEEP, GATHER_AFTER, LULL_BARRED, LULL_FOR, LULL_SAMPLE, LULL_TRIAL, SPARSE_BELOW,
