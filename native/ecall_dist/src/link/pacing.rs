@@ -90,6 +90,36 @@ impl Rate {
     }
 }
 
+/// A stretch of time being measured: `requests` written since `since`,
+/// until `until`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Stretch {
+    until: u64,
+    since: u64,
+    requests: u64,
+}
+
+impl Stretch {
+    /// One that starts at `now` and lasts `length`.
+    fn new(now: u64, length: Duration) -> Stretch {
+        Stretch {
+            until: now.saturating_add(nanos(length)),
+            since: now,
+            requests: 0,
+        }
+    }
+
+    /// A pass wrote `n` requests at `now`; the rate once the stretch is
+    /// over.
+    fn add(&mut self, n: u64, now: u64) -> Option<Rate> {
+        self.requests += n;
+        (now >= self.until).then(|| Rate {
+            requests: self.requests,
+            ns: now.saturating_sub(self.since),
+        })
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Phase {
     /// Gathering as usual since `since`, `requests` written since; the
@@ -99,25 +129,14 @@ enum Phase {
         requests: u64,
         lulls: u32,
     },
-    /// Not gathering until `until` (`requests` written since `since`),
-    /// to compare the rate with gathering's before it (`before`).
-    Trial {
-        until: u64,
-        since: u64,
-        requests: u64,
-        before: Rate,
-    },
-    /// Gathering again until `until` (`requests` written since `since`),
-    /// to compare the trial's rate (`trial`) with gathering's after it as
-    /// well: a load that was growing or shrinking meanwhile would make
-    /// the trial look better than the gathering on one side of it.
-    Check {
-        until: u64,
-        since: u64,
-        requests: u64,
-        before: Rate,
-        trial: Rate,
-    },
+    /// Not gathering for a while (`stretch`), to compare the rate with
+    /// gathering's before it (`before`).
+    Trial { stretch: Stretch, before: Rate },
+    /// Gathering again for a while (`stretch`), to compare the trial's
+    /// rate (`trial`) with gathering's after it as well: a load that was
+    /// growing or shrinking meanwhile would make the trial look better
+    /// than the gathering on one side of it.
+    Check { stretch: Stretch, trial: Rate },
     /// The trial paid: sparse until `until`.
     On { until: u64 },
     /// The trial did not pay: lulls start no trial until `until`.
@@ -153,9 +172,7 @@ impl Lulls {
                 let ns = now.saturating_sub(since);
                 if lulls >= LULLS_IN_A_ROW && ns >= nanos(LULL_SAMPLE) {
                     Phase::Trial {
-                        until: now.saturating_add(nanos(LULL_TRIAL)),
-                        since: now,
-                        requests: 0,
+                        stretch: Stretch::new(now, LULL_TRIAL),
                         before: Rate { requests, ns },
                     }
                 } else {
@@ -167,61 +184,20 @@ impl Lulls {
                 }
             }
             Phase::Trial {
-                until,
-                since,
-                requests,
+                mut stretch,
                 before,
-            } => {
-                let requests = requests + n;
-                if now < until {
-                    Phase::Trial {
-                        until,
-                        since,
-                        requests,
-                        before,
-                    }
-                } else {
-                    let trial = Rate {
-                        requests,
-                        ns: now.saturating_sub(since),
-                    };
-                    if trial.beats(before) {
-                        Phase::Check {
-                            until: now.saturating_add(nanos(LULL_SAMPLE)),
-                            since: now,
-                            requests: 0,
-                            before,
-                            trial,
-                        }
-                    } else {
-                        self.decided(false, now)
-                    }
-                }
-            }
-            Phase::Check {
-                until,
-                since,
-                requests,
-                before,
-                trial,
-            } => {
-                let requests = requests + n;
-                if now < until {
-                    Phase::Check {
-                        until,
-                        since,
-                        requests,
-                        before,
-                        trial,
-                    }
-                } else {
-                    let after = Rate {
-                        requests,
-                        ns: now.saturating_sub(since),
-                    };
-                    self.decided(trial.beats(after), now)
-                }
-            }
+            } => match stretch.add(n, now) {
+                None => Phase::Trial { stretch, before },
+                Some(trial) if trial.beats(before) => Phase::Check {
+                    stretch: Stretch::new(now, LULL_SAMPLE),
+                    trial,
+                },
+                Some(_) => self.decided(false, now),
+            },
+            Phase::Check { mut stretch, trial } => match stretch.add(n, now) {
+                None => Phase::Check { stretch, trial },
+                Some(after) => self.decided(trial.beats(after), now),
+            },
             Phase::On { until } | Phase::Barred { until } if now >= until => Phase::Off {
                 since: now,
                 requests: n,
