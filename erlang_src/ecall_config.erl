@@ -50,6 +50,11 @@ spec() ->
                  "a busy link waits up to 1-2 ms for 128 requests before it writes "
                  "(urgent requests end the wait; a wait that brings fewer than 8 "
                  "stops the link's waits for 100 ms); false: it never waits"},
+      lulls => {boolean, true,
+                "a gathering link whose waits hold a closed loop back (their company "
+                "came at once, then stopped) tries not gathering for 10 ms, and stops "
+                "gathering for a while if that wrote more (read when a connection "
+                "opens); false: no trials"},
       urgent => {boolean, true,
                  "calls of callers in a closed loop go urgent, not held back for company "
                  "(read when a connection opens); false: they wait like any request"},
@@ -134,4 +139,5 @@ peer_opts() ->
       stall_timeout => get(stall_timeout),
       backoff_min => get(backoff_min),
       backoff_max => get(backoff_max),
-      gather => get(gather)}.
+      gather => get(gather),
+      lulls => get(lulls)}.

@@ -13,7 +13,7 @@
          unreachable_node/1, multi_node_patterns/1, rpc_bad_arguments/1,
          call_from_a_long_mailbox/1, closed_loop_calls_are_urgent/1,
          urgent_calls_to_a_first_release_peer/1, urgent_off/1, urgent_sends/1,
-         sends_in_a_closed_loop/1, many_sends_in_a_closed_loop/1]).
+         sends_in_a_closed_loop/1, many_sends_in_a_closed_loop/1, lulls_off/1]).
 
 -import(ecall_test_nodes, [start_node/1, stop_node/1, start_peer/1, flush_traces/0, connect_back/1]).
 
@@ -25,7 +25,7 @@ all() ->
      link_loss_fails_its_callers_only, peer_killed_with_1000_calls, unreachable_node,
      multi_node_patterns, rpc_bad_arguments, call_from_a_long_mailbox,
      closed_loop_calls_are_urgent, urgent_calls_to_a_first_release_peer, urgent_off,
-     urgent_sends, sends_in_a_closed_loop, many_sends_in_a_closed_loop].
+     urgent_sends, sends_in_a_closed_loop, many_sends_in_a_closed_loop, lulls_off].
 
 init_per_suite(Config) ->
     ok = ecall_test_nodes:start_ecall(),
@@ -462,14 +462,47 @@ many_sends_in_a_closed_loop(Config) ->
     ?assert(T1 >= L1 - L0 + T0),
     ?assertEqual(L1, lists:sum([maps:get(lulls, L) || L <- Links])).
 
+%% With `lulls' off (read when a connection opens) the same 64 pairs,
+%% 200 exchanges each, start no trial on this node's links, and every
+%% reply comes back in order. With the setting ignored, trials started
+%% within 20-80 exchanges a pair (many_sends_in_a_closed_loop).
+lulls_off(Config) ->
+    B = ?config(b, Config),
+    connect_back(B),
+    ok = application:set_env(ecall, lulls, false),
+    try
+        reconnect(B),
+        {ok, #{lull_trials := T0, lulls := L0}} = ecall:stats(B),
+        Self = self(),
+        Pairs = [spawn_link(fun() -> pair(B, Self, 200) end) || _ <- lists:seq(1, 64)],
+        Results = [receive {pair_done, P, R} -> R end || P <- Pairs],
+        {ok, #{lull_trials := T1, lulls := L1}} = ecall:stats(B),
+        ?assertEqual(lists:duplicate(64, {done, 200}), Results),
+        ?assertEqual({T0, L0}, {T1, L1})
+    after
+        ok = application:unset_env(ecall, lulls),
+        reconnect(B)
+    end.
+
+%% One pair that makes N exchanges with its own echo on B.
+pair(B, Parent, N) ->
+    Echo = erpc:call(B, erlang, spawn, [ecall_test_nodes, ecall_echo_loop, []]),
+    Result = case [R || R <- [pair_exchange(Echo, I) || I <- lists:seq(1, N)], R =/= ok] of
+                 [] -> {done, N};
+                 Failed -> {failed, Failed}
+             end,
+    Echo ! stop,
+    Parent ! {pair_done, self(), Result}.
+
+pair_exchange(Echo, I) ->
+    _ = ecall:send(Echo, {echo, self(), I}),
+    receive I -> ok after 5000 -> {timeout, I} end.
+
 %% One pair of many_sends_in_a_closed_loop: rounds of 20 exchanges with
 %% its own echo on B, until this node's links count a lull (or Deadline).
 pair(B, Parent, Deadline, L0, Done) ->
     Echo = erpc:call(B, erlang, spawn, [ecall_test_nodes, ecall_echo_loop, []]),
-    Round = fun(I) ->
-                    _ = ecall:send(Echo, {echo, self(), I}),
-                    receive I -> ok after 5000 -> {timeout, I} end
-            end,
+    Round = fun(I) -> pair_exchange(Echo, I) end,
     Result = pair_rounds(B, Round, Deadline, L0, Done),
     Echo ! stop,
     Parent ! {pair_done, self(), Result}.

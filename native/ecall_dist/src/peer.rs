@@ -55,6 +55,10 @@ pub struct PeerConfig {
     /// for callers that each wait for an answer before their next request,
     /// whom gathering makes wait 1-2 ms per request.
     pub gather: bool,
+    /// Whether lulls start trials of not gathering (see
+    /// [`LULL_FOR`](crate::link::LULL_FOR)). Off, pushes do not note when
+    /// they came, and a link gathers whenever it is busy.
+    pub lulls: bool,
 }
 
 /// Result of a push.
@@ -319,7 +323,7 @@ impl Peer {
         if wake && link.state.swap(link::AWAKE, Ordering::AcqRel) != link::AWAKE {
             st.wakes.fetch_add(1, Ordering::Relaxed);
             link.notify.notify_one();
-        } else if link.state.load(Ordering::Relaxed) == link::GATHERING {
+        } else if self.config.lulls && link.state.load(Ordering::Relaxed) == link::GATHERING {
             // When company came, for the writer's pacing (link::LULL_FOR).
             link.note_gathering_push();
         }
@@ -492,6 +496,7 @@ mod tests {
                 backoff_min: Duration::from_millis(1),
                 backoff_max: Duration::from_millis(1),
                 gather: true,
+                lulls: true,
             },
             &[("a_ecall_1@h".into(), 1)],
         )

@@ -127,6 +127,7 @@ fn open_peer_stall(
             backoff_min: Duration::from_millis(50),
             backoff_max: Duration::from_millis(500),
             gather: true,
+            lulls: true,
         },
         Arc::new(Events(tx)),
     )

@@ -382,6 +382,7 @@ struct PeerOpts {
     backoff_min: u64,
     backoff_max: u64,
     gather: bool,
+    lulls: bool,
 }
 
 /// Opens the shards and links towards `node`; link events go to `owner` as
@@ -416,6 +417,7 @@ fn peer_open(
         backoff_min: Duration::from_millis(opts.backoff_min.max(1)),
         backoff_max: Duration::from_millis(opts.backoff_max.max(opts.backoff_min).max(1)),
         gather: opts.gather,
+        lulls: opts.lulls,
     };
     let peer = Peer::open(
         runtime().handle(),

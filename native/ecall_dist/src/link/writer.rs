@@ -153,8 +153,12 @@ impl LinkWriter {
                 // for room (the budget is full: the peer is the bound)
                 // says nothing about company: it is queued behind them.
                 if Instant::now() >= until && peer.waiting.load(Ordering::Relaxed) == 0 {
-                    let last_push = link.gathering_push.load(Ordering::Relaxed);
-                    wait = Wait::full(started, super::clock(), last_push);
+                    wait = if peer.config.lulls {
+                        let last_push = link.gathering_push.load(Ordering::Relaxed);
+                        Wait::full(started, super::clock(), last_push)
+                    } else {
+                        Wait::Full
+                    };
                 }
                 pacing.gathered();
             }
