@@ -26,8 +26,9 @@
 //!   enough to keep the machine busy), and lulls start no trial for
 //!   [`LULL_BARRED`]. Trials in a row with the same outcome double the
 //!   period after them, up to 16 times. Lulls only tell when a trial may
-//!   pay; the trial decides. Callers waiting for room in the byte budget
-//!   fail a trial: the peer is the bound (see `Lulls::crowded`).
+//!   pay; the trial decides. A pass after pushes were refused for want of
+//!   room in the byte budget (*crowded*) fails a trial: the peer is the
+//!   bound.
 
 use super::{
     BUSY_SLEEP, GATHER_AFTER, LULL_BARRED, LULL_FOR, LULL_SAMPLE, LULL_TRIAL, SPARSE_BELOW,
@@ -67,8 +68,6 @@ struct Lulls {
     /// period that follows, up to [`STREAK_MAX`] times: a steady load
     /// pays for a trial (and a wrong outcome) less and less often.
     streak: i8,
-    /// Whether the last pass decided a trial, and how.
-    decided: Option<bool>,
 }
 
 /// The most a streak of trials doubles [`LULL_FOR`] or [`LULL_BARRED`].
@@ -154,9 +153,17 @@ impl Default for Phase {
 }
 
 impl Lulls {
-    /// A pass wrote `n` requests at `now`, after `wait`.
-    fn passed(&mut self, n: u64, wait: Wait, now: u64) {
-        self.decided = None;
+    /// A pass wrote `n` requests at `now`, after `wait`; `crowded`: pushes
+    /// were refused for want of room in the byte budget since the pass
+    /// before (their callers wait for room). The peer is the bound
+    /// then, and batches are what pays: not gathering would only free the
+    /// room sooner for more small batches to a peer that is already behind
+    /// (a blast of unpaced sends cut its batches from 148-411 to 28-88 with
+    /// trials that paid there). A trial under way fails, and lulls so far
+    /// do not count. Returns whether the pass decided a trial, and how
+    /// (`Some(true)`: it paid).
+    fn passed(&mut self, n: u64, wait: Wait, crowded: bool, now: u64) -> Option<bool> {
+        let before = self.phase;
         self.phase = match self.phase {
             Phase::Off {
                 since,
@@ -165,6 +172,7 @@ impl Lulls {
             } => {
                 let requests = requests + n;
                 let lulls = match wait {
+                    _ if crowded => 0,
                     Wait::None => lulls,
                     Wait::Full => 0,
                     Wait::Lull => lulls.saturating_add(1),
@@ -183,6 +191,7 @@ impl Lulls {
                     }
                 }
             }
+            Phase::Trial { .. } | Phase::Check { .. } if crowded => self.decided(false, now),
             Phase::Trial {
                 mut stretch,
                 before,
@@ -205,35 +214,15 @@ impl Lulls {
             },
             on_or_barred => on_or_barred,
         };
-    }
-
-    /// Callers wait for room in the byte budget: the peer is the bound,
-    /// and batches are what pays. Not gathering would only free the room
-    /// sooner for more small batches to a peer that is already behind (a
-    /// blast of unpaced sends made 4-8 % fewer messages a second with
-    /// trials that paid there). A trial under way fails; lulls so far do
-    /// not count.
-    fn crowded(&mut self, now: u64) {
-        match self.phase {
-            Phase::Off {
-                since, requests, ..
-            } => {
-                self.phase = Phase::Off {
-                    since,
-                    requests,
-                    lulls: 0,
-                };
-            }
-            Phase::Trial { .. } | Phase::Check { .. } => {
-                self.phase = self.decided(false, now);
-            }
-            Phase::On { .. } | Phase::Barred { .. } => {}
+        match (before, self.phase) {
+            (Phase::Trial { .. } | Phase::Check { .. }, Phase::On { .. }) => Some(true),
+            (Phase::Trial { .. } | Phase::Check { .. }, Phase::Barred { .. }) => Some(false),
+            _ => None,
         }
     }
 
     /// A trial paid or did not, at `now`: what follows, for how long.
     fn decided(&mut self, paid: bool, now: u64) -> Phase {
-        self.decided = Some(paid);
         if paid {
             self.streak = self.streak.max(0).saturating_add(1).min(STREAK_MAX + 1);
             Phase::On {
@@ -275,8 +264,7 @@ impl Lulls {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Wait {
     /// No gathering wait, or one cut short (an urgent push, a shard that
-    /// filled), or one that callers blocked on the byte budget could not
-    /// fill: it says nothing about company.
+    /// filled): it says nothing about company.
     None,
     /// A wait that ran its full length: what the pass takes is all the
     /// company there was.
@@ -310,10 +298,16 @@ impl Pacing {
         self.after_pass = false;
     }
 
-    /// A pass wrote `n` requests at `now`, after `wait`. Returns whether
-    /// it decided a lull's trial, and how (`Some(true)`: it paid).
-    pub(super) fn passed(&mut self, n: u64, wait: Wait, now: u64) -> Option<bool> {
-        self.lull.passed(n, wait, now);
+    /// A pass wrote `n` requests at `now`, after `wait`; `crowded`: pushes
+    /// were refused for want of room since the pass before (see
+    /// `Lulls::passed`).
+    /// Returns whether it decided a lull's trial, and how (`Some(true)`: it
+    /// paid).
+    pub(super) fn passed(&mut self, n: u64, wait: Wait, crowded: bool, now: u64) -> Option<bool> {
+        let decided = self.lull.passed(n, wait, crowded, now);
+        // A wait that callers could not fill because they waited for room
+        // says nothing about company: it is queued behind them.
+        let wait = if crowded { Wait::None } else { wait };
         if n >= SPARSE_BELOW || (self.after_pass && n >= GATHER_AFTER) {
             self.sparse_until = 0;
         } else if wait != Wait::None {
@@ -321,16 +315,7 @@ impl Pacing {
         }
         self.gather = n >= GATHER_AFTER && !self.is_sparse(now);
         self.after_pass = true;
-        self.lull.decided
-    }
-
-    /// After a pass: callers wait for room in the byte budget (see
-    /// `Lulls::crowded`). Returns whether that decided a trial (it did not
-    /// pay).
-    pub(super) fn crowded(&mut self, now: u64) -> bool {
-        self.lull.decided = None;
-        self.lull.crowded(now);
-        self.lull.decided.is_some()
+        decided
     }
 
     /// The writer slept `slept` and a push (or a tick, or the reader) woke
@@ -368,13 +353,13 @@ mod tests {
         p.slept(SOON, MS);
         assert!(p.take_gather());
         p.gathered();
-        p.passed(1, Wait::Full, 2 * MS);
+        p.passed(1, Wait::Full, false, 2 * MS);
         assert!(p.is_sparse(2 * MS));
         for i in 0..50 {
             let now = 3 * MS + i * MS;
             p.slept(SOON, now);
             assert!(!p.take_gather(), "gathered at {i}");
-            p.passed(1, Wait::None, now);
+            p.passed(1, Wait::None, false, now);
         }
         // Still one request per pass: sparse until its time is up.
         let later = 2 * MS + nanos(SPARSE_FOR);
@@ -391,14 +376,14 @@ mod tests {
         p.slept(SOON, MS);
         assert!(p.take_gather());
         p.gathered();
-        p.passed(3, Wait::Full, 2 * MS);
+        p.passed(3, Wait::Full, false, 2 * MS);
         assert!(p.is_sparse(2 * MS));
         p.slept(SOON, 3 * MS);
         assert!(!p.take_gather());
         // Pass, then another right away with what came meanwhile.
-        p.passed(2, Wait::None, 3 * MS);
+        p.passed(2, Wait::None, false, 3 * MS);
         assert!(p.is_sparse(3 * MS));
-        p.passed(GATHER_AFTER, Wait::None, 3 * MS);
+        p.passed(GATHER_AFTER, Wait::None, false, 3 * MS);
         assert!(!p.is_sparse(3 * MS));
         assert!(p.take_gather());
     }
@@ -408,9 +393,9 @@ mod tests {
     fn a_full_pass_ends_sparseness() {
         let mut p = Pacing::default();
         p.gathered();
-        p.passed(1, Wait::Full, MS);
+        p.passed(1, Wait::Full, false, MS);
         p.slept(SOON, 2 * MS);
-        p.passed(SPARSE_BELOW, Wait::None, 2 * MS);
+        p.passed(SPARSE_BELOW, Wait::None, false, 2 * MS);
         assert!(!p.is_sparse(2 * MS));
         assert!(p.take_gather());
     }
@@ -422,13 +407,13 @@ mod tests {
     fn only_a_full_wait_makes_a_link_sparse() {
         let mut p = Pacing::default();
         p.gathered();
-        p.passed(1, Wait::None, MS);
+        p.passed(1, Wait::None, false, MS);
         assert!(!p.is_sparse(MS));
         p.gathered();
-        p.passed(SPARSE_BELOW - 1, Wait::Full, MS);
+        p.passed(SPARSE_BELOW - 1, Wait::Full, false, MS);
         assert!(p.is_sparse(MS));
         p.slept(SOON, 2 * MS);
-        p.passed(GATHER_AFTER, Wait::None, 2 * MS);
+        p.passed(GATHER_AFTER, Wait::None, false, 2 * MS);
         assert!(p.is_sparse(2 * MS), "one pass after a sleep is no burst");
     }
 
@@ -438,10 +423,10 @@ mod tests {
     #[test]
     fn busy_links_gather() {
         let mut p = Pacing::default();
-        p.passed(GATHER_AFTER, Wait::None, MS);
+        p.passed(GATHER_AFTER, Wait::None, false, MS);
         assert!(p.take_gather());
         assert!(!p.take_gather(), "asked once");
-        p.passed(GATHER_AFTER - 1, Wait::None, MS);
+        p.passed(GATHER_AFTER - 1, Wait::None, false, MS);
         assert!(!p.take_gather());
         p.slept(BUSY_SLEEP, MS);
         assert!(!p.take_gather());
@@ -458,12 +443,12 @@ mod tests {
         let mut p = Pacing::default();
         let t0 = nanos(LULL_SAMPLE);
         // Gathering: 32 requests every 2 ms (64 pairs in a closed loop).
-        p.passed(32, Wait::Full, t0 / 2);
+        p.passed(32, Wait::Full, false, t0 / 2);
         assert!(!p.is_sparse(t0 / 2));
-        p.passed(32, Wait::Lull, t0 / 2 + 2 * MS);
-        p.passed(32, Wait::Lull, t0 / 2 + 4 * MS);
+        p.passed(32, Wait::Lull, false, t0 / 2 + 2 * MS);
+        p.passed(32, Wait::Lull, false, t0 / 2 + 4 * MS);
         assert!(!p.is_sparse(t0 / 2 + 4 * MS), "before LULL_SAMPLE");
-        p.passed(32, Wait::Lull, t0);
+        p.passed(32, Wait::Lull, false, t0);
         assert!(p.is_sparse(t0), "a trial");
         // Without the waits: 32 requests every 0.3 ms.
         let trial_end = t0 + nanos(LULL_TRIAL);
@@ -472,21 +457,21 @@ mod tests {
             now += 300_000;
             p.slept(SOON, now);
             assert!(!p.take_gather());
-            p.passed(32, Wait::None, now);
-            p.passed(GATHER_AFTER, Wait::None, now);
+            p.passed(32, Wait::None, false, now);
+            p.passed(GATHER_AFTER, Wait::None, false, now);
         }
         // Then gathering again, as slow as before: the check.
         assert!(!p.is_sparse(now), "checking");
         let check_end = now + nanos(LULL_SAMPLE);
         while now < check_end {
             now += 2 * MS;
-            p.passed(32, Wait::Full, now);
+            p.passed(32, Wait::Full, false, now);
         }
         assert!(p.is_sparse(now), "paid");
         p.slept(SOON, now + MS);
         assert!(!p.take_gather());
         let later = now + nanos(LULL_FOR);
-        p.passed(SPARSE_BELOW, Wait::None, later);
+        p.passed(SPARSE_BELOW, Wait::None, false, later);
         assert!(p.take_gather(), "over");
     }
 
@@ -496,22 +481,22 @@ mod tests {
     fn a_growing_load_is_no_lull() {
         let mut p = Pacing::default();
         let t0 = nanos(LULL_SAMPLE);
-        p.passed(10 * t0 / MS, Wait::Lull, t0);
-        p.passed(0, Wait::Lull, t0);
+        p.passed(10 * t0 / MS, Wait::Lull, false, t0);
+        p.passed(0, Wait::Lull, false, t0);
         assert!(p.is_sparse(t0), "a trial");
         let mut now = t0;
         while p.is_sparse(now) {
             now += MS;
-            p.passed(100, Wait::None, now);
+            p.passed(100, Wait::None, false, now);
         }
         let check_end = now + nanos(LULL_SAMPLE);
         while now < check_end {
             now += MS;
-            p.passed(100, Wait::Full, now);
+            p.passed(100, Wait::Full, false, now);
         }
         assert!(!p.is_sparse(now), "barred");
-        p.passed(100, Wait::Lull, now);
-        p.passed(100, Wait::Lull, now);
+        p.passed(100, Wait::Lull, false, now);
+        p.passed(100, Wait::Lull, false, now);
         assert!(!p.is_sparse(now), "barred");
     }
 
@@ -522,43 +507,43 @@ mod tests {
         let mut p = Pacing::default();
         let t0 = nanos(LULL_SAMPLE);
         // 100 requests a millisecond, gathering or not.
-        p.passed(100 * t0 / MS - 100, Wait::Lull, t0 - MS);
-        p.passed(100, Wait::Lull, t0);
+        p.passed(100 * t0 / MS - 100, Wait::Lull, false, t0 - MS);
+        p.passed(100, Wait::Lull, false, t0);
         assert!(p.is_sparse(t0));
         let mut now = t0;
         while p.is_sparse(now) {
             now += MS;
-            p.passed(100, Wait::None, now);
+            p.passed(100, Wait::None, false, now);
             assert!(now <= t0 + nanos(LULL_TRIAL));
         }
         assert!(p.take_gather());
-        p.passed(100, Wait::Lull, now + MS);
-        p.passed(100, Wait::Lull, now + 2 * MS);
+        p.passed(100, Wait::Lull, false, now + MS);
+        p.passed(100, Wait::Lull, false, now + 2 * MS);
         assert!(!p.is_sparse(now + 2 * MS), "barred");
         // Still 100 a millisecond.
         let later = now + nanos(LULL_BARRED);
-        p.passed(0, Wait::Full, later);
+        p.passed(0, Wait::Full, false, later);
         let t1 = later + nanos(LULL_SAMPLE);
-        p.passed(100 * nanos(LULL_SAMPLE) / MS, Wait::Lull, t1);
+        p.passed(100 * nanos(LULL_SAMPLE) / MS, Wait::Lull, false, t1);
         assert!(!p.is_sparse(t1), "one lull alone");
-        p.passed(0, Wait::None, t1);
-        p.passed(100, Wait::Lull, t1 + MS);
+        p.passed(0, Wait::None, false, t1);
+        p.passed(100, Wait::Lull, false, t1 + MS);
         assert!(p.is_sparse(t1 + MS), "a trial again");
         // It does not pay either: barred twice as long.
         let mut now = t1 + MS;
         while p.is_sparse(now) {
             now += MS;
-            p.passed(100, Wait::None, now);
+            p.passed(100, Wait::None, false, now);
         }
         let twice = now + 2 * nanos(LULL_BARRED);
-        p.passed(100, Wait::Full, twice - MS);
-        p.passed(100, Wait::Lull, twice - MS);
-        p.passed(100, Wait::Lull, twice - MS);
+        p.passed(100, Wait::Full, false, twice - MS);
+        p.passed(100, Wait::Lull, false, twice - MS);
+        p.passed(100, Wait::Lull, false, twice - MS);
         assert!(!p.is_sparse(twice - MS), "still barred");
-        p.passed(100, Wait::Full, twice);
+        p.passed(100, Wait::Full, false, twice);
         let t2 = twice + nanos(LULL_SAMPLE);
-        p.passed(100, Wait::Lull, t2);
-        p.passed(100, Wait::Lull, t2);
+        p.passed(100, Wait::Lull, false, t2);
+        p.passed(100, Wait::Lull, false, t2);
         assert!(p.is_sparse(t2), "a trial after the double bar");
     }
 
@@ -570,27 +555,30 @@ mod tests {
         let mut p = Pacing::default();
         let t0 = 50 * nanos(LULL_SAMPLE);
         p.slept(LULL_SAMPLE, t0);
-        p.passed(32, Wait::Lull, t0 + MS);
-        p.passed(32, Wait::Lull, t0 + 2 * MS);
+        p.passed(32, Wait::Lull, false, t0 + MS);
+        p.passed(32, Wait::Lull, false, t0 + 2 * MS);
         assert!(!p.is_sparse(t0 + 2 * MS), "no sample yet");
         let t1 = t0 + nanos(LULL_SAMPLE);
-        p.passed(32, Wait::Lull, t1);
+        p.passed(32, Wait::Lull, false, t1);
         assert!(p.is_sparse(t1), "a trial");
     }
 
-    /// Callers waiting for room in the budget fail a trial under way,
-    /// and clear the lulls counted so far.
+    /// A crowded pass (callers waiting for room in the budget) fails a
+    /// trial under way, and clears the lulls counted so far; nor does its
+    /// wait count for sparseness.
     #[test]
     fn a_crowded_link_has_no_lulls() {
         let mut p = Pacing::default();
         let t0 = nanos(LULL_SAMPLE);
-        p.passed(10, Wait::Lull, t0);
-        assert!(!p.crowded(t0), "nothing to decide");
-        p.passed(10, Wait::Lull, t0);
-        assert!(!p.is_sparse(t0), "the lull before the crowd does not count");
-        p.passed(10, Wait::Lull, t0);
+        assert_eq!(p.passed(1, Wait::Full, true, t0), None);
+        assert!(!p.is_sparse(t0), "a crowded wait is no futile one");
+        p.passed(10, Wait::Lull, false, t0);
+        assert_eq!(p.passed(10, Wait::Lull, true, t0), None);
+        p.passed(10, Wait::Lull, false, t0);
+        assert!(!p.is_sparse(t0), "the lulls before the crowd do not count");
+        p.passed(10, Wait::Lull, false, t0);
         assert!(p.is_sparse(t0), "a trial");
-        assert!(p.crowded(t0 + MS), "decided");
+        assert_eq!(p.passed(10, Wait::None, true, t0 + MS), Some(false));
         assert!(!p.is_sparse(t0 + MS), "barred");
     }
 

@@ -123,6 +123,10 @@ impl LinkWriter {
         self.last_write = Instant::now();
         // When to gather (see `may_gather` and link/pacing.rs).
         let mut pacing = Pacing::default();
+        // Pushes refused for want of room so far: one more by the next pass
+        // and that pass was crowded (see `Pacing::passed`). A count, not a
+        // look at who waits now, which a pass can fall between.
+        let mut full_seen = peer.stats.full.load(Ordering::Relaxed);
         loop {
             if peer.is_closed() {
                 return LinkDown::Closed;
@@ -149,10 +153,7 @@ impl LinkWriter {
                     return down;
                 }
                 ls.gathers.fetch_add(1, Ordering::Relaxed);
-                // A wait that callers could not fill because they wait
-                // for room (the budget is full: the peer is the bound)
-                // says nothing about company: it is queued behind them.
-                if Instant::now() >= until && peer.waiting.load(Ordering::Relaxed) == 0 {
+                if Instant::now() >= until {
                     wait = if peer.config.lulls {
                         let last_push = link.gathering_push.load(Ordering::Relaxed);
                         Wait::full(started, super::clock(), last_push)
@@ -162,9 +163,6 @@ impl LinkWriter {
                 }
                 pacing.gathered();
             }
-            // Callers waiting for room now (before this pass gives room
-            // back): the peer is the bound (see `Pacing::crowded`).
-            let crowded = peer.waiting.load(Ordering::Relaxed) > 0;
             frames.extend(
                 mine.iter()
                     .filter(|&&s| !self.busy(s))
@@ -195,14 +193,11 @@ impl LinkWriter {
                 }
                 peer.release(b);
                 self.last_write = Instant::now();
-                let now = super::clock();
-                if let Some(paid) = pacing.passed(n, wait, now) {
+                let full = peer.stats.full.load(Ordering::Relaxed);
+                let crowded = std::mem::replace(&mut full_seen, full) != full;
+                if let Some(paid) = pacing.passed(n, wait, crowded, super::clock()) {
                     ls.lull_trials.fetch_add(1, Ordering::Relaxed);
                     ls.lulls.fetch_add(u64::from(paid), Ordering::Relaxed);
-                }
-                let crowded = crowded || peer.waiting.load(Ordering::Relaxed) > 0;
-                if crowded && pacing.crowded(now) {
-                    ls.lull_trials.fetch_add(1, Ordering::Relaxed);
                 }
                 continue;
             }
