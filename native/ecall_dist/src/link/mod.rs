@@ -209,7 +209,8 @@ pub struct LinkStats {
     pub lone_partial: AtomicU64,
     /// Gathering waits made by the writer (see `may_gather` in writer.rs).
     pub gathers: AtomicU64,
-    /// Trials of not gathering that lulls started ([`LULL_FOR`]).
+    /// Trials of not gathering that lulls started ([`LULL_FOR`]), counted
+    /// when decided (one cut short by the connection's end is not).
     pub lull_trials: AtomicU64,
     /// Of those, the ones that paid: each stopped the link gathering for a
     /// while.
