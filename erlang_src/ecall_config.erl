@@ -55,6 +55,10 @@ spec() ->
                 "came at once, then stopped) tries not gathering for 10 ms, and stops "
                 "gathering for a while if that wrote more (read when a connection "
                 "opens); false: no trials"},
+      flusher => {boolean, true,
+                  "a push that finds its link's writer asleep has a process of the "
+                  "peer write what is queued, on a scheduler, instead of waking the "
+                  "writer thread (read when a connection opens); false: it wakes the writer"},
       urgent => {boolean, true,
                  "calls of callers in a closed loop go urgent, not held back for company "
                  "(read when a connection opens); false: they wait like any request"},
@@ -140,4 +144,5 @@ peer_opts() ->
       backoff_min => get(backoff_min),
       backoff_max => get(backoff_max),
       gather => get(gather),
-      lulls => get(lulls)}.
+      lulls => get(lulls),
+      flusher => get(flusher)}.

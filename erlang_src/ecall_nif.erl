@@ -10,7 +10,8 @@
 -export([load_error/0, log_target/2, log_off/0]).
 -export([cnode_start/4, cnode_info/1,
          peer_open/6, peer_close/1, peer_stats/1, overflow_drop/1,
-         send/4, push/4, push_iovec/3, caller_link/1, wait_room/3]).
+         send/4, push/4, push_iovec/3, caller_link/1, wait_room/3,
+         peer_flusher/2, flush/2]).
 -export([encode/1, encoded_size/1]).
 
 -on_load(init/0).
@@ -109,6 +110,18 @@ push(_Peer, _Request, _Room, _Urgent) -> erlang:nif_error(nif_not_loaded).
 -spec push_iovec(peer(), [binary()], room() | false) ->
           ok | closed | {full, non_neg_integer()}.
 push_iovec(_Peer, _IoVec, _Room) -> erlang:nif_error(nif_not_loaded).
+
+%% Sets the peer's flusher (once): the process that is sent `{ecall_flush,
+%% K}' when a push queued behind link K's sleeping writer, and answers it
+%% with flush/2.
+-spec peer_flusher(peer(), pid()) -> ok.
+peer_flusher(_Peer, _Pid) -> erlang:nif_error(nif_not_loaded).
+
+%% Writes what link K holds from the calling process (one non-blocking
+%% write), or wakes its writer when the load is the writer's. `true': more
+%% came meanwhile, call it again.
+-spec flush(peer(), non_neg_integer()) -> boolean().
+flush(_Peer, _K) -> erlang:nif_error(nif_not_loaded).
 
 %% `Term' in external format, encoded as a push encodes it (for tests
 %% and the benchmark): `binary_to_term(encode(T))' is equal to `T'.

@@ -13,6 +13,9 @@
 -export([open/3, send/4, push/3, loop_starts/1, reply_watcher/1, stats/1, close/2]).
 -export([caller_link/1]).
 
+%% For the peer's flusher (see flusher/1).
+-export([flusher/2]).
+
 %% Binary messages from this size on take the large-message path: encoded
 %% by term_to_iovec/1 (the binary is referenced, not copied) and copied
 %% into a batch of their own on a dirty scheduler, so that no normal
@@ -35,6 +38,11 @@ open(Node, Receivers, Protocol) ->
             Cookie = atom_to_binary(erlang:get_cookie(Node)),
             {ok, Peer} = ecall_nif:peer_open(CNode, atom_to_binary(Node), Cookie,
                                              Receivers, self(), ecall_config:peer_opts()),
+            %% Linked to the connection process, which ends the connection
+            %% if it dies (a transport process); it ends when that process
+            %% does, whatever the reason.
+            Owner = self(),
+            ok = ecall_nif:peer_flusher(Peer, spawn_link(fun() -> flusher(Peer, Owner) end)),
             {ok, {Node, Peer, Protocol, ecall_transport:loops()}, length(ecall_nif:cnode_info(CNode))};
         {error, _} = E ->
             E
@@ -116,6 +124,28 @@ admitted(Push, Room) ->
     case Push(Room) of
         ok -> ok;
         _ -> closed
+    end.
+
+%% The peer's flusher: a push that finds its link's writer asleep sends it
+%% `{ecall_flush, K}' instead of waking the writer thread. It writes what
+%% link K holds (ecall_nif:flush/2), on a scheduler, after the processes
+%% that were ready to run before it: on a busy node their pushes make one
+%% write. More pushed meanwhile: the message again, behind them.
+-spec flusher(ecall_nif:peer(), pid()) -> ok.
+flusher(Peer, Owner) ->
+    flush_loop(Peer, monitor(process, Owner)).
+
+-spec flush_loop(ecall_nif:peer(), reference()) -> ok.
+flush_loop(Peer, Owner) ->
+    receive
+        {ecall_flush, K} ->
+            _ = case ecall_nif:flush(Peer, K) of
+                    true -> self() ! {ecall_flush, K};
+                    false -> ok
+                end,
+            flush_loop(Peer, Owner);
+        {'DOWN', Owner, process, _, _} ->
+            ok
     end.
 
 -spec loop_starts(state()) -> pos_integer() | off.

@@ -13,7 +13,8 @@
          unreachable_node/1, multi_node_patterns/1, rpc_bad_arguments/1,
          call_from_a_long_mailbox/1, closed_loop_calls_are_urgent/1,
          urgent_calls_to_a_first_release_peer/1, urgent_off/1, urgent_sends/1,
-         sends_in_a_closed_loop/1, many_sends_in_a_closed_loop/1, lulls_off/1]).
+         sends_in_a_closed_loop/1, many_sends_in_a_closed_loop/1, lulls_off/1,
+         flushes_in_a_closed_loop/1, flusher_off/1]).
 
 -import(ecall_test_nodes, [start_node/1, stop_node/1, start_peer/1, flush_traces/0, connect_back/1]).
 
@@ -25,7 +26,8 @@ all() ->
      link_loss_fails_its_callers_only, peer_killed_with_1000_calls, unreachable_node,
      multi_node_patterns, rpc_bad_arguments, call_from_a_long_mailbox,
      closed_loop_calls_are_urgent, urgent_calls_to_a_first_release_peer, urgent_off,
-     urgent_sends, sends_in_a_closed_loop, many_sends_in_a_closed_loop, lulls_off].
+     urgent_sends, sends_in_a_closed_loop, many_sends_in_a_closed_loop, lulls_off,
+     flushes_in_a_closed_loop, flusher_off].
 
 init_per_suite(Config) ->
     ok = ecall_test_nodes:start_ecall(),
@@ -431,7 +433,8 @@ sends_in_a_closed_loop(Config) ->
     ?assert(G1 - G0 =< 4 + Ms div 100).
 
 %% 64 pairs of processes exchanging requests and replies with
-%% ecall:send/2, each pair back to back: a gathering wait on either node
+%% ecall:send/2, each pair back to back, with the `flusher' setting off
+%% (with it, these links' writers sleep and never gather): a gathering wait on either node
 %% brings company (32 requests a link), so the links gather, but the
 %% company comes at once and then stops (a *lull*), and the wait holds
 %% back the very requests whose replies would bring more. Lulls start
@@ -446,6 +449,10 @@ sends_in_a_closed_loop(Config) ->
 many_sends_in_a_closed_loop(Config) ->
     B = ?config(b, Config),
     connect_back(B),
+    %% Counters are per connection: all read on the one the setting made.
+    with_settings(B, [{flusher, false}], fun() -> many_sends_until_a_lull(B) end).
+
+many_sends_until_a_lull(B) ->
     {ok, #{lulls := L0, lull_trials := T0}} = ecall:stats(B),
     Deadline = erlang:monotonic_time(millisecond) + 60000,
     Until = fun(Done) ->
@@ -466,12 +473,12 @@ many_sends_in_a_closed_loop(Config) ->
 
 %% With `lulls' off (read when a connection opens) the same 64 pairs,
 %% 200 exchanges each, start no trial on this node's links, and every
-%% reply comes back in order. With the setting ignored in the NIF this
-%% failed (4 trials).
+%% reply comes back in order (`flusher' off, as above). With the setting
+%% ignored in the NIF this failed (4 trials).
 lulls_off(Config) ->
     B = ?config(b, Config),
     connect_back(B),
-    with_setting(B, lulls, false,
+    with_settings(B, [{flusher, false}, {lulls, false}],
                  fun() ->
                          {ok, #{lull_trials := T0, lulls := L0}} = ecall:stats(B),
                          Results = pairs(B, fun(Done) when Done >= 200 -> {done, Done};
@@ -481,6 +488,45 @@ lulls_off(Config) ->
                          ?assertEqual(lists:duplicate(64, {done, 200}), Results),
                          ?assertEqual({T0, L0}, {T1, L1})
                  end).
+
+%% The same 64 pairs with the default settings: a push that finds its
+%% link's writer asleep sends a message to the peer's flusher process
+%% instead of waking the writer thread, and the flusher writes what the
+%% pairs pushed meanwhile from its scheduler. Here every leg of an exchange
+%% finds the writer asleep: this node's links flush (no assertion on how
+%% many: how many pushes one flush takes depends on the schedule), and
+%% every reply comes back in order. With pushes that always woke the
+%% writer (the setting ignored) no flush would be counted.
+flushes_in_a_closed_loop(Config) ->
+    B = ?config(b, Config),
+    connect_back(B),
+    {ok, #{flushes := F0}} = ecall:stats(B),
+    Results = pairs(B, fun(Done) when Done >= 200 -> {done, Done};
+                          (_) -> more
+                       end),
+    {ok, #{flushes := F1, per_link := Links}} = ecall:stats(B),
+    ct:pal("~b flushes", [F1 - F0]),
+    ?assertEqual(lists:duplicate(64, {done, 200}), Results),
+    ?assert(F1 > F0),
+    ?assert(lists:all(fun(L) -> is_integer(maps:get(flushes, L)) end, Links)).
+
+%% With `flusher' off (read when a connection opens) the same 64 pairs
+%% make no flush: their pushes wake the writers. Every reply comes back in
+%% order.
+flusher_off(Config) ->
+    B = ?config(b, Config),
+    connect_back(B),
+    with_settings(B, [{flusher, false}],
+                  fun() ->
+                          {ok, #{flushes := F0, wakes := W0}} = ecall:stats(B),
+                          Results = pairs(B, fun(Done) when Done >= 200 -> {done, Done};
+                                                (_) -> more
+                                             end),
+                          {ok, #{flushes := F1, wakes := W1}} = ecall:stats(B),
+                          ?assertEqual(lists:duplicate(64, {done, 200}), Results),
+                          ?assertEqual(F0, F1),
+                          ?assert(W1 > W0)
+                  end).
 
 %% 64 pairs of processes, each exchanging requests and replies by
 %% ecall:send/2 with its own echo on B, in rounds of 20, until
@@ -538,12 +584,16 @@ reconnect(B) ->
 %% `Value' (settings read when a connection opens); the key unset and
 %% the connection opened again afterwards.
 with_setting(B, Key, Value, Fun) ->
-    ok = application:set_env(ecall, Key, Value),
+    with_settings(B, [{Key, Value}], Fun).
+
+%% with_setting/4 of several keys.
+with_settings(B, Settings, Fun) ->
+    [ok = application:set_env(ecall, Key, Value) || {Key, Value} <- Settings],
     try
         reconnect(B),
         Fun()
     after
-        ok = application:unset_env(ecall, Key),
+        [ok = application:unset_env(ecall, Key) || {Key, _} <- Settings],
         reconnect(B)
     end.
 

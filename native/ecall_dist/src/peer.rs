@@ -59,6 +59,9 @@ pub struct PeerConfig {
     /// [`LULL_FOR`](crate::link::LULL_FOR)). Off, pushes do not note when
     /// they came, and a link gathers whenever it is busy.
     pub lulls: bool,
+    /// Whether a push that finds its link's writer asleep asks for a flush
+    /// on the caller's side ([`Push::Flush`]) instead of waking the writer.
+    pub flusher: bool,
 }
 
 /// Result of a push.
@@ -70,6 +73,12 @@ pub enum Push {
     Full,
     /// The peer is closed: nothing was queued.
     Closed,
+    /// Queued behind a sleeping writer that was not woken: the caller has
+    /// [`Peer::flush`] of this link called soon, after the pushes that are
+    /// ready to run (on the BEAM: by a process, which runs after the
+    /// processes already in the run queue, whose pushes it then writes in
+    /// the same batch).
+    Flush(usize),
 }
 
 /// Counters of one peer (per-link counters are in [`LinkStats`]; see
@@ -196,7 +205,7 @@ impl Peer {
     }
 
     /// The shards that link `k` carries, in order.
-    pub(crate) fn shards_of_link(&self, k: usize) -> impl Iterator<Item = usize> {
+    pub(crate) fn shards_of_link(&self, k: usize) -> impl Iterator<Item = usize> + Clone {
         (k..self.shards.len()).step_by(self.links.len())
     }
 
@@ -262,6 +271,61 @@ impl Peer {
         })
     }
 
+    /// Writes what link `k`'s shards hold from the calling thread, once a
+    /// push answered [`Push::Flush`]`(k)`: one non-blocking write, as the
+    /// writer would make (see `LinkShared::flush` in `link/side.rs`), or a
+    /// wake-up of the writer when the load is its. Returns whether it
+    /// should be called again (more came meanwhile). Never blocks.
+    pub fn flush(&self, k: usize) -> bool {
+        let Some(link) = self.links.get(k) else {
+            return false;
+        };
+        if let Some(done) = link.flush(
+            &self.shards,
+            self.shards_of_link(k),
+            &self.stats.cached_atoms,
+        ) {
+            let payload = done.frames.iter().map(|(_, f)| f.payload).sum();
+            for (s, f) in done.frames {
+                self.shards[s].recycle(f.bytes);
+            }
+            self.release(payload);
+        }
+        // The push side's protocol again (`may_sleep` in link/writer.rs): the
+        // writer sleeps once more, then every shard is looked at; a push
+        // that came after the look sees SLEEPING and asks for a flush.
+        if link
+            .state
+            .compare_exchange(
+                link::FLUSHING,
+                link::SLEEPING,
+                Ordering::SeqCst,
+                Ordering::SeqCst,
+            )
+            .is_err()
+        {
+            return false;
+        }
+        self.shards_of_link(k).any(|s| !self.shards[s].is_empty())
+            && link
+                .state
+                .compare_exchange(
+                    link::SLEEPING,
+                    link::FLUSHING,
+                    Ordering::SeqCst,
+                    Ordering::SeqCst,
+                )
+                .is_ok()
+    }
+
+    /// Wakes link `k`'s writer (after [`Push::Flush`], when no flush
+    /// can be arranged).
+    pub fn wake_writer(&self, k: usize) {
+        if let Some(link) = self.links.get(k) {
+            link.wake_writer();
+        }
+    }
+
     fn push_with(
         &self,
         shard: usize,
@@ -320,6 +384,28 @@ impl Peer {
             st.queued_bytes.fetch_sub(len, Ordering::AcqRel);
             return Push::Closed;
         };
+        if wake && self.config.flusher && link.plain.load(Ordering::Relaxed) {
+            st.pushed.fetch_add(1, Ordering::Relaxed);
+            match link.state.compare_exchange(
+                link::SLEEPING,
+                link::FLUSHING,
+                Ordering::SeqCst,
+                Ordering::SeqCst,
+            ) {
+                Ok(_) => return Push::Flush(self.link_of_shard(shard)),
+                // Worth writing to a gathering writer: end its wait.
+                Err(link::GATHERING) => {
+                    if link.state.swap(link::AWAKE, Ordering::AcqRel) != link::AWAKE {
+                        st.wakes.fetch_add(1, Ordering::Relaxed);
+                        link.notify.notify_one();
+                    }
+                }
+                // Awake, or a flush is asked for already: either looks at
+                // the shards after this push.
+                Err(_) => {}
+            }
+            return Push::Queued;
+        }
         if wake && link.state.swap(link::AWAKE, Ordering::AcqRel) != link::AWAKE {
             st.wakes.fetch_add(1, Ordering::Relaxed);
             link.notify.notify_one();
@@ -497,6 +583,7 @@ mod tests {
                 backoff_max: Duration::from_millis(1),
                 gather: true,
                 lulls: true,
+                flusher: false,
             },
             &[("a_ecall_1@h".into(), 1)],
         )

@@ -112,6 +112,18 @@ fn open_peer_stall(
     receiver: &str,
     stall: Duration,
 ) -> (Arc<Peer>, mpsc::UnboundedReceiver<Event>) {
+    open_peer_with(id, node, cookie, receiver, stall, false)
+}
+
+/// [`open_peer_stall`], with the `flusher` setting.
+fn open_peer_with(
+    id: &Arc<Identity>,
+    node: &str,
+    cookie: &str,
+    receiver: &str,
+    stall: Duration,
+    flusher: bool,
+) -> (Arc<Peer>, mpsc::UnboundedReceiver<Event>) {
     let (tx, rx) = mpsc::unbounded_channel();
     let peer = Peer::open(
         &tokio::runtime::Handle::current(),
@@ -128,6 +140,7 @@ fn open_peer_stall(
             backoff_max: Duration::from_millis(500),
             gather: true,
             lulls: true,
+            flusher,
         },
         Arc::new(Events(tx)),
     )
@@ -637,6 +650,62 @@ async fn idle_requests_are_written_by_their_caller_in_order() {
         201
     );
     peer.close();
+}
+
+/// With `flusher` on, a push that finds the writer asleep (after the
+/// first, written alone on the quiet link) answers `Flush(0)` instead of
+/// waking it, and the pushes after it wake nobody until `Peer::flush`
+/// writes them all from the caller's thread: 200 requests in 20 flushes
+/// of 10, in order, with no writer wake-up. (A tick may still wake the
+/// writer, which then writes what is queued itself: so the flushes that
+/// wrote are asserted to be some, not 20.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flushes_write_from_the_caller_in_order() {
+    use std::sync::atomic::Ordering::Relaxed;
+    let epmd = Epmd::start().await;
+    let id = identity(&epmd, COOKIE, Duration::from_secs(15)).await;
+    let mut erl = Erl::start(&epmd, COOKIE, &[], seq_eval());
+    assert_eq!(erl.line().await, "ready");
+    let (peer, mut events) = open_peer_with(
+        &id,
+        &erl.node,
+        COOKIE,
+        "sink",
+        Duration::from_secs(10),
+        true,
+    );
+    assert!(matches!(next_event(&mut events).await, Event::Up));
+    writer_asleep(&peer).await;
+    let mut asked = 0;
+    for round in 0..20 {
+        let mut flush = None;
+        for i in 1..=10 {
+            match peer.push(0, &seq_element(round * 10 + i, 100), 0) {
+                Push::Queued => {}
+                Push::Flush(k) => {
+                    assert!(flush.is_none(), "a flush asked for twice before it ran");
+                    flush = Some(k);
+                    asked += 1;
+                }
+                other => panic!("push answered {other:?}"),
+            }
+        }
+        if let Some(k) = flush {
+            assert_eq!(k, 0);
+            while peer.flush(k) {}
+        }
+    }
+    let done = element_body(&encode(&atom("done"))).unwrap().to_vec();
+    if let Push::Flush(k) = peer.push(0, &done, 0) {
+        while peer.flush(k) {}
+    }
+    assert_eq!(erl.line().await, "got 200 in order");
+    let ls = peer.link_stats(0).unwrap();
+    assert!(asked > 0, "no push asked for a flush");
+    assert!(ls.flushes.load(Relaxed) > 0, "no flush wrote");
+    assert_eq!(peer.stats.wakes.load(Relaxed), 0, "a push woke the writer");
+    peer.close();
+    drop(epmd);
 }
 
 /// An urgent request (its caller waits for each answer before its next

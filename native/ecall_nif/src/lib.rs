@@ -31,7 +31,7 @@ mod atoms {
         ok, error, send, full, closed, large, wait, retry, ecall_link, ecall_cnode, ecall_room,
         up, down, alive, badarg,
         pushed, batches, requests, bytes, writes, dropped, connects, disconnects,
-        stalls, unconfirmed, cached_atoms, queued_bytes, links_up, overflow_waits, overflow_drops, per_link, link, fragmented, lone, lone_partial, gathers, lull_trials, lulls, urgent, wakes, closed_drops, links, shards, accepted, refused,
+        stalls, unconfirmed, cached_atoms, queued_bytes, links_up, overflow_waits, overflow_drops, per_link, link, fragmented, lone, lone_partial, gathers, lull_trials, lulls, flushes, flush_handoffs, ecall_flush, urgent, wakes, closed_drops, links, shards, accepted, refused,
         node, creation, port, inbound_frames, inbound_answered, inbound_ignored, inbound_malformed,
         handshakes_shed, accept_errors, stopped,
         // Link-down reasons (see `down_reason`).
@@ -83,6 +83,9 @@ impl Resource for CNode {}
 /// the last reference is garbage-collected.
 pub struct PeerRes {
     peer: Arc<Peer>,
+    /// The process that flushes for pushes answered `Push::Flush` (see
+    /// `peer_flusher/2`); until it is set, such a push wakes the writer.
+    flusher: std::sync::OnceLock<LocalPid>,
 }
 
 #[rustler::resource_impl]
@@ -383,6 +386,7 @@ struct PeerOpts {
     backoff_max: u64,
     gather: bool,
     lulls: bool,
+    flusher: bool,
 }
 
 /// Opens the shards and links towards `node`; link events go to `owner` as
@@ -418,6 +422,7 @@ fn peer_open(
         backoff_max: Duration::from_millis(opts.backoff_max.max(opts.backoff_min).max(1)),
         gather: opts.gather,
         lulls: opts.lulls,
+        flusher: opts.flusher,
     };
     let peer = Peer::open(
         runtime().handle(),
@@ -426,7 +431,13 @@ fn peer_open(
         Arc::new(Events { owner }),
     )
     .map_err(|e| rustler::Error::Term(Box::new(e.to_string())))?;
-    Ok((atoms::ok(), ResourceArc::new(PeerRes { peer })))
+    Ok((
+        atoms::ok(),
+        ResourceArc::new(PeerRes {
+            peer,
+            flusher: Default::default(),
+        }),
+    ))
 }
 
 /// The shard of the calling process: a stable hash of its pid.
@@ -453,7 +464,7 @@ fn send<'a>(
     let shard = caller_shard(env);
     let req = [atoms::send().to_term(env), to, msg];
     encode::tuple_with(env, &req, encode::INLINE_MAX, |e| {
-        push_encoded(env, &peer.peer, shard, &e, None, urgent)
+        push_encoded(env, &peer, shard, &e, None, urgent)
     })
 }
 
@@ -471,7 +482,7 @@ fn push_request<'a>(
 ) -> Term<'a> {
     let shard = caller_shard(env);
     encode::term_with(env, req, encode::INLINE_MAX, |e| {
-        push_encoded(env, &peer.peer, shard, &e, Some(room), urgent)
+        push_encoded(env, &peer, shard, &e, Some(room), urgent)
     })
 }
 
@@ -500,7 +511,7 @@ fn push_iovec<'a>(
     let pushed = peer
         .peer
         .push_alone(caller_shard(env), &parts, reserved(room, &peer.peer));
-    Ok(answer(env, pushed, len))
+    Ok(answer(env, &peer, pushed, len))
 }
 
 /// How a push encodes `term`: `{Bytes, Text, Refs}` (the size, whether an
@@ -529,7 +540,7 @@ fn caller_link(env: Env<'_>, peer: ResourceArc<PeerRes>) -> usize {
 /// `term_to_iovec`, and `room` is left for that push).
 fn push_encoded<'a>(
     env: Env<'a>,
-    peer: &Arc<Peer>,
+    peer: &PeerRes,
     shard: usize,
     e: &encode::Encoded<'_>,
     room: Option<Term<'a>>,
@@ -538,22 +549,56 @@ fn push_encoded<'a>(
     if e.large {
         return atoms::large().encode(env);
     }
-    let reserved = room.map_or(0, |r| reserved(r, peer));
+    let reserved = room.map_or(0, |r| reserved(r, &peer.peer));
     answer(
         env,
-        peer.push_element(shard, e.element(urgent), reserved),
+        peer,
+        peer.peer.push_element(shard, e.element(urgent), reserved),
         e.bytes.len(),
     )
 }
 
 /// What a push of `size` bytes answers: `ok`, `{full, Size}` (nothing
-/// queued: see `wait_room/3`) or `closed`.
-fn answer(env: Env<'_>, pushed: Push, size: usize) -> Term<'_> {
+/// queued: see `wait_room/3`) or `closed`. A push queued behind a sleeping
+/// writer that asks for a flush (`Push::Flush`) sends `{ecall_flush, K}`
+/// to the peer's flusher, which calls `flush/2`; it runs after the
+/// processes already waiting to run, whose pushes go in the same write.
+fn answer<'a>(env: Env<'a>, peer: &PeerRes, pushed: Push, size: usize) -> Term<'a> {
     match pushed {
         Push::Queued => atoms::ok().encode(env),
+        Push::Flush(k) => {
+            let sent = peer
+                .flusher
+                .get()
+                .is_some_and(|f| env.send(f, (atoms::ecall_flush(), k)).is_ok());
+            if !sent {
+                // No flusher (not set yet, or gone): the writer writes it.
+                peer.peer.wake_writer(k);
+            }
+            atoms::ok().encode(env)
+        }
         Push::Full => (atoms::full(), size).encode(env),
         Push::Closed => atoms::closed().encode(env),
     }
+}
+
+/// Sets the peer's flusher (once; `badarg` the second time): the process
+/// that calls `flush/2` for each `{ecall_flush, K}` it is sent.
+#[rustler::nif]
+fn peer_flusher(peer: ResourceArc<PeerRes>, pid: LocalPid) -> NifResult<Atom> {
+    peer.flusher
+        .set(pid)
+        .map(|()| atoms::ok())
+        .map_err(|_| rustler::Error::BadArg)
+}
+
+/// Writes what link `K` holds from the calling process, as asked by
+/// `{ecall_flush, K}` (see `answer`): `true` if it should be called again
+/// (more was pushed meanwhile: the flusher sends itself the message again,
+/// so that what is ready to run goes first).
+#[rustler::nif]
+fn flush(peer: ResourceArc<PeerRes>, k: usize) -> bool {
+    peer.peer.flush(k)
 }
 
 /// `term` in external format as a push encodes it, its id references
@@ -658,7 +703,7 @@ fn peer_stats<'a>(env: Env<'a>, peer: ResourceArc<PeerRes>) -> NifResult<Term<'a
         .collect();
     // The counters every link keeps; a peer's total is their sum.
     type Counter = fn(&LinkStats) -> &AtomicU64;
-    let counters: [(Atom, Counter); 20] = [
+    let counters: [(Atom, Counter); 22] = [
         (atoms::batches(), |l| &l.batches),
         (atoms::requests(), |l| &l.requests),
         (atoms::bytes(), |l| &l.bytes),
@@ -674,6 +719,8 @@ fn peer_stats<'a>(env: Env<'a>, peer: ResourceArc<PeerRes>) -> NifResult<Term<'a
         (atoms::gathers(), |l| &l.gathers),
         (atoms::lull_trials(), |l| &l.lull_trials),
         (atoms::lulls(), |l| &l.lulls),
+        (atoms::flushes(), |l| &l.flushes),
+        (atoms::flush_handoffs(), |l| &l.flush_handoffs),
         (atoms::urgent(), |l| &l.urgent),
         (atoms::inbound_frames(), |l| &l.inbound.frames),
         (atoms::inbound_answered(), |l| &l.inbound.answered),

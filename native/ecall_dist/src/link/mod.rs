@@ -31,7 +31,16 @@
 //! it. When nothing is queued the writer sleeps; a push wakes it only then
 //! (the sleeping-writer protocol is written down at `may_sleep` in
 //! `link/writer.rs`), or, if it is small, writes itself to the socket
-//! without a thread hop (a lone write: `link/side.rs`). On a busy link (the
+//! without a thread hop (a lone write: `link/side.rs`). With
+//! [`PeerConfig::flusher`](crate::PeerConfig::flusher) a push that would
+//! wake the writer asks for a *flush* instead ([`Push::Flush`](crate::Push::Flush)): the
+//! caller has [`Peer::flush`](crate::Peer::flush) run soon on a thread of
+//! its own (on the BEAM, by a process, after those already waiting to run,
+//! whose pushes go in the same write), which writes what the link's shards
+//! hold with one non-blocking `send`, or wakes the writer when the load is
+//! its own (a full batch, 64 KiB in a shard, TLS, a write's rest). The
+//! writer stays asleep meanwhile; pushes wake nobody until the flush is
+//! done. On a busy link (the
 //! last pass wrote [`GATHER_AFTER`] requests or more, or a push woke the
 //! writer within [`BUSY_SLEEP`] of its falling asleep) the writer gathers
 //! instead: it waits until a shard holds [`GATHER_REQUESTS`] or
@@ -207,6 +216,10 @@ pub struct LinkStats {
     /// Lone writes the socket took only in part (the writer wrote the
     /// rest): a sign that the peer reads slowly.
     pub lone_partial: AtomicU64,
+    /// Flushes on the caller's side that wrote (`Peer::flush`).
+    pub flushes: AtomicU64,
+    /// Flushes on the caller's side that woke the writer instead.
+    pub flush_handoffs: AtomicU64,
     /// Gathering waits made by the writer (see `may_gather` in writer.rs).
     pub gathers: AtomicU64,
     /// Trials of not gathering that lulls started ([`LULL_FOR`]), counted
@@ -234,6 +247,9 @@ pub(crate) const SLEEPING: u8 = 1;
 /// wakes it once its shard holds [`GATHER_REQUESTS`] or [`GATHER_BYTES`],
 /// and it wakes by itself after [`GATHER_WAIT`] in any case.
 pub(crate) const GATHERING: u8 = 2;
+/// The writer sleeps, and a push asked for a flush on the caller's side
+/// (`Peer::flush`) instead of waking it: pushes meanwhile wake nobody.
+pub(crate) const FLUSHING: u8 = 3;
 
 /// Requests in one shard that end a gathering wait.
 pub const GATHER_REQUESTS: u32 = 128;
@@ -341,6 +357,11 @@ pub(crate) struct LinkShared {
     /// within [`PUSH_NOTE_GRAIN`]): tells a wait whose company all came at
     /// once from one whose company kept coming (see [`LULL_FOR`]).
     pub(crate) gathering_push: AtomicU64,
+    /// Whether the connection's side takes plain non-blocking writes (TCP,
+    /// not TLS): only then does a push ask for a flush on the caller's
+    /// side (`Peer::flush`) rather than wake the writer. Set when the
+    /// writer falls asleep.
+    pub(crate) plain: AtomicBool,
 }
 
 impl LinkShared {

@@ -237,6 +237,11 @@ impl LinkWriter {
             // right after this writer's last write would find a busy link).
             link.quiet_since
                 .store(super::side::clock(), Ordering::Relaxed);
+            // Flushes on the caller's side are plain writes (not TLS).
+            link.plain.store(
+                self.side.as_ref().is_some_and(|s| s.wr.can_try_write()),
+                Ordering::Relaxed,
+            );
             *lock(&link.parked) = self.side.take();
         }
         let woke = tokio::select! {
@@ -265,7 +270,8 @@ impl LinkWriter {
                 link.stats.dropped.fetch_add(1, Ordering::Relaxed);
                 return Some(down);
             }
-            side.sent.requests(1);
+            side.sent
+                .requests(std::mem::take(&mut side.pending_requests));
             self.last_write = Instant::now();
         }
         match woke {
