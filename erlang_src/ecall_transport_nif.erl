@@ -42,7 +42,7 @@ open(Node, Receivers, Protocol) ->
             %% if it dies (a transport process); it ends when that process
             %% does, whatever the reason.
             Owner = self(),
-            ok = ecall_nif:peer_flusher(Peer, spawn_link(fun() -> flusher(Peer, Owner) end)),
+            ok = ecall_nif:peer_flusher(Peer, proc_lib:spawn_link(?MODULE, flusher, [Peer, Owner])),
             {ok, {Node, Peer, Protocol, ecall_transport:loops()}, length(ecall_nif:cnode_info(CNode))};
         {error, _} = E ->
             E

@@ -14,7 +14,7 @@
          call_from_a_long_mailbox/1, closed_loop_calls_are_urgent/1,
          urgent_calls_to_a_first_release_peer/1, urgent_off/1, urgent_sends/1,
          sends_in_a_closed_loop/1, many_sends_in_a_closed_loop/1, lulls_off/1,
-         flushes_in_a_closed_loop/1, flusher_off/1]).
+         flushes_in_a_closed_loop/1, flusher_off/1, flusher_exit_closes_connection/1]).
 
 -import(ecall_test_nodes, [start_node/1, stop_node/1, start_peer/1, flush_traces/0, connect_back/1]).
 
@@ -27,7 +27,7 @@ all() ->
      multi_node_patterns, rpc_bad_arguments, call_from_a_long_mailbox,
      closed_loop_calls_are_urgent, urgent_calls_to_a_first_release_peer, urgent_off,
      urgent_sends, sends_in_a_closed_loop, many_sends_in_a_closed_loop, lulls_off,
-     flushes_in_a_closed_loop, flusher_off].
+     flushes_in_a_closed_loop, flusher_off, flusher_exit_closes_connection].
 
 init_per_suite(Config) ->
     ok = ecall_test_nodes:start_ecall(),
@@ -527,6 +527,34 @@ flusher_off(Config) ->
                           ?assertEqual(F0, F1),
                           ?assert(W1 > W0)
                   end).
+
+%% The flusher is a process of the connection: if it dies, pushes would
+%% wait for flushes that never come. The connection closes instead (as
+%% for a proxy of the pure-Erlang transport), sends go by `!' meanwhile,
+%% and a new connection has a flusher of its own.
+flusher_exit_closes_connection(Config) ->
+    B = ?config(b, Config),
+    Conn = whereis(ecall_conn:name(B)),
+    {links, Linked} = process_info(Conn, links),
+    [Flusher] = [P || P <- Linked, is_pid(P),
+                      proc_lib:translate_initial_call(P) =:= {ecall_transport_nif, flusher, 2}],
+    Ref = monitor(process, Conn),
+    exit(Flusher, kill),
+    receive
+        {'DOWN', Ref, process, Conn, Why} ->
+            ?assertEqual({shutdown, {transport_down, killed}}, Why)
+    after 5000 -> ct:fail(connection_kept_a_dead_flusher)
+    end,
+    Self = self(),
+    Echo = erpc:call(B, erlang, spawn, [fun() -> receive M -> Self ! {echo, M} end end]),
+    ecall:send(Echo, after_the_flusher),
+    receive {echo, after_the_flusher} -> ok after 5000 -> ct:fail(lost_after_close) end,
+    ok = ecall:connect(B),
+    ?assertMatch({ok, #{transport := nif}}, ecall:stats(B)),
+    Results = pairs(B, fun(Done) when Done >= 20 -> {done, Done};
+                          (_) -> more
+                       end),
+    ?assertEqual(lists:duplicate(64, {done, 20}), Results).
 
 %% 64 pairs of processes, each exchanging requests and replies by
 %% ecall:send/2 with its own echo on B, in rounds of 20, until

@@ -783,6 +783,59 @@ async fn a_partial_lone_write_is_finished_by_the_writer_first() {
     peer.close();
 }
 
+/// A flush the socket takes only in part (the peer is stopped and the
+/// buffers are full) leaves the rest to the writer, which writes it before
+/// anything queued after it, and counts its requests once: every request
+/// arrives, in order, none counted dropped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partial_flush_is_finished_by_the_writer_first() {
+    use std::sync::atomic::Ordering::Relaxed;
+    let epmd = Epmd::start().await;
+    let id = identity(&epmd, COOKIE, Duration::from_secs(15)).await;
+    let mut erl = Erl::start(&epmd, COOKIE, &[], seq_eval());
+    assert_eq!(erl.line().await, "ready");
+    let (peer, mut events) = open_peer_with(
+        &id,
+        &erl.node,
+        COOKIE,
+        "sink",
+        Duration::from_secs(10),
+        true,
+    );
+    assert!(matches!(next_event(&mut events).await, Event::Up));
+    erl.signal("-STOP");
+    writer_asleep(&peer).await;
+    let ls = peer.link_stats(0).unwrap();
+    let mut i = 0;
+    // The first push on the quiet link goes alone; the next ones each ask
+    // for a flush, made at once, until the socket takes one in part.
+    while ls.lone_partial.load(Relaxed) == 0 {
+        assert!(
+            i < 4000,
+            "64 MB written to a stopped peer without a partial write"
+        );
+        i += 1;
+        match peer.push(0, &seq_element(i, 16_000), 0) {
+            Push::Flush(k) => while peer.flush(k) {},
+            Push::Queued => {}
+            other => panic!("push {i} answered {other:?} before a partial write"),
+        }
+    }
+    assert!(ls.flushes.load(Relaxed) > 0, "no flush wrote");
+    // The writer, woken for the rest, is awake and blocked: these queue.
+    for _ in 0..10 {
+        i += 1;
+        assert_eq!(peer.push(0, &seq_element(i, 1_000), 0), Push::Queued);
+    }
+    let done = element_body(&encode(&atom("done"))).unwrap().to_vec();
+    assert_eq!(peer.push(0, &done, 0), Push::Queued);
+    erl.signal("-CONT");
+    assert_eq!(erl.line().await, format!("got {i} in order"));
+    assert_eq!(ls.dropped.load(Relaxed), 0);
+    peer.close();
+    drop(epmd);
+}
+
 /// A link reaped while the kernel still holds requests the peer has not
 /// acknowledged (the peer is stopped, the buffers are full) counts them
 /// as `unconfirmed`: the requests written alone before the one the socket

@@ -213,8 +213,8 @@ pub struct LinkStats {
     /// Requests written by their caller, alone, while the writer slept
     /// (also counted in `batches` and `requests`; see `link/side.rs`).
     pub lone: AtomicU64,
-    /// Lone writes the socket took only in part (the writer wrote the
-    /// rest): a sign that the peer reads slowly.
+    /// Lone writes and flushes the socket took only in part (the writer
+    /// wrote the rest): a sign that the peer reads slowly.
     pub lone_partial: AtomicU64,
     /// Flushes on the caller's side that wrote (`Peer::flush`).
     pub flushes: AtomicU64,

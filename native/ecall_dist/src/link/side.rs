@@ -290,8 +290,15 @@ impl LinkShared {
     /// to sleep, or awake), cannot take a plain write (TLS, a rest still
     /// pending), or a shard holds a full batch or [`GATHER_BYTES`]: a
     /// load that big is the writer's, which gathers and fragments. A rest
-    /// the socket did not take goes to the writer, woken for it. Returns
-    /// `None` if it wrote nothing.
+    /// the socket did not take goes to the writer, woken for it (its room
+    /// goes back to the budget at once, as a lone write's does: at most
+    /// what the shards held below the thresholds above, and flushes hand
+    /// off while it is pending). Returns `None` if it wrote nothing.
+    ///
+    /// The lock of the side is taken, not tried: besides the writer (which
+    /// holds it to park or take back its side), only a lone write that
+    /// began before the link was `FLUSHING` can hold it, for one
+    /// non-blocking `send`.
     ///
     /// [`GATHER_BYTES`]: super::GATHER_BYTES
     pub(crate) fn flush(
@@ -349,6 +356,7 @@ impl LinkShared {
         side.sent.bytes(written as u64);
         let partial = written < frame.len();
         if partial {
+            ls.lone_partial.fetch_add(1, Ordering::Relaxed);
             side.pending = frame[written..].to_vec();
             side.pending_requests = n;
         } else {

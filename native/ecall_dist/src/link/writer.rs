@@ -263,15 +263,16 @@ impl LinkWriter {
             return Some(LinkDown::Write(std::io::ErrorKind::Other));
         };
         if !side.pending.is_empty() {
-            // What a lone write left: before anything else (order).
+            // What a lone write or a flush left: before anything else
+            // (order). It completes one request, or a flush's batches.
             let pending = std::mem::take(&mut side.pending);
+            let requests = std::mem::take(&mut side.pending_requests);
             let r = side.write(&link.stats, &[&pending], self.deadline).await;
             if let Err(down) = r {
-                link.stats.dropped.fetch_add(1, Ordering::Relaxed);
+                link.stats.dropped.fetch_add(requests, Ordering::Relaxed);
                 return Some(down);
             }
-            side.sent
-                .requests(std::mem::take(&mut side.pending_requests));
+            side.sent.requests(requests);
             self.last_write = Instant::now();
         }
         match woke {
