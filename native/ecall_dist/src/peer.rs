@@ -170,7 +170,12 @@ impl Peer {
                 Shard::new(&BatchHeader::new(node, *creation, to), config.caps)
             })
             .collect();
-        let links = (0..nlinks).map(|_| LinkShared::default()).collect();
+        let links = (0..nlinks)
+            .map(|_| LinkShared {
+                flusher: config.flusher,
+                ..LinkShared::default()
+            })
+            .collect();
         Peer {
             config,
             shards,

@@ -783,6 +783,60 @@ async fn a_partial_lone_write_is_finished_by_the_writer_first() {
     peer.close();
 }
 
+/// With flushes on, urgent requests pushed back to back on a link written
+/// to a moment ago are not each written alone (`URGENT_GAP`): after the
+/// first, on the quiet link, they ask for flushes, which write them
+/// together. All 50 arrive, in order. (A push that came more than 50 µs
+/// after the link's last write goes alone, so only "fewer than 50 alone"
+/// and "some flush" are asserted.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn urgent_requests_share_flushes_on_a_busy_link() {
+    use ecall_dist::shard::Element;
+    use std::sync::atomic::Ordering::Relaxed;
+    let epmd = Epmd::start().await;
+    let id = identity(&epmd, COOKIE, Duration::from_secs(15)).await;
+    let mut erl = Erl::start(&epmd, COOKIE, &[], seq_eval());
+    assert_eq!(erl.line().await, "ready");
+    let (peer, mut events) = open_peer_with(
+        &id,
+        &erl.node,
+        COOKIE,
+        "sink",
+        Duration::from_secs(10),
+        true,
+    );
+    assert!(matches!(next_event(&mut events).await, Event::Up));
+    writer_asleep(&peer).await;
+    let ls = peer.link_stats(0).unwrap();
+    let lone0 = ls.lone.load(Relaxed);
+    let mut asked = 0;
+    for i in 1..=50 {
+        let bytes = seq_element(i, 100);
+        let urgent = Element {
+            urgent: true,
+            ..Element::text(&bytes)
+        };
+        match peer.push_element(0, urgent, 0) {
+            Push::Queued => {}
+            Push::Flush(k) => {
+                asked += 1;
+                while peer.flush(k) {}
+            }
+            other => panic!("push {i} answered {other:?}"),
+        }
+    }
+    let lone = ls.lone.load(Relaxed) - lone0;
+    let done = element_body(&encode(&atom("done"))).unwrap().to_vec();
+    if let Push::Flush(k) = peer.push(0, &done, 0) {
+        while peer.flush(k) {}
+    }
+    assert_eq!(erl.line().await, "got 50 in order");
+    assert!(lone < 50, "every urgent request written alone");
+    assert!(asked > 0 && ls.flushes.load(Relaxed) > 0, "no flush");
+    peer.close();
+    drop(epmd);
+}
+
 /// A flush the socket takes only in part (the peer is stopped and the
 /// buffers are full) leaves the rest to the writer, which writes it before
 /// anything queued after it, and counts its requests once: every request

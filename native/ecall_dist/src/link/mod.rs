@@ -160,7 +160,7 @@ pub(crate) fn frame_out(
 pub(crate) use sent::SentLog;
 use side::clock;
 pub(crate) use side::WriteSide;
-pub use side::{LONE_GAP, LONE_MAX};
+pub use side::{LONE_GAP, LONE_MAX, URGENT_GAP};
 
 pub(crate) use task::link_task;
 
@@ -362,6 +362,8 @@ pub(crate) struct LinkShared {
     /// side (`Peer::flush`) rather than wake the writer. Set when the
     /// writer falls asleep.
     pub(crate) plain: AtomicBool,
+    /// Whether the peer flushes on the caller's side (`PeerConfig::flusher`).
+    pub(crate) flusher: bool,
 }
 
 impl LinkShared {

@@ -20,6 +20,10 @@
 //! requests are not held back for company, and the thread wake-up is most
 //! of what a lone caller's round trip would pay (`bench/run.sh pingpong`:
 //! one caller 0.20-0.22 ms per call with the wake-up, 0.06-0.08 without).
+//! With flushes (below) an urgent request goes alone only on a link quiet
+//! for [`URGENT_GAP`]: closer together, urgent requests come from several
+//! callers at once, each alone would be a `send` on each node, and a flush
+//! writes them together without a thread wake-up either.
 //!
 //! Order: a lone write happens only while the writer sleeps, and the writer
 //! sleeps only after it has written everything it took and found every
@@ -71,6 +75,13 @@ pub const LONE_MAX: usize = 16 * 1024;
 /// and none on a link in steady use.
 pub const LONE_GAP: std::time::Duration = std::time::Duration::from_micros(500);
 const LONE_GAP_NS: u64 = LONE_GAP.as_nanos() as u64;
+
+/// With flushes on (`Peer::flush`), how long a link must have been quiet
+/// for an urgent request to be written alone: closer than that, urgent
+/// requests come from several callers at once, and a flush writes them
+/// together.
+pub const URGENT_GAP: std::time::Duration = std::time::Duration::from_micros(50);
+const URGENT_GAP_NS: u64 = URGENT_GAP.as_nanos() as u64;
 
 /// Monotonic nanoseconds since the first call (only differences matter).
 /// Starts at `LONE_GAP` so that the first lone write is never refused.
@@ -171,8 +182,12 @@ impl LinkShared {
             return None;
         }
         let now = clock();
-        (urgent || now.wrapping_sub(self.quiet_since.load(Ordering::Relaxed)) >= LONE_GAP_NS)
-            .then_some(now)
+        let gap = match urgent {
+            true if self.flusher => URGENT_GAP_NS,
+            true => 0,
+            false => LONE_GAP_NS,
+        };
+        (now.wrapping_sub(self.quiet_since.load(Ordering::Relaxed)) >= gap).then_some(now)
     }
 
     /// Whether a small push would be written alone now.
