@@ -534,17 +534,9 @@ flusher_off(Config) ->
 %% and a new connection has a flusher of its own.
 flusher_exit_closes_connection(Config) ->
     B = ?config(b, Config),
-    Conn = whereis(ecall_conn:name(B)),
-    {links, Linked} = process_info(Conn, links),
-    [Flusher] = [P || P <- Linked, is_pid(P),
-                      proc_lib:translate_initial_call(P) =:= {ecall_transport_nif, flusher, 2}],
-    Ref = monitor(process, Conn),
-    exit(Flusher, kill),
-    receive
-        {'DOWN', Ref, process, Conn, Why} ->
-            ?assertEqual({shutdown, {transport_down, killed}}, Why)
-    after 5000 -> ct:fail(connection_kept_a_dead_flusher)
-    end,
+    Why = ecall_test_nodes:kill_transport_process(
+            B, fun(Call) -> Call =:= {ecall_transport_nif, flusher, 2} end),
+    ?assertEqual({shutdown, {transport_down, killed}}, Why),
     Self = self(),
     Echo = erpc:call(B, erlang, spawn, [fun() -> receive M -> Self ! {echo, M} end end]),
     ecall:send(Echo, after_the_flusher),

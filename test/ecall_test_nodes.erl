@@ -15,6 +15,7 @@
          connect_back/1, flush_links/1, sync_receivers/1]).
 %% logger handler used by the suites.
 -export([log/2]).
+-export([kill_transport_process/2]).
 %% Run on peers.
 -export([collector/2, echo/1, echo_loop/0, ecall_echo_loop/0, fail/2, tell/2, whoami/0,
          block/1, error_on/1]).
@@ -242,3 +243,16 @@ block(Pid) ->
     Pid ! {blocked, self(), node()},
     receive go -> late end.
 
+%% Kills the process linked to the connection to `Node' whose initial call
+%% (proc_lib) satisfies `Is', and returns once the connection process has
+%% exited; its exit reason.
+kill_transport_process(Node, Is) ->
+    Conn = whereis(ecall_conn:name(Node)),
+    {links, Linked} = process_info(Conn, links),
+    [Victim | _] = [P || P <- Linked, is_pid(P), Is(proc_lib:translate_initial_call(P))],
+    Ref = monitor(process, Conn),
+    exit(Victim, kill),
+    receive
+        {'DOWN', Ref, process, Conn, Why} -> Why
+    after 5000 -> error(connection_kept_a_dead_transport_process)
+    end.

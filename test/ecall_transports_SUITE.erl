@@ -82,17 +82,9 @@ nif_missing_falls_back_to_erlang(Config) ->
 %% lost): the peer is unpublished, and sends go by `!' until a reconnect.
 proxy_exit_closes_connection(Config) ->
     B = ?config(b, Config),
-    Conn = whereis(ecall_conn:name(B)),
-    {links, Linked} = process_info(Conn, links),
-    [Proxy | _] = [P || P <- Linked, is_pid(P),
-                        element(1, proc_lib:translate_initial_call(P)) =:= ecall_proxy],
-    Ref = monitor(process, Conn),
-    exit(Proxy, kill),
-    receive
-        {'DOWN', Ref, process, Conn, Why} ->
-            ?assertEqual({shutdown, {transport_down, killed}}, Why)
-    after 5000 -> ct:fail(connection_kept_a_dead_proxy)
-    end,
+    Why = ecall_test_nodes:kill_transport_process(
+            B, fun(Call) -> element(1, Call) =:= ecall_proxy end),
+    ?assertEqual({shutdown, {transport_down, killed}}, Why),
     ?assertEqual({error, not_connected}, ecall:stats(B)),
     Self = self(),
     Echo = erpc:call(B, erlang, spawn, [fun() -> receive M -> Self ! {echo, M} end end]),

@@ -626,6 +626,24 @@ async fn seq_link() -> (Epmd, Arc<Identity>, Erl, Arc<Peer>) {
     (epmd, id, erl, peer)
 }
 
+/// [`seq_link`] with flushes on the caller's side (`PeerConfig::flusher`).
+async fn flush_link() -> (Epmd, Arc<Identity>, Erl, Arc<Peer>) {
+    let epmd = Epmd::start().await;
+    let id = identity(&epmd, COOKIE, Duration::from_secs(15)).await;
+    let mut erl = Erl::start(&epmd, COOKIE, &[], seq_eval());
+    assert_eq!(erl.line().await, "ready");
+    let (peer, mut events) = open_peer_with(
+        &id,
+        &erl.node,
+        COOKIE,
+        "sink",
+        Duration::from_secs(10),
+        true,
+    );
+    assert!(matches!(next_event(&mut events).await, Event::Up));
+    (epmd, id, erl, peer)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_requests_are_written_by_their_caller_in_order() {
     let (_epmd, _id, mut erl, peer) = seq_link().await;
@@ -662,19 +680,7 @@ async fn idle_requests_are_written_by_their_caller_in_order() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn flushes_write_from_the_caller_in_order() {
     use std::sync::atomic::Ordering::Relaxed;
-    let epmd = Epmd::start().await;
-    let id = identity(&epmd, COOKIE, Duration::from_secs(15)).await;
-    let mut erl = Erl::start(&epmd, COOKIE, &[], seq_eval());
-    assert_eq!(erl.line().await, "ready");
-    let (peer, mut events) = open_peer_with(
-        &id,
-        &erl.node,
-        COOKIE,
-        "sink",
-        Duration::from_secs(10),
-        true,
-    );
-    assert!(matches!(next_event(&mut events).await, Event::Up));
+    let (epmd, _id, mut erl, peer) = flush_link().await;
     writer_asleep(&peer).await;
     let mut asked = 0;
     for round in 0..20 {
@@ -759,6 +765,20 @@ async fn fill_until_partial(peer: &Peer) -> i32 {
     i
 }
 
+/// With the writer awake and blocked on the rest of a partial write to
+/// the stopped node: ten more requests and `done` queue behind it; the
+/// node, resumed, gets all `i + 10` in order.
+async fn queue_behind_the_rest(erl: &mut Erl, peer: &Peer, mut i: i32) {
+    for _ in 0..10 {
+        i += 1;
+        assert_eq!(peer.push(0, &seq_element(i, 1_000), 0), Push::Queued);
+    }
+    let done = element_body(&encode(&atom("done"))).unwrap().to_vec();
+    assert_eq!(peer.push(0, &done, 0), Push::Queued);
+    erl.signal("-CONT");
+    assert_eq!(erl.line().await, format!("got {i} in order"));
+}
+
 /// A lone write the socket takes only in part (the peer is stopped and
 /// the buffers are full) leaves the rest to the writer, before anything
 /// queued after it.
@@ -768,16 +788,9 @@ async fn a_partial_lone_write_is_finished_by_the_writer_first() {
     let (_epmd, _id, mut erl, peer) = seq_link().await;
     erl.signal("-STOP");
     let ls = peer.link_stats(0).unwrap();
-    let mut i = fill_until_partial(&peer).await;
+    let i = fill_until_partial(&peer).await;
     // The writer is awake now, finishing that write: these queue.
-    for _ in 0..10 {
-        i += 1;
-        assert_eq!(peer.push(0, &seq_element(i, 1_000), 0), Push::Queued);
-    }
-    let done = element_body(&encode(&atom("done"))).unwrap().to_vec();
-    assert_eq!(peer.push(0, &done, 0), Push::Queued);
-    erl.signal("-CONT");
-    assert_eq!(erl.line().await, format!("got {i} in order"));
+    queue_behind_the_rest(&mut erl, &peer, i).await;
     assert_eq!(ls.lone_partial.load(Relaxed), 1);
     assert_eq!(ls.dropped.load(Relaxed), 0);
     peer.close();
@@ -793,19 +806,7 @@ async fn a_partial_lone_write_is_finished_by_the_writer_first() {
 async fn urgent_requests_share_flushes_on_a_busy_link() {
     use ecall_dist::shard::Element;
     use std::sync::atomic::Ordering::Relaxed;
-    let epmd = Epmd::start().await;
-    let id = identity(&epmd, COOKIE, Duration::from_secs(15)).await;
-    let mut erl = Erl::start(&epmd, COOKIE, &[], seq_eval());
-    assert_eq!(erl.line().await, "ready");
-    let (peer, mut events) = open_peer_with(
-        &id,
-        &erl.node,
-        COOKIE,
-        "sink",
-        Duration::from_secs(10),
-        true,
-    );
-    assert!(matches!(next_event(&mut events).await, Event::Up));
+    let (epmd, _id, mut erl, peer) = flush_link().await;
     writer_asleep(&peer).await;
     let ls = peer.link_stats(0).unwrap();
     let lone0 = ls.lone.load(Relaxed);
@@ -844,19 +845,7 @@ async fn urgent_requests_share_flushes_on_a_busy_link() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_partial_flush_is_finished_by_the_writer_first() {
     use std::sync::atomic::Ordering::Relaxed;
-    let epmd = Epmd::start().await;
-    let id = identity(&epmd, COOKIE, Duration::from_secs(15)).await;
-    let mut erl = Erl::start(&epmd, COOKIE, &[], seq_eval());
-    assert_eq!(erl.line().await, "ready");
-    let (peer, mut events) = open_peer_with(
-        &id,
-        &erl.node,
-        COOKIE,
-        "sink",
-        Duration::from_secs(10),
-        true,
-    );
-    assert!(matches!(next_event(&mut events).await, Event::Up));
+    let (epmd, _id, mut erl, peer) = flush_link().await;
     erl.signal("-STOP");
     writer_asleep(&peer).await;
     let ls = peer.link_stats(0).unwrap();
@@ -877,14 +866,7 @@ async fn a_partial_flush_is_finished_by_the_writer_first() {
     }
     assert!(ls.flushes.load(Relaxed) > 0, "no flush wrote");
     // The writer, woken for the rest, is awake and blocked: these queue.
-    for _ in 0..10 {
-        i += 1;
-        assert_eq!(peer.push(0, &seq_element(i, 1_000), 0), Push::Queued);
-    }
-    let done = element_body(&encode(&atom("done"))).unwrap().to_vec();
-    assert_eq!(peer.push(0, &done, 0), Push::Queued);
-    erl.signal("-CONT");
-    assert_eq!(erl.line().await, format!("got {i} in order"));
+    queue_behind_the_rest(&mut erl, &peer, i).await;
     assert_eq!(ls.dropped.load(Relaxed), 0);
     peer.close();
     drop(epmd);

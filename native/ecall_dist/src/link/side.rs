@@ -165,6 +165,31 @@ impl WriteSide {
 }
 
 impl WriteSide {
+    /// One non-blocking write of `scratch` (`batches` batches, `requests`
+    /// requests) from the caller's thread, counted; returns whether the
+    /// socket took only part, whose rest is then `pending`, for the writer.
+    /// Not writable now (`WouldBlock`), or failed: the writer writes it all,
+    /// and meets the error, if there is one, which ends the link as usual.
+    fn try_write_scratch(&mut self, ls: &LinkStats, batches: u64, requests: u64) -> bool {
+        let written = self.wr.try_write(&self.scratch).unwrap_or(0);
+        ls.batches.fetch_add(batches, Ordering::Relaxed);
+        ls.requests.fetch_add(requests, Ordering::Relaxed);
+        if written > 0 {
+            ls.writes.fetch_add(1, Ordering::Relaxed);
+            ls.bytes.fetch_add(written as u64, Ordering::Relaxed);
+        }
+        self.sent.bytes(written as u64);
+        let partial = written < self.scratch.len();
+        if partial {
+            ls.lone_partial.fetch_add(1, Ordering::Relaxed);
+            self.pending = self.scratch[written..].to_vec();
+            self.pending_requests = requests;
+        } else {
+            self.sent.requests(requests);
+        }
+        partial
+    }
+
     /// Whether a lone write may use this side: plain TCP (a TLS record is
     /// the writer's to write), and nothing left of an earlier lone write
     /// (the writer, already woken, writes it; requests queue behind it).
@@ -249,28 +274,8 @@ impl LinkShared {
             &mut side.scratch,
         );
         cached_atoms.fetch_add(hits, Ordering::Relaxed);
-        let frame: &[u8] = &side.scratch;
-        // Not writable now (`WouldBlock`), or failed: the writer writes it
-        // all, and meets the error, if there is one, which ends the link as
-        // usual.
-        let written = side.wr.try_write(frame).unwrap_or(0);
-        let ls = &self.stats;
-        ls.batches.fetch_add(1, Ordering::Relaxed);
-        ls.requests.fetch_add(1, Ordering::Relaxed);
-        ls.lone.fetch_add(1, Ordering::Relaxed);
-        if written > 0 {
-            ls.writes.fetch_add(1, Ordering::Relaxed);
-            ls.bytes.fetch_add(written as u64, Ordering::Relaxed);
-        }
-        side.sent.bytes(written as u64);
-        let partial = written < frame.len();
-        if !partial {
-            side.sent.requests(1);
-        } else {
-            ls.lone_partial.fetch_add(1, Ordering::Relaxed);
-            side.pending = frame[written..].to_vec();
-            side.pending_requests = 1;
-        }
+        let partial = side.try_write_scratch(&self.stats, 1, 1);
+        self.stats.lone.fetch_add(1, Ordering::Relaxed);
         self.quiet_since.store(now, Ordering::Relaxed);
         drop(parked);
         // The rest goes with the writer, woken for it.
@@ -358,25 +363,8 @@ impl LinkShared {
         }
         cached_atoms.fetch_add(hits, Ordering::Relaxed);
         let n: u64 = frames.iter().map(|(_, f)| u64::from(f.count)).sum();
-        let frame: &[u8] = &side.scratch;
-        let written = side.wr.try_write(frame).unwrap_or(0);
-        let ls = &self.stats;
-        ls.batches.fetch_add(frames.len() as u64, Ordering::Relaxed);
-        ls.requests.fetch_add(n, Ordering::Relaxed);
-        ls.flushes.fetch_add(1, Ordering::Relaxed);
-        if written > 0 {
-            ls.writes.fetch_add(1, Ordering::Relaxed);
-            ls.bytes.fetch_add(written as u64, Ordering::Relaxed);
-        }
-        side.sent.bytes(written as u64);
-        let partial = written < frame.len();
-        if partial {
-            ls.lone_partial.fetch_add(1, Ordering::Relaxed);
-            side.pending = frame[written..].to_vec();
-            side.pending_requests = n;
-        } else {
-            side.sent.requests(n);
-        }
+        let partial = side.try_write_scratch(&self.stats, frames.len() as u64, n);
+        self.stats.flushes.fetch_add(1, Ordering::Relaxed);
         side.trim();
         self.quiet_since.store(clock(), Ordering::Relaxed);
         drop(parked);
