@@ -13,8 +13,9 @@
 -export([open/3, send/4, push/3, loop_starts/1, reply_watcher/1, stats/1, close/2]).
 -export([caller_link/1]).
 
-%% For the peer's flusher (see flusher/1).
--export([flusher/2]).
+%% For the peer's flusher (see flusher/2); flush_loop/2 is called by its
+%% module name, so that a flusher survives code upgrades.
+-export([flusher/2, flush_loop/2]).
 
 %% Binary messages from this size on take the large-message path: encoded
 %% by term_to_iovec/1 (the binary is referenced, not copied) and copied
@@ -143,7 +144,7 @@ flush_loop(Peer, Owner) ->
                     true -> self() ! {ecall_flush, K};
                     false -> ok
                 end,
-            flush_loop(Peer, Owner);
+            ?MODULE:flush_loop(Peer, Owner);
         {'DOWN', Owner, process, _, _} ->
             ok
     end.
