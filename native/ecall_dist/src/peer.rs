@@ -170,12 +170,7 @@ impl Peer {
                 Shard::new(&BatchHeader::new(node, *creation, to), config.caps)
             })
             .collect();
-        let links = (0..nlinks)
-            .map(|_| LinkShared {
-                flusher: config.flusher,
-                ..LinkShared::default()
-            })
-            .collect();
+        let links = (0..nlinks).map(|_| LinkShared::default()).collect();
         Peer {
             config,
             shards,
@@ -285,17 +280,16 @@ impl Peer {
         let Some(link) = self.links.get(k) else {
             return false;
         };
-        if let Some(done) = link.flush(
+        let taken = link.flush(
             &self.shards,
             self.shards_of_link(k),
             &self.stats.cached_atoms,
-        ) {
-            let payload = done.frames.iter().map(|(_, f)| f.payload).sum();
-            for (s, f) in done.frames {
-                self.shards[s].recycle(f.bytes);
-            }
-            self.release(payload);
+        );
+        let payload = taken.iter().map(|(_, f)| f.payload).sum();
+        for (s, f) in taken {
+            self.shards[s].recycle(f.bytes);
         }
+        self.release(payload);
         // The push side's protocol again (`may_sleep` in link/writer.rs): the
         // writer sleeps once more, then every shard is looked at; a push
         // that came after the look sees SLEEPING and asks for a flush.
@@ -326,8 +320,8 @@ impl Peer {
     /// Wakes link `k`'s writer (after [`Push::Flush`], when no flush
     /// can be arranged).
     pub fn wake_writer(&self, k: usize) {
-        if let Some(link) = self.links.get(k) {
-            link.wake_writer();
+        if self.links.get(k).is_some_and(LinkShared::wake_writer) {
+            self.stats.wakes.fetch_add(1, Ordering::Relaxed);
         }
     }
 
@@ -389,31 +383,35 @@ impl Peer {
             st.queued_bytes.fetch_sub(len, Ordering::AcqRel);
             return Push::Closed;
         };
-        if wake && self.config.flusher && link.plain.load(Ordering::Relaxed) {
-            st.pushed.fetch_add(1, Ordering::Relaxed);
-            match link.state.compare_exchange(
-                link::SLEEPING,
-                link::FLUSHING,
-                Ordering::SeqCst,
-                Ordering::SeqCst,
-            ) {
-                Ok(_) => return Push::Flush(self.link_of_shard(shard)),
-                // Worth writing to a gathering writer: end its wait.
-                Err(link::GATHERING) => {
-                    if link.state.swap(link::AWAKE, Ordering::AcqRel) != link::AWAKE {
-                        st.wakes.fetch_add(1, Ordering::Relaxed);
-                        link.notify.notify_one();
-                    }
-                }
-                // Awake, or a flush is asked for already: either looks at
-                // the shards after this push.
-                Err(_) => {}
+        if wake {
+            // Behind a sleeping writer, a flush on the caller's side where
+            // the link takes one.
+            if link.flushable.load(Ordering::Relaxed)
+                && link
+                    .state
+                    .compare_exchange(
+                        link::SLEEPING,
+                        link::FLUSHING,
+                        Ordering::SeqCst,
+                        Ordering::SeqCst,
+                    )
+                    .is_ok()
+            {
+                st.pushed.fetch_add(1, Ordering::Relaxed);
+                return Push::Flush(self.link_of_shard(shard));
             }
-            return Push::Queued;
-        }
-        if wake && link.state.swap(link::AWAKE, Ordering::AcqRel) != link::AWAKE {
-            st.wakes.fetch_add(1, Ordering::Relaxed);
-            link.notify.notify_one();
+            // Else a sleeping or gathering writer is woken. An awake one,
+            // or a flush asked for already, looks at the shards after this
+            // push.
+            let woken = link
+                .state
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |s| {
+                    matches!(s, link::SLEEPING | link::GATHERING).then_some(link::AWAKE)
+                });
+            if woken.is_ok() {
+                st.wakes.fetch_add(1, Ordering::Relaxed);
+                link.notify.notify_one();
+            }
         } else if self.config.lulls && link.state.load(Ordering::Relaxed) == link::GATHERING {
             // When company came, for the writer's pacing (link::LULL_FOR).
             link.note_gathering_push();

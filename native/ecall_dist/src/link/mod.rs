@@ -357,13 +357,11 @@ pub(crate) struct LinkShared {
     /// within [`PUSH_NOTE_GRAIN`]): tells a wait whose company all came at
     /// once from one whose company kept coming (see [`LULL_FOR`]).
     pub(crate) gathering_push: AtomicU64,
-    /// Whether the connection's side takes plain non-blocking writes (TCP,
-    /// not TLS): only then does a push ask for a flush on the caller's
-    /// side (`Peer::flush`) rather than wake the writer. Set when the
-    /// writer falls asleep.
-    pub(crate) plain: AtomicBool,
-    /// Whether the peer flushes on the caller's side (`PeerConfig::flusher`).
-    pub(crate) flusher: bool,
+    /// Whether a push that would wake the sleeping writer asks for a flush
+    /// on the caller's side instead (`Peer::flush`): the peer is configured
+    /// so (`PeerConfig::flusher`) and the connection takes plain
+    /// non-blocking writes (TCP, not TLS). Set when the writer falls asleep.
+    pub(crate) flushable: AtomicBool,
 }
 
 impl LinkShared {

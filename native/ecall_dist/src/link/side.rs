@@ -208,7 +208,7 @@ impl LinkShared {
         }
         let now = clock();
         let gap = match urgent {
-            true if self.flusher => URGENT_GAP_NS,
+            true if self.flushable.load(Ordering::Relaxed) => URGENT_GAP_NS,
             true => 0,
             false => LONE_GAP_NS,
         };
@@ -279,28 +279,21 @@ impl LinkShared {
         self.quiet_since.store(now, Ordering::Relaxed);
         drop(parked);
         // The rest goes with the writer, woken for it.
-        if partial && self.state.swap(AWAKE, Ordering::AcqRel) != AWAKE {
-            self.notify.notify_one();
+        if partial {
+            self.wake_writer();
         }
         true
     }
 }
 
-/// What [`LinkShared::flush`] wrote.
-#[derive(Debug, Default)]
-pub(crate) struct Flushed {
-    /// The batches taken (written, or their rest left to the writer), with
-    /// their shards: their buffers go back to the shards, their room to
-    /// the budget.
-    pub(crate) frames: Vec<(usize, Frame)>,
-}
-
 impl LinkShared {
-    /// Wakes the writer unless it is awake.
-    pub(crate) fn wake_writer(&self) {
-        if self.state.swap(AWAKE, Ordering::AcqRel) != AWAKE {
+    /// Wakes the writer unless it is awake; whether it did.
+    pub(crate) fn wake_writer(&self) -> bool {
+        let woke = self.state.swap(AWAKE, Ordering::AcqRel) != AWAKE;
+        if woke {
             self.notify.notify_one();
         }
+        woke
     }
 
     /// A flush on the caller's side (see `Peer::flush`): with the link
@@ -313,7 +306,10 @@ impl LinkShared {
     /// the socket did not take goes to the writer, woken for it (its room
     /// goes back to the budget at once, as a lone write's does: at most
     /// what the shards held below the thresholds above, and flushes hand
-    /// off while it is pending). Returns `None` if it wrote nothing.
+    /// off while it is pending). Returns the batches it took (written, or
+    /// their rest left to the writer), with their shards: their buffers go
+    /// back to the shards, their room to the budget. None if it wrote
+    /// nothing.
     ///
     /// The lock of the side is taken, not tried: besides the writer (which
     /// holds it to park or take back its side), only a lone write that
@@ -326,12 +322,12 @@ impl LinkShared {
         shards: &[Shard],
         mine: impl Iterator<Item = usize> + Clone,
         cached_atoms: &AtomicU64,
-    ) -> Option<Flushed> {
+    ) -> Vec<(usize, Frame)> {
         let mut parked = self.parked.lock().unwrap_or_else(|p| p.into_inner());
         // Awake since (it stores AWAKE before it takes its side back under
         // this lock): what is queued is its to write.
         if self.state.load(Ordering::SeqCst) != FLUSHING {
-            return None;
+            return Vec::new();
         }
         let big = mine.clone().any(|s| {
             let b = shards[s].backlog();
@@ -341,7 +337,7 @@ impl LinkShared {
             drop(parked);
             self.stats.flush_handoffs.fetch_add(1, Ordering::Relaxed);
             self.wake_writer();
-            return None;
+            return Vec::new();
         };
         side.scratch.clear();
         let mut hits = 0;
@@ -359,7 +355,7 @@ impl LinkShared {
             }
         }
         if frames.is_empty() {
-            return None;
+            return frames;
         }
         cached_atoms.fetch_add(hits, Ordering::Relaxed);
         let n: u64 = frames.iter().map(|(_, f)| u64::from(f.count)).sum();
@@ -371,6 +367,6 @@ impl LinkShared {
         if partial {
             self.wake_writer();
         }
-        Some(Flushed { frames })
+        frames
     }
 }

@@ -238,8 +238,8 @@ impl LinkWriter {
             link.quiet_since
                 .store(super::side::clock(), Ordering::Relaxed);
             // Flushes on the caller's side are plain writes (not TLS).
-            link.plain.store(
-                self.side.as_ref().is_some_and(|s| s.wr.can_try_write()),
+            link.flushable.store(
+                peer.config.flusher && self.side.as_ref().is_some_and(|s| s.wr.can_try_write()),
                 Ordering::Relaxed,
             );
             *lock(&link.parked) = self.side.take();
