@@ -293,28 +293,11 @@ impl Peer {
         // The push side's protocol again (`may_sleep` in link/writer.rs): the
         // writer sleeps once more, then every shard is looked at; a push
         // that came after the look sees SLEEPING and asks for a flush.
-        if link
-            .state
-            .compare_exchange(
-                link::FLUSHING,
-                link::SLEEPING,
-                Ordering::SeqCst,
-                Ordering::SeqCst,
-            )
-            .is_err()
-        {
+        if !link.turn(link::FLUSHING, link::SLEEPING) {
             return false;
         }
         self.shards_of_link(k).any(|s| !self.shards[s].is_empty())
-            && link
-                .state
-                .compare_exchange(
-                    link::SLEEPING,
-                    link::FLUSHING,
-                    Ordering::SeqCst,
-                    Ordering::SeqCst,
-                )
-                .is_ok()
+            && link.turn(link::SLEEPING, link::FLUSHING)
     }
 
     /// Wakes link `k`'s writer (after [`Push::Flush`], when no flush
@@ -386,17 +369,7 @@ impl Peer {
         if wake {
             // Behind a sleeping writer, a flush on the caller's side where
             // the link takes one.
-            if link.flushable.load(Ordering::Relaxed)
-                && link
-                    .state
-                    .compare_exchange(
-                        link::SLEEPING,
-                        link::FLUSHING,
-                        Ordering::SeqCst,
-                        Ordering::SeqCst,
-                    )
-                    .is_ok()
-            {
+            if link.flushable.load(Ordering::Relaxed) && link.turn(link::SLEEPING, link::FLUSHING) {
                 st.pushed.fetch_add(1, Ordering::Relaxed);
                 return Push::Flush(self.link_of_shard(shard));
             }

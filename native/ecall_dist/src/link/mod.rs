@@ -375,6 +375,14 @@ impl LinkShared {
         }
     }
 
+    /// Moves the state from `from` to `to` (sequentially consistent, as
+    /// the sleeping-writer protocol needs); whether it was `from`.
+    pub(crate) fn turn(&self, from: u8, to: u8) -> bool {
+        self.state
+            .compare_exchange(from, to, Ordering::SeqCst, Ordering::SeqCst)
+            .is_ok()
+    }
+
     /// The push side of the protocol (see `may_sleep` in writer.rs): with
     /// the shard's lock held, whether this push should wake the writer.
     pub(crate) fn wants_wake(&self, backlog: crate::shard::Backlog) -> bool {
