@@ -88,7 +88,13 @@ if [ "${1:-}" = profile ]; then
         # A recording of an earlier run (ECALL_BENCH_VARIANTS left its
         # variant out of this one) has no message count here: skipped.
         grep -q "^$v " "$prof/messages" || continue
-        perf script -i "$f" 2>/dev/null | "$tools/bin/inferno-collapse-perf" > "$prof/$v.folded"
+        { perf script -i "$f" 2>/dev/null || true; } | "$tools/bin/inferno-collapse-perf" > "$prof/$v.folded"
+        # A recording perf did not finish (seen once: "data size field is
+        # 0") has no stacks: said, and the other variant's still made.
+        if [ ! -s "$prof/$v.folded" ]; then
+            echo "bench: $f holds no samples (perf record did not finish); run the mode again" >&2
+            continue
+        fi
         "$tools/bin/inferno-flamegraph" --title "ecall $v: both nodes" < "$prof/$v.folded" > "$prof/$v.svg"
         msgs=$(awk -v v="$v" '$1 == v {print $2}' "$prof/messages")
         python3 bench/profile.py "$f" "$prof/nodes" "$msgs" 499 > "$prof/$v.md"
