@@ -363,9 +363,14 @@ profile(N, Op) ->
                 Row
             end || V <- Chosen],
     print(Rows),
-    ok = file:write_file(filename:join(Out, "nodes"), io_lib:format("A ~s~nB ~s~n", [OsA, OsB])),
-    %% Messages in the 4 s recording window, at the point's rate.
-    ok = file:write_file(filename:join(Out, "messages"),
+    %% One pair of files per operation, so that a send run and a call run
+    %% in the same folder each keep their own (the recordings are per
+    %% operation too): the OS pids, and the messages in the 4 s recording
+    %% window at the point's rate.
+    OpName = atom_to_list(Op),
+    ok = file:write_file(filename:join(Out, "nodes-" ++ OpName),
+                         io_lib:format("A ~s~nB ~s~n", [OsA, OsB])),
+    ok = file:write_file(filename:join(Out, "messages-" ++ OpName),
                          [io_lib:format("~s-~s ~b~n", [Op, V, round(4 * R)])
                           || #{variant := V, rate := R} <- Rows]),
     peer:stop(Peer),

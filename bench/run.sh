@@ -82,12 +82,13 @@ wait "$erl_pid"
 trap - INT TERM HUP
 
 if [ "${1:-}" = profile ]; then
-    # Only this run's operation: `messages' and `nodes' speak of this run.
-    for f in "$prof"/"${3:-send}"-*.perf; do
+    # Only this run's operation: `messages-OP' and `nodes-OP' speak of this run.
+    op=${3:-send}
+    for f in "$prof"/"$op"-*.perf; do
         v=$(basename "$f" .perf)
         # A recording of an earlier run (ECALL_BENCH_VARIANTS left its
         # variant out of this one) has no message count here: skipped.
-        grep -q "^$v " "$prof/messages" || continue
+        grep -q "^$v " "$prof/messages-$op" || continue
         { perf script -i "$f" 2>/dev/null || true; } | "$tools/bin/inferno-collapse-perf" > "$prof/$v.folded"
         # A recording perf did not finish (seen once: "data size field is
         # 0") has no stacks: said, and the other variant's still made.
@@ -96,8 +97,8 @@ if [ "${1:-}" = profile ]; then
             continue
         fi
         "$tools/bin/inferno-flamegraph" --title "ecall $v: both nodes" < "$prof/$v.folded" > "$prof/$v.svg"
-        msgs=$(awk -v v="$v" '$1 == v {print $2}' "$prof/messages")
-        python3 bench/profile.py "$f" "$prof/nodes" "$msgs" 499 > "$prof/$v.md"
+        msgs=$(awk -v v="$v" '$1 == v {print $2}' "$prof/messages-$op")
+        python3 bench/profile.py "$f" "$prof/nodes-$op" "$msgs" 499 > "$prof/$v.md"
         echo "profile $v: $prof/$v.svg, $prof/$v.md"
         cat "$prof/$v.md"
     done
