@@ -276,10 +276,10 @@ matrix(Ns, K, P, Ops, Variants, Label) ->
                                      1 -> lists:reverse(Chosen)
                                  end],
     Total = length(Points),
-    warm_up(B, Chosen, element(1, hd(Points)), element(2, hd(Points)), K, P),
+    [{Op1, N1, _} | _] = Points,
+    warm_up(B, Chosen, Op1, N1, K, P),
     Rows0 = [begin
-                 use_transport(B, V),
-                 settle(B),
+                 ready(B, V),
                  progress(I, Total, point(B, V, Op, N, K, P))
              end || {I, {Op, N, V}} <- lists:enumerate(Points)],
     %% Printed and written variant by variant, as before.
@@ -292,17 +292,27 @@ matrix(Ns, K, P, Ops, Variants, Label) ->
 %% One point of Op at N writers by every variant, measured by nobody,
 %% before the measured ones. The first point after the nodes start pays
 %% for the first touch of the memory its heaps and buffers grow into (the
-%% kernel zeroing fresh pages: in the profile mode 10 % of node B's
-%% samples on a call point, against 1.4 % for the same transport run
-%% second); whichever variant came first was charged for it.
+%% kernel zeroing fresh pages, `clear_page_erms' in the profile mode);
+%% whichever variant came first was charged for it. ECALL_BENCH_WARMUP=0
+%% leaves it out, to see that cost.
 warm_up(B, Variants, Op, N, K, P) ->
-    [begin
-         use_transport(B, V),
-         settle(B),
-         #{rate := Rate} = point(B, V, Op, N, K, P),
-         io:format("  warm-up ~s ~s, ~b writers: ~.1fk ops/s (not counted)~n",
-                   [Op, V, N, Rate / 1000])
-     end || V <- Variants],
+    case os:getenv("ECALL_BENCH_WARMUP") of
+        "0" ->
+            ok;
+        _ ->
+            [begin
+                 ready(B, V),
+                 #{rate := Rate} = point(B, V, Op, N, K, P),
+                 io:format("  warm-up ~s ~s, ~b writers: ~.1fk ops/s (not counted)~n",
+                           [Op, V, N, Rate / 1000])
+             end || V <- Variants],
+            ok
+    end.
+
+%% The variant's transport on both nodes, and both nodes idle: what every
+%% point starts from.
+ready(B, V) ->
+    use_transport(B, V),
     settle(B).
 
 %% Returns once neither node has had anything to run for three looks in a
@@ -342,8 +352,7 @@ profile(N, Op) ->
     Chosen = chosen([ecall_nif, ecall_erlang]),
     warm_up(B, Chosen, Op, N, 100, 50),
     Rows = [begin
-                use_transport(B, V),
-                settle(B),
+                ready(B, V),
                 File = filename:join(Out, atom_to_list(Op) ++ "-" ++ atom_to_list(V) ++ ".perf"),
                 Self = self(),
                 Ref = make_ref(),
