@@ -35,9 +35,14 @@ CATEGORIES = [
 
 def samples(perf_file, pid):
     """(comm, dso, sym) -> samples of that process."""
+    # Sorted by thread ("tid:comm"), not by comm: with `comm' perf merges
+    # the threads of both nodes that share a name (1_scheduler, ...) into
+    # one entry before `--pid' filters, and gave one node's samples to the
+    # other (node B's share of a call recording came out 1,637 samples
+    # where it has 1,829).
     out = subprocess.run(
         ["perf", "report", "-i", perf_file, "--pid", pid, "--no-children", "-n",
-         "--sort", "comm,dso,sym", "-g", "none", "-q", "--percent-limit", "0",
+         "--sort", "pid,dso,sym", "-g", "none", "-q", "--percent-limit", "0",
          "--field-separator", "\t"],
         check=True, capture_output=True, text=True).stdout
     counts = {}
@@ -46,7 +51,7 @@ def samples(perf_file, pid):
         if len(parts) < 5 or not parts[0].endswith("%"):
             continue
         n = int(parts[1])
-        key = (parts[2], parts[3], parts[4].split("] ", 1)[-1])
+        key = (parts[2].split(":", 1)[-1], parts[3], parts[4].split("] ", 1)[-1])
         counts[key] = counts.get(key, 0) + n
     return counts
 
@@ -66,7 +71,8 @@ def main():
     messages = float(sys.argv[3]) if len(sys.argv) > 3 else None
     hz = float(sys.argv[4]) if len(sys.argv) > 4 else 499.0
     nodes = dict(line.split() for line in open(nodes_file) if line.strip())
-    a, b = classify(samples(perf_file, nodes["A"])), classify(samples(perf_file, nodes["B"]))
+    sa, sb = samples(perf_file, nodes["A"]), samples(perf_file, nodes["B"])
+    a, b = classify(sa), classify(sb)
     ta, tb = sum(a.values()) or 1, sum(b.values()) or 1
 
     def us(n):
@@ -83,6 +89,11 @@ def main():
     if messages:
         print(f"\n{messages:.0f} messages in the recording window; "
               f"{ta + tb} samples at {hz:.0f} Hz.")
+    # The kernel zeroing pages a node touches for the first time: high in
+    # the first point after the nodes start (see warm_up/6 in ecall_bench).
+    fresh = [sum(n for (_, _, sym), n in s.items() if sym == "clear_page_erms") for s in (sa, sb)]
+    print(f"\nFresh pages zeroed (kernel `clear_page_erms`): {100 * fresh[0] / ta:.1f} % of A's "
+          f"samples, {100 * fresh[1] / tb:.1f} % of B's.")
 
 
 if __name__ == "__main__":
