@@ -41,9 +41,10 @@ use ecall_dist::etf::{
 use ecall_dist::shard::Element;
 use ecall_dist::{atom_cache, atom_ids};
 use rustler::sys::{
-    enif_alloc_env, enif_clear_env, enif_get_tuple, enif_is_identical, enif_make_copy,
-    enif_map_iterator_create, enif_map_iterator_destroy, enif_map_iterator_get_pair,
-    enif_map_iterator_prev, ErlNifEnv, ErlNifMapIterator, ErlNifMapIteratorEntry, ErlNifTerm,
+    enif_alloc_env, enif_clear_env, enif_get_map_size, enif_get_tuple, enif_is_identical,
+    enif_make_copy, enif_map_iterator_create, enif_map_iterator_destroy,
+    enif_map_iterator_get_pair, enif_map_iterator_next, ErlNifEnv, ErlNifMapIterator,
+    ErlNifMapIteratorEntry, ErlNifTerm,
 };
 use rustler::{Binary, Env, Term, TermType};
 use std::cell::RefCell;
@@ -177,6 +178,11 @@ struct Remote {
     entries: Box<[(Option<ErlNifTerm>, AtomEntry)]>,
     /// Copies made into `env` since it was last emptied.
     copies: usize,
+    /// The word of the term last found or kept, and its slot: the same
+    /// term again (a caller's destination, push after push, until its heap
+    /// is collected) is found without its hash. The word is only a hint:
+    /// whatever lies there now must still be identical to the slot's copy.
+    last: (ErlNifTerm, usize),
 }
 
 impl Remote {
@@ -186,14 +192,35 @@ impl Remote {
 
     /// The cached entry for `raw` (a pid or port of `env`'s NIF call, of
     /// the given hash), if there is one.
-    fn get(&self, raw: ErlNifTerm, hash: u64) -> Option<&AtomEntry> {
-        let (copy, e) = &self.entries[Remote::slot(hash)];
+    fn get(&mut self, raw: ErlNifTerm, hash: u64) -> Option<&AtomEntry> {
+        let slot = Remote::slot(hash);
+        let (copy, e) = &self.entries[slot];
         let copy = (*copy)?;
         // SAFETY: both are valid terms: `raw` of the running NIF call,
         // `copy` of this thread's env (not emptied since it was made:
         // emptying the env empties every slot). enif_is_identical only
         // reads them.
-        (e.word == hash && unsafe { enif_is_identical(copy, raw) } != 0).then_some(e)
+        let hit = e.word == hash && unsafe { enif_is_identical(copy, raw) } != 0;
+        if hit {
+            self.last = (raw, slot);
+        }
+        hit.then_some(&self.entries[slot].1)
+    }
+
+    /// The cached entry for `raw` (any term of `env`'s NIF call that is
+    /// not an immediate) if it is the term last found or kept, without a
+    /// hash or a type check.
+    #[inline]
+    fn get_last(&self, raw: ErlNifTerm) -> Option<&AtomEntry> {
+        let (word, slot) = self.last;
+        if word != raw {
+            return None;
+        }
+        let (copy, e) = &self.entries[slot];
+        let copy = (*copy)?;
+        // SAFETY: as in `get`; a word that now holds another term (the
+        // heap was collected since) is simply not identical to the copy.
+        (unsafe { enif_is_identical(copy, raw) } != 0).then_some(e)
     }
 
     /// Keeps the encoding `enc` of `raw` (hash `hash`; `text`: its node
@@ -220,7 +247,9 @@ impl Remote {
         // `raw` is a valid term of the running NIF call.
         let copy = unsafe { enif_make_copy(self.env, raw) };
         self.copies += 1;
-        self.entries[Remote::slot(hash)] = (Some(copy), AtomEntry::new(hash, 0, enc, text));
+        let slot = Remote::slot(hash);
+        self.entries[slot] = (Some(copy), AtomEntry::new(hash, 0, enc, text));
+        self.last = (raw, slot);
     }
 }
 
@@ -235,6 +264,7 @@ impl AtomCache {
                 env: std::ptr::null_mut(),
                 entries: vec![(None, AtomEntry::default()); REMOTE_SLOTS].into_boxed_slice(),
                 copies: 0,
+                last: (ErlNifTerm::default(), 0),
             },
             nodes: HashMap::new(),
         }
@@ -250,6 +280,11 @@ impl AtomCache {
     fn slot(word: u64) -> usize {
         (word.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> (64 - ATOM_SLOTS.trailing_zeros())) as usize
     }
+}
+
+/// The word of term `t` (for [`caller_shard`](crate)'s hash of a pid).
+pub fn word(t: ErlNifTerm) -> u64 {
+    AtomCache::word(t)
 }
 
 /// A "hasher" that keeps the one word hashed into it.
@@ -483,6 +518,11 @@ impl Encoder {
                     put_cached(t, e, out, text, refs);
                     continue;
                 }
+            } else if let Some(e) = atoms.remote.get_last(raw) {
+                // The pid or port of another node met last: most sends'
+                // destination, push after push.
+                put_cached(t, e, out, text, refs);
+                continue;
             }
             let ty = t.get_type();
             match ty {
@@ -573,11 +613,25 @@ impl Encoder {
                         return give_up(large, todo);
                     }
                     tuple_header(out, arity);
-                    for i in (0..arity).rev() {
-                        // SAFETY: `i < arity`, within the array the VM gave.
-                        let raw = unsafe { *array.add(i) };
-                        todo.push(Work::Term(raw));
-                    }
+                    let elements: &[ErlNifTerm] = if arity == 0 {
+                        &[]
+                    } else {
+                        // SAFETY: the VM pointed `array` at the tuple's
+                        // `arity` elements (non-null: there are some), which
+                        // live as long as the tuple, that is for this call.
+                        unsafe { std::slice::from_raw_parts(array, arity) }
+                    };
+                    let mut inline = Inline {
+                        atoms,
+                        text,
+                        refs,
+                        limit: *limit,
+                    };
+                    let written = elements
+                        .iter()
+                        .take_while(|&&raw| inline.put(raw, out))
+                        .count();
+                    todo.extend(elements[written..].iter().rev().map(|&raw| Work::Term(raw)));
                 }
                 TermType::List => {
                     if t.is_empty_list() {
@@ -595,10 +649,21 @@ impl Encoder {
                 TermType::Map => {
                     // Every pair takes two bytes at least (and all of them
                     // are queued at once): the same early answer.
-                    if t.map_size().is_ok_and(|n| out.len() + 2 * n > *limit) {
+                    let mut size = 0;
+                    // SAFETY: `t` is a valid term of `env`; the VM writes
+                    // `size` on success (a map), reads nothing else.
+                    let is_map =
+                        unsafe { enif_get_map_size(env.as_c_arg(), t.as_c_arg(), &mut size) } != 0;
+                    if is_map && out.len().saturating_add(size.saturating_mul(2)) > *limit {
                         return give_up(large, todo);
                     }
-                    if !map(env, t, todo, out) {
+                    let inline = Inline {
+                        atoms,
+                        text,
+                        refs,
+                        limit: *limit,
+                    };
+                    if !(is_map && map(env, t, size, todo, out, inline)) {
                         fallback(t, out);
                         *text = true;
                     }
@@ -613,17 +678,22 @@ impl Encoder {
     }
 }
 
-/// Writes the header of map `t` and queues its keys and values. The pairs
-/// go out in the map's own order (walked from the tail, since the stack
-/// turns it around), sorted for a small map, as `term_to_binary` writes
-/// them: the peer sorts a small map's keys as it decodes it, and sorted
-/// keys cost it a check instead of a sort (written in reverse, the blast of
+/// Writes the header of map `t`, then its keys and values: those the
+/// cache holds written at once ([`Inline`]) up to the first one it does
+/// not, that one and the rest queued. The pairs go out in the map's own
+/// order, sorted for a small map, as `term_to_binary` writes them: the
+/// peer sorts a small map's keys as it decodes it, and sorted keys cost it
+/// a check instead of a sort (written in reverse, the blast of
 /// `bench/run.sh micro` ran at 298k against 452k msg/s). False if `t` could
-/// not be iterated (nothing written then).
-fn map(env: Env<'_>, t: Term<'_>, todo: &mut Vec<Work>, out: &mut Vec<u8>) -> bool {
-    let Ok(size) = t.map_size() else {
-        return false;
-    };
+/// not be iterated (nothing written then). `size`: its number of pairs.
+fn map(
+    env: Env<'_>,
+    t: Term<'_>,
+    size: usize,
+    todo: &mut Vec<Work>,
+    out: &mut Vec<u8>,
+    mut inline: Inline<'_>,
+) -> bool {
     let mut iter = MaybeUninit::<ErlNifMapIterator>::uninit();
     // SAFETY: `t` is a map of `env`; the iterator is initialised by the
     // VM on success and destroyed below before this function returns.
@@ -632,7 +702,7 @@ fn map(env: Env<'_>, t: Term<'_>, todo: &mut Vec<Work>, out: &mut Vec<u8>) -> bo
             env.as_c_arg(),
             t.as_c_arg(),
             iter.as_mut_ptr(),
-            ErlNifMapIteratorEntry::ERL_NIF_MAP_ITERATOR_TAIL,
+            ErlNifMapIteratorEntry::ERL_NIF_MAP_ITERATOR_HEAD,
         )
     };
     if ok == 0 {
@@ -642,19 +712,63 @@ fn map(env: Env<'_>, t: Term<'_>, todo: &mut Vec<Work>, out: &mut Vec<u8>) -> bo
     out.extend_from_slice(&(size as u32).to_be_bytes());
     let mut key = ErlNifTerm::default();
     let mut value = ErlNifTerm::default();
+    // Queued in the map's order, turned around below for the stack.
+    let queued = todo.len();
+    let mut writing = true;
     // SAFETY: the iterator was created above and is used only in `env`;
     // the pairs it gives are terms of `env`.
     unsafe {
         while enif_map_iterator_get_pair(env.as_c_arg(), iter.as_mut_ptr(), &mut key, &mut value)
             != 0
         {
-            todo.push(Work::Term(value));
-            todo.push(Work::Term(key));
-            enif_map_iterator_prev(env.as_c_arg(), iter.as_mut_ptr());
+            for raw in [key, value] {
+                writing = writing && inline.put(raw, out);
+                if !writing {
+                    todo.push(Work::Term(raw));
+                }
+            }
+            enif_map_iterator_next(env.as_c_arg(), iter.as_mut_ptr());
         }
         enif_map_iterator_destroy(env.as_c_arg(), iter.as_mut_ptr());
     }
+    todo[queued..].reverse();
     true
+}
+
+/// What a map or tuple needs to write its cached atoms and local pids at
+/// once, instead of queueing each for the loop in [`Encoder::term`] to pop
+/// again: the payload's maps of atoms, which were most of an encode (a
+/// push and a pop, a type check and a lookup per atom), go in one pass.
+struct Inline<'c> {
+    atoms: &'c AtomCache,
+    text: &'c mut bool,
+    refs: &'c mut u64,
+    limit: usize,
+}
+
+impl Inline<'_> {
+    /// Appends the cached encoding of `raw` if it is an immediate (an atom
+    /// or a local pid) the cache holds with its bytes, and counts its atom;
+    /// whether it did. Stops at the limit: the loop then gives up at its
+    /// next pop, past the limit by at most [`ATOM_MAX`] bytes per term
+    /// written here.
+    #[inline]
+    fn put(&mut self, raw: ErlNifTerm, out: &mut Vec<u8>) -> bool {
+        let word = AtomCache::word(raw);
+        if word & 0b11 != 0b11 || out.len() > self.limit {
+            return false;
+        }
+        let e = &self.atoms.entries[AtomCache::slot(word)];
+        // A long atom (len 0) is the VM's to write: left to the loop.
+        if e.word != word || e.len == 0 || (e.epoch != 0 && e.epoch != epoch_now()) {
+            return false;
+        }
+        let end = out.len() + usize::from(e.len);
+        out.extend_from_slice(&e.bytes);
+        out.truncate(end);
+        count(!e.text, self.text, self.refs);
+        true
+    }
 }
 
 /// An atom the cache does not hold (in `slot`): its id if it gets one, else

@@ -442,10 +442,15 @@ fn peer_open(
 
 /// The shard of the calling process: a stable hash of its pid.
 fn caller_shard(env: Env<'_>) -> usize {
-    // enif_hash of an immediate (a local pid) is a few instructions; the
-    // result is stable for the life of the process, which is all per-caller
-    // order needs.
-    env.pid().encode(env).hash_internal(0x6563_616c) as usize
+    // A local pid is an immediate: its term word names the process for its
+    // whole life, which is all per-caller order needs. Mixed here (the
+    // finaliser of splitmix64: processes spawned one after the other get
+    // unrelated shards; a single multiply gave them runs of the same
+    // link), not by `enif_hash`, a call into the VM on every push.
+    let mut x = encode::word(env.pid().encode(env).as_c_arg());
+    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    (x ^ (x >> 31)) as usize
 }
 
 /// Encodes `{send, To, Msg}` once and queues it on the caller's shard.
