@@ -275,6 +275,20 @@ every_term_kind_arrives_equal(Config) ->
     Terms = term_kinds(B) ++ random_terms(400),
     %% Locally first: the encoding decodes to an equal term.
     [?assert(binary_to_term(ecall_nif:encode(T)) =:= T) || T <- Terms],
+    %% Byte for byte what term_to_binary writes (atoms as UTF-8), once the
+    %% atoms are cached too, when the encoder writes a map's or a tuple's
+    %% cached atoms as it walks it and queues the rest: a small map's keys
+    %% in their sorted order (the peer then checks them instead of sorting
+    %% them) and nothing out of place where a term the cache does not hold
+    %% (a long atom, a float, a binary, a nested term) comes between them.
+    Long = list_to_atom(lists:duplicate(255, $y)),
+    Exact = [#{a => 1, b => [x, y], c => {d, e}, f => 1.5, g => <<"bin">>},
+             maps:from_list([{list_to_atom("k" ++ integer_to_list(I)), I} || I <- lists:seq(1, 32)]),
+             {a, b, Long, c, [e], f, 1.5, #{h => i}},
+             #{a => b, c => Long, d => #{e => f}, g => h},
+             {{a, b}, a, b}],
+    [?assertEqual(term_to_binary(T, [{minor_version, 2}]), ecall_nif:encode(T))
+     || T <- Exact ++ Exact],
     %% A plain message's atoms (the pid's node name too) go as encode-time
     %% cache references, nothing as text; a fun's atoms stay text.
     ?assertMatch({_, false, 3}, ecall_nif:encoded_size({send, self(), #{a => 1}})),
