@@ -282,7 +282,8 @@ impl AtomCache {
     }
 }
 
-/// The word of term `t` (for [`caller_shard`](crate)'s hash of a pid).
+/// The word of term `t`: for a local pid, what the push's `caller_shard`
+/// (in `lib.rs`) mixes into the caller's shard.
 pub fn word(t: ErlNifTerm) -> u64 {
     AtomCache::word(t)
 }
