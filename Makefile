@@ -28,10 +28,12 @@ test-ct:
 	test/ct.sh
 
 # The build without cargo: the message, then ECALL_NO_NIF=1 and two nodes on
-# the pure-Erlang transport; and a library installed while two nodes run it.
+# the pure-Erlang transport; a library installed while two nodes run it; and
+# the check that fails a run in which a test's node crashed.
 test-build:
 	test/no_nif_build.sh
 	test/nif_reinstall.sh
+	test/crash_check.sh
 
 # examples/: a mix project and a relx release, each on two nodes.
 examples: build

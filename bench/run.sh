@@ -69,6 +69,8 @@ if [ "${1:-}" = profile ]; then
 fi
 # The node helper is shared with the Common Test suites.
 erlc -o "$out" -I test bench/ecall_bench.erl test/ecall_test_nodes.erl
+# Its nodes start through test/node.sh, found beside ecall_test_nodes.
+cp test/node.sh "$out/"
 # shellcheck disable=SC2086
 erl -sname "bench_a_$$" +sbwt none +sbwtdcpu none +sbwtdio none +P 4000000 ${ECALL_BENCH_ERL_FLAGS:-} \
     -noinput -pa _build/default/lib/ecall/ebin -pa "$out" \

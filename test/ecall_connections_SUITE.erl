@@ -12,7 +12,7 @@
          nodedown_closes_connection/1, not_distributed/1, bad_arguments/1,
          bad_config_stops_start/1, receiver_answers_system_messages/1,
          spawn_failure_is_counted_and_answered/1, restart_cycles_start_first_time/1,
-         order_holds_across_reconnects/1]).
+         order_holds_across_reconnects/1, a_node_that_crashes_is_written_down/1]).
 %% Run on peers.
 -export([not_distributed_check/0, hold/1, order_collector/2, load_loop/1]).
 
@@ -25,7 +25,7 @@ all() ->
     [wrong_cookie_refused_incoming, wrong_cookie_refused_outgoing, nodedown_closes_connection,
      not_distributed, bad_arguments, bad_config_stops_start, receiver_answers_system_messages,
      spawn_failure_is_counted_and_answered, restart_cycles_start_first_time,
-     order_holds_across_reconnects].
+     order_holds_across_reconnects, a_node_that_crashes_is_written_down].
 
 init_per_suite(Config) ->
     ok = ecall_test_nodes:start_ecall(),
@@ -36,7 +36,8 @@ end_per_suite(_Config) ->
 
 %% A node with another cookie cannot connect to our C-node.
 wrong_cookie_refused_incoming(_Config) ->
-    {ok, Peer, _} = peer:start_link(#{connection => standard_io,
+    {ok, Peer, _} = peer:start_link(#{exec => ecall_test_nodes:node_exec(),
+                                      connection => standard_io,
                                    name => peer:random_name(wrong_cookie),
                                    args => ["-setcookie", "not_the_cookie"],
                                    wait_boot => 60000}),
@@ -55,7 +56,8 @@ refused(Id) ->
 %% owner is told. (A node without ecall running, so that nothing else
 %% connects our identities to it first.)
 wrong_cookie_refused_outgoing(_Config) ->
-    {ok, Peer, C} = peer:start_link(#{name => peer:random_name(?MODULE),
+    {ok, Peer, C} = peer:start_link(#{exec => ecall_test_nodes:node_exec(),
+                                      name => peer:random_name(?MODULE),
                                       args => ["-setcookie", atom_to_list(erlang:get_cookie())],
                                       wait_boot => 60000}),
     {ok, CNode} = ecall_cnode:cnode(),
@@ -88,7 +90,8 @@ nodedown_closes_connection(_Config) ->
 
 %% Without -sname/-name, ecall starts, says so, and send is plain `!'.
 not_distributed(_Config) ->
-    {ok, Peer, nonode@nohost} = peer:start_link(#{connection => standard_io, args => code_args(),
+    {ok, Peer, nonode@nohost} = peer:start_link(#{exec => ecall_test_nodes:node_exec(),
+                                                  connection => standard_io, args => code_args(),
                                    wait_boot => 60000}),
     ?assertMatch({ok, _}, peer:call(Peer, application, ensure_all_started, [ecall])),
     ?assertEqual({error, not_distributed}, peer:call(Peer, ecall_cnode, cnode, [])),
@@ -114,7 +117,8 @@ bad_arguments(_Config) ->
 %% unknown key stops the start with an error naming the key (before, some
 %% were accepted and failed later, inside a caller's send or connect).
 bad_config_stops_start(_Config) ->
-    {ok, Peer, C} = peer:start_link(#{name => peer:random_name(?MODULE),
+    {ok, Peer, C} = peer:start_link(#{exec => ecall_test_nodes:node_exec(),
+                                      name => peer:random_name(?MODULE),
                                       args => ["-setcookie", atom_to_list(erlang:get_cookie())
                                                | code_args()],
                                       wait_boot => 60000}),
@@ -335,3 +339,29 @@ order_collect(Owner, N, Last, #{received := R, out_of_order := B} = Acc) ->
         {fin, _From, Sent} ->
             order_collect(Owner, N - 1, Last, Acc#{sent := maps:get(sent, Acc) + Sent})
     end.
+
+%% The tests' own net under every node they start (test/node.sh, checked
+%% by test/with_epmd.sh): a node that dies of a crash signal is written
+%% down, so that the run fails even when the node crashed after its test
+%% had passed, or while it halted (two scheduler threads of such nodes
+%% once died of SIGSEGV, seen only in the kernel's log). A node that halts,
+%% or one a test kills (SIGKILL), is not. Each node here is a port, whose exit
+%% status comes after node.sh has written what it writes.
+a_node_that_crashes_is_written_down(Config) ->
+    Log = filename:join(?config(priv_dir, Config), "crashes"),
+    Run = fun(Eval) ->
+                  Port = open_port({spawn_executable, ecall_test_nodes:node_wrapper()},
+                                   [{args, [os:find_executable("erl"), "-noshell", "-eval", Eval]},
+                                    {env, [{"ECALL_NODE_CRASHES", Log}]}, exit_status]),
+                  receive {Port, {exit_status, S}} -> S end
+          end,
+    Kill = fun(Signal) -> "os:cmd(\"kill -" ++ Signal ++ " \" ++ os:getpid())." end,
+    ?assertEqual(0, Run("halt().")),
+    ?assertEqual(137, Run(Kill("KILL"))),
+    ?assertEqual({error, enoent}, file:read_file(Log)),
+    ?assertEqual(139, Run(Kill("SEGV"))),
+    ?assertEqual(135, Run(Kill("BUS"))),
+    {ok, Text} = file:read_file(Log),
+    ?assertMatch([<<"signal 11 (exit status 139): ", _/binary>>,
+                  <<"signal 7 (exit status 135): ", _/binary>>],
+                 binary:split(Text, <<"\n">>, [global, trim])).

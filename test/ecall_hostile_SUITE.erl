@@ -46,7 +46,8 @@ start_peer(WithEcall) ->
     Args = ["-setcookie", atom_to_list(erlang:get_cookie()),
             "-pa", filename:dirname(code:which(ecall)),
             "-pa", filename:dirname(code:which(?MODULE))],
-    {ok, Peer, Node} = peer:start(#{name => peer:random_name(?MODULE), args => Args,
+    {ok, Peer, Node} = peer:start(#{exec => ecall_test_nodes:node_exec(),
+                                    name => peer:random_name(?MODULE), args => Args,
                                     wait_boot => 60000}),
     WithEcall andalso ({ok, _} = erpc:call(Node, application, ensure_all_started, [ecall])),
     {Peer, Node}.

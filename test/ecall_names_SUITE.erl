@@ -283,7 +283,8 @@ openssl(Args) ->
 %% A `-sname' node (its host name is this node's).
 start_short(Prefix, Extra) ->
     {ok, Peer, Node} =
-        peer:start_link(#{connection => standard_io, name => peer:random_name(Prefix),
+        peer:start_link(#{exec => ecall_test_nodes:node_exec(),
+                          connection => standard_io, name => peer:random_name(Prefix),
                           args => ["-setcookie", "ecall_names" | Extra]
                               ++ ecall_test_nodes:code_args(),
                           wait_boot => 60000}),
@@ -294,7 +295,8 @@ start(Prefix, Host, Extra) ->
     Name = peer:random_name(Prefix),
     Node = list_to_atom(Name ++ "@" ++ Host),
     {ok, Peer, Node} =
-        peer:start_link(#{connection => standard_io, name => Name, host => Host,
+        peer:start_link(#{exec => ecall_test_nodes:node_exec(),
+                          connection => standard_io, name => Name, host => Host,
                           longnames => true,
                           args => ["-setcookie", "ecall_names" | Extra]
                               ++ ecall_test_nodes:code_args(),

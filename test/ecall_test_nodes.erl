@@ -10,7 +10,8 @@
 -include("ecall_test.hrl").
 
 -export([start_ecall/0, start_node/1, stop_node/1,
-         start_peer/0, start_peer/1, start_peer/2, code_args/0,
+         start_peer/0, start_peer/1, start_peer/2, code_args/0, node_exec/0, node_exec/1,
+         node_wrapper/0,
          many_callers_exactly_once/1, send_seq/2, send_payload_seq/3, flush_traces/0,
          connect_back/1, flush_links/1, sync_receivers/1]).
 %% logger handler used by the suites.
@@ -50,9 +51,10 @@ keep_node(Owner, Ready, Erl) ->
         "erlang:monitor_node(~p, true), "
         "erlang:send({~p, ~p}, {up, node()}), "
         "receive {nodedown, _} -> erlang:halt() end.", [node(), list_to_atom(Name), node()])),
-    Port = open_port({spawn_executable, Erl},
-                     [{args, ["-sname", Name, "-setcookie", atom_to_list(erlang:get_cookie()),
-                              "-noinput", "-eval", Eval | code_args()]},
+    {Exec, Pre} = node_exec(Erl),
+    Port = open_port({spawn_executable, Exec},
+                     [{args, Pre ++ ["-sname", Name, "-setcookie", atom_to_list(erlang:get_cookie()),
+                                     "-noinput", "-eval", Eval | code_args()]},
                       exit_status, stderr_to_stdout, {line, 4096}]),
     keep_node(Owner, Ready, Port, undefined).
 
@@ -91,10 +93,33 @@ start_peer(Extra, Modules) ->
     Code = lists:append([["-pa", filename:dirname(code:which(M))] || M <- Modules]),
     Args = ["-setcookie", atom_to_list(erlang:get_cookie()) | code_args() ++ Code ++ Extra],
     {ok, Peer, Node} = peer:start_link(#{name => peer:random_name(ecall_test),
+                                         exec => node_exec(),
                                          args => Args,
                                          wait_boot => 60000}),
     {ok, _} = erpc:call(Node, application, ensure_all_started, [ecall]),
     {Peer, Node}.
+
+%% How the tests start a node (`peer''s `exec' option): through
+%% test/node.sh, which writes down a node that dies of a crash signal for
+%% test/with_epmd.sh to fail the run on (see there), when a run records
+%% them (ECALL_NODE_CRASHES); else `erl' itself.
+node_exec() ->
+    node_exec(os:find_executable("erl")).
+
+%% The same for another `erl' (an OTP 27 or 29 one), as {Executable, Args
+%% before the node's own}.
+node_exec(Erl) ->
+    case os:getenv("ECALL_NODE_CRASHES") of
+        false -> {Erl, []};
+        _ -> {node_wrapper(), [Erl]}
+    end.
+
+%% test/node.sh, beside this module (rebar3 ct copies test/ with the
+%% beams; bench/run.sh copies it to where it compiles this module).
+node_wrapper() ->
+    Wrapper = filename:join(filename:dirname(code:which(?MODULE)), "node.sh"),
+    true = filelib:is_regular(Wrapper) orelse erlang:error({no_node_wrapper, Wrapper}),
+    Wrapper.
 
 code_args() ->
     ["-pa", filename:dirname(code:which(ecall)),

@@ -4,6 +4,13 @@
 # Every Erlang node and every C-node started under it finds this epmd through
 # ERL_EPMD_PORT, so tests never touch (or depend on) a system epmd, and the
 # epmd is stopped, by its pid, when the command ends, whatever its outcome.
+#
+# Nodes started through test/node.sh (the tests' and the benchmark's) write
+# down a crash signal in $ECALL_NODE_CRASHES: when the command ends, this
+# waits for every such node to end too (at most a minute: a node left
+# running fails the run), and a node that died of a crash, even after its
+# test passed or while it halted, fails the run. An outer with_epmd.sh
+# (ECALL_NODE_CRASHES set already) does that for the inner one.
 set -euo pipefail
 
 # The port is free when python looks, but anything else on the machine can
@@ -34,4 +41,26 @@ done
 [ -n "$epmd_pid" ] || { echo "with_epmd.sh: no epmd" >&2; exit 1; }
 export ERL_EPMD_PORT=$port
 
-"$@"
+crashes=
+if [ -z "${ECALL_NODE_CRASHES:-}" ]; then
+    crashes=$(mktemp)
+    export ECALL_NODE_CRASHES=$crashes
+fi
+status=0
+"$@" || status=$?
+if [ -n "$crashes" ]; then
+    # Each node.sh holds a shared lock while its node runs.
+    exec 8>>"$crashes.lock"
+    if ! flock -x -w 60 8; then
+        echo "with_epmd.sh: nodes of this run were still running a minute after it ended" >&2
+        status=1
+    fi
+    if [ -s "$crashes" ]; then
+        echo "with_epmd.sh: nodes of this run died of a crash signal:" >&2
+        sed 's/^/  /' "$crashes" >&2
+        status=1
+    fi
+    exec 8>&-
+    rm -f "$crashes" "$crashes.lock"
+fi
+exit "$status"
