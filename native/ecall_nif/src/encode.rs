@@ -194,17 +194,11 @@ impl Remote {
     /// the given hash), if there is one.
     fn get(&mut self, raw: ErlNifTerm, hash: u64) -> Option<&AtomEntry> {
         let slot = Remote::slot(hash);
-        let (copy, e) = &self.entries[slot];
-        let copy = (*copy)?;
-        // SAFETY: both are valid terms: `raw` of the running NIF call,
-        // `copy` of this thread's env (not emptied since it was made:
-        // emptying the env empties every slot). enif_is_identical only
-        // reads them.
-        let hit = e.word == hash && unsafe { enif_is_identical(copy, raw) } != 0;
-        if hit {
-            self.last = (raw, slot);
+        if self.entries[slot].1.word != hash || self.identical(slot, raw).is_none() {
+            return None;
         }
-        hit.then_some(&self.entries[slot].1)
+        self.last = (raw, slot);
+        Some(&self.entries[slot].1)
     }
 
     /// The cached entry for `raw` (any term of `env`'s NIF call that is
@@ -216,10 +210,18 @@ impl Remote {
         if word != raw {
             return None;
         }
+        self.identical(slot, raw)
+    }
+
+    /// Slot `slot`'s entry if its copy is identical to `raw`.
+    fn identical(&self, slot: usize, raw: ErlNifTerm) -> Option<&AtomEntry> {
         let (copy, e) = &self.entries[slot];
         let copy = (*copy)?;
-        // SAFETY: as in `get`; a word that now holds another term (the
-        // heap was collected since) is simply not identical to the copy.
+        // SAFETY: both are valid terms: `raw` of the running NIF call,
+        // `copy` of this thread's env (not emptied since it was made:
+        // emptying the env empties every slot). enif_is_identical only
+        // reads them; a word that now holds another term than the one once
+        // cached (its heap was collected since) is simply not identical.
         (unsafe { enif_is_identical(copy, raw) } != 0).then_some(e)
     }
 
@@ -279,6 +281,22 @@ impl AtomCache {
 
     fn slot(word: u64) -> usize {
         (word.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> (64 - ATOM_SLOTS.trailing_zeros())) as usize
+    }
+
+    /// The entry of term word `word` if it is an immediate (an atom or a
+    /// local pid) that the table holds, of the current epoch. A term word
+    /// names one atom, or one local pid, for the life of the VM: a word the
+    /// table holds is that term. Only immediates are looked up, so that the
+    /// lookups of tuples, maps, lists and binaries do not drag the table out
+    /// of the caches (the emulator tags immediates with 0b11 in the low
+    /// bits; were the tag otherwise, only speed would suffer).
+    #[inline]
+    fn cached(&self, word: u64) -> Option<&AtomEntry> {
+        if word & 0b11 != 0b11 {
+            return None;
+        }
+        let e = &self.entries[AtomCache::slot(word)];
+        (e.word == word && (e.epoch == 0 || e.epoch == epoch_now())).then_some(e)
     }
 }
 
@@ -506,24 +524,18 @@ impl Encoder {
             let raw = t.as_c_arg();
             let word = AtomCache::word(raw);
             let slot = AtomCache::slot(word);
-            // Only immediate terms are looked up (the emulator tags them
-            // with 0b11 in the low bits), so the lookups of tuples, maps,
-            // lists and binaries do not drag the table out of the caches,
-            // and an atom that hits costs no call into the VM. Were the tag
-            // otherwise, only speed would suffer: a hit needs the word.
-            if word & 0b11 == 0b11 {
-                // A term word names one atom, or one local pid, for the
-                // life of the VM: a word the table holds is that term.
-                let e = &atoms.entries[slot];
-                if e.word == word && (e.epoch == 0 || e.epoch == epoch_now()) {
+            // An atom or a local pid that hits costs no call into the VM.
+            if let Some(e) = atoms.cached(word) {
+                put_cached(t, e, out, text, refs);
+                continue;
+            }
+            if word & 0b11 != 0b11 {
+                if let Some(e) = atoms.remote.get_last(raw) {
+                    // The pid or port of another node met last: most sends'
+                    // destination, push after push.
                     put_cached(t, e, out, text, refs);
                     continue;
                 }
-            } else if let Some(e) = atoms.remote.get_last(raw) {
-                // The pid or port of another node met last: most sends'
-                // destination, push after push.
-                put_cached(t, e, out, text, refs);
-                continue;
             }
             let ty = t.get_type();
             match ty {
@@ -755,19 +767,18 @@ impl Inline<'_> {
     /// written here.
     #[inline]
     fn put(&mut self, raw: ErlNifTerm, out: &mut Vec<u8>) -> bool {
-        let word = AtomCache::word(raw);
-        if word & 0b11 != 0b11 || out.len() > self.limit {
+        if out.len() > self.limit {
             return false;
         }
-        let e = &self.atoms.entries[AtomCache::slot(word)];
         // A long atom (len 0) is the VM's to write: left to the loop.
-        if e.word != word || e.len == 0 || (e.epoch != 0 && e.epoch != epoch_now()) {
+        let Some(e) = self
+            .atoms
+            .cached(AtomCache::word(raw))
+            .filter(|e| e.len != 0)
+        else {
             return false;
-        }
-        let end = out.len() + usize::from(e.len);
-        out.extend_from_slice(&e.bytes);
-        out.truncate(end);
-        count(!e.text, self.text, self.refs);
+        };
+        put_bytes(e, out, self.text, self.refs);
         true
     }
 }
@@ -830,19 +841,26 @@ fn node_id(start: usize, atoms: &mut AtomCache, out: &mut Vec<u8>) -> bool {
 }
 
 /// Appends the cached encoding `e` of `t` (the VM writes it when it was
-/// too long to keep) and counts its atom. The whole array goes in, then
-/// the tail past `len` comes off: a copy of a length known when compiling
-/// is a few moves in line, where a copy of `len` bytes is a call to
-/// `memmove`. (In a loop of `ecall_nif:encoded_size/1` the two did not
-/// differ beyond this machine's noise.)
+/// too long to keep) and counts its atom.
 fn put_cached(t: Term<'_>, e: &AtomEntry, out: &mut Vec<u8>, text: &mut bool, refs: &mut u64) {
     if e.len == 0 {
         fallback(t, out);
+        count(!e.text, text, refs);
     } else {
-        let end = out.len() + usize::from(e.len);
-        out.extend_from_slice(&e.bytes);
-        out.truncate(end);
+        put_bytes(e, out, text, refs);
     }
+}
+
+/// Appends the bytes of cached entry `e` (`len` not 0) and counts its atom.
+/// The whole array goes in, then the tail past `len` comes off: a copy of
+/// a length known when compiling is a few moves in line, where a copy of
+/// `len` bytes is a call to `memmove`. (In a loop of
+/// `ecall_nif:encoded_size/1` the two did not differ beyond this machine's
+/// noise.)
+fn put_bytes(e: &AtomEntry, out: &mut Vec<u8>, text: &mut bool, refs: &mut u64) {
+    let end = out.len() + usize::from(e.len);
+    out.extend_from_slice(&e.bytes);
+    out.truncate(end);
     count(!e.text, text, refs);
 }
 
