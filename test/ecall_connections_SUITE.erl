@@ -10,20 +10,22 @@
 -export([all/0, suite/0, init_per_suite/1, end_per_suite/1]).
 -export([wrong_cookie_refused_incoming/1, wrong_cookie_refused_outgoing/1,
          nodedown_closes_connection/1, not_distributed/1, bad_arguments/1,
-         bad_config_stops_start/1, receiver_answers_system_messages/1,
+         bad_config_stops_start/1, links_follow_schedulers/1,
+         receiver_answers_system_messages/1,
          spawn_failure_is_counted_and_answered/1, restart_cycles_start_first_time/1,
          order_holds_across_reconnects/1, a_node_that_crashes_is_written_down/1]).
 %% Run on peers.
 -export([not_distributed_check/0, hold/1, order_collector/2, load_loop/1]).
 
--import(ecall_test_nodes, [start_peer/0, start_peer/1, code_args/0]).
+-import(ecall_test_nodes, [start_peer/0, start_peer/1, node_args/0]).
 
 suite() ->
     [{timetrap, {minutes, 3}}].
 
 all() ->
     [wrong_cookie_refused_incoming, wrong_cookie_refused_outgoing, nodedown_closes_connection,
-     not_distributed, bad_arguments, bad_config_stops_start, receiver_answers_system_messages,
+     not_distributed, bad_arguments, bad_config_stops_start, links_follow_schedulers,
+     receiver_answers_system_messages,
      spawn_failure_is_counted_and_answered, restart_cycles_start_first_time,
      order_holds_across_reconnects, a_node_that_crashes_is_written_down].
 
@@ -91,7 +93,7 @@ nodedown_closes_connection(_Config) ->
 %% Without -sname/-name, ecall starts, says so, and send is plain `!'.
 not_distributed(_Config) ->
     {ok, Peer, nonode@nohost} = peer:start_link(#{exec => ecall_test_nodes:node_exec(),
-                                                  connection => standard_io, args => code_args(),
+                                                  connection => standard_io, args => node_args(),
                                    wait_boot => 60000}),
     ?assertMatch({ok, _}, peer:call(Peer, application, ensure_all_started, [ecall])),
     ?assertEqual({error, not_distributed}, peer:call(Peer, ecall_cnode, cnode, [])),
@@ -113,6 +115,34 @@ bad_arguments(_Config) ->
     ?assertEqual({error, local_node}, ecall:connect(node())),
     ?assertEqual({error, not_connected}, ecall:disconnect('nobody@nowhere')).
 
+%% `links' left at `auto' gives one link per two schedulers, at least 1
+%% and at most 2, and the node registers that many C-node identities; a
+%% number set is taken as it is. The peers are started without the suite's
+%% own setting (node_args/0 would pass it on).
+links_follow_schedulers(_Config) ->
+    Code = ["-pa", filename:dirname(code:which(ecall)),
+            "-pa", filename:dirname(code:which(?MODULE))],
+    Links = fun(Args) ->
+                    {ok, Peer, C} = peer:start_link(
+                                      #{exec => ecall_test_nodes:node_exec(),
+                                        name => peer:random_name(?MODULE),
+                                        args => ["-setcookie", atom_to_list(erlang:get_cookie())
+                                                 | Code ++ Args],
+                                        wait_boot => 60000}),
+                    {ok, _} = erpc:call(C, application, ensure_all_started, [ecall]),
+                    Result = {erpc:call(C, application, get_env, [ecall, links]),
+                              erpc:call(C, ecall_config, links, []),
+                              length(erpc:call(C, ecall, nodes, []))},
+                    peer:stop(Peer),
+                    Result
+            end,
+    ?assertEqual({{ok, auto}, 1, 1}, Links(["+S", "1"])),
+    ?assertEqual({{ok, auto}, 1, 1}, Links(["+S", "2"])),
+    ?assertEqual({{ok, auto}, 1, 1}, Links(["+S", "3"])),
+    ?assertEqual({{ok, auto}, 2, 2}, Links(["+S", "4"])),
+    ?assertEqual({{ok, auto}, 2, 2}, Links(["+S", "8"])),
+    ?assertEqual({{ok, 3}, 3, 3}, Links(["+S", "1", "-ecall", "links", "3"])).
+
 %% Every setting is checked when the application starts: a bad value or an
 %% unknown key stops the start with an error naming the key (before, some
 %% were accepted and failed later, inside a caller's send or connect).
@@ -120,12 +150,13 @@ bad_config_stops_start(_Config) ->
     {ok, Peer, C} = peer:start_link(#{exec => ecall_test_nodes:node_exec(),
                                       name => peer:random_name(?MODULE),
                                       args => ["-setcookie", atom_to_list(erlang:get_cookie())
-                                               | code_args()],
+                                               | node_args()],
                                       wait_boot => 60000}),
     ok = erpc:call(C, application, load, [ecall]),
     Bad = [{discovery, 3}, {max_queue_bytes, -1}, {overflow, foo}, {shards, 0},
            {stall_timeout, -5}, {max_batch_count, 0}, {transport, bar}, {connect_timeout, 0},
-           {links, 0}, {handshake_timeout, infinity}, {receivers, many}],
+           {links, 0}, {links, schedulers}, {handshake_timeout, infinity},
+           {receivers, many}],
     [begin
          ok = erpc:call(C, application, set_env, [ecall, Key, Value]),
          ?assertMatch({Key, {error, {{bad_config, Key, Value}, _}}},

@@ -286,7 +286,7 @@ start_short(Prefix, Extra) ->
         peer:start_link(#{exec => ecall_test_nodes:node_exec(),
                           connection => standard_io, name => peer:random_name(Prefix),
                           args => ["-setcookie", "ecall_names" | Extra]
-                              ++ ecall_test_nodes:code_args(),
+                              ++ ecall_test_nodes:node_args(),
                           wait_boot => 60000}),
     {ok, _} = peer:call(Peer, application, ensure_all_started, [ecall], 30000),
     {Peer, Node}.
@@ -299,7 +299,7 @@ start(Prefix, Host, Extra) ->
                           connection => standard_io, name => Name, host => Host,
                           longnames => true,
                           args => ["-setcookie", "ecall_names" | Extra]
-                              ++ ecall_test_nodes:code_args(),
+                              ++ ecall_test_nodes:node_args(),
                           wait_boot => 60000}),
     {ok, _} = peer:call(Peer, application, ensure_all_started, [ecall], 30000),
     {Peer, Node}.

@@ -166,7 +166,10 @@ start_node(Net, Key, Name, Addr, Main) ->
             "-ecall", "stall_timeout", integer_to_list(?STALL_MS),
             "-ecall", "max_queue_bytes", "2097152",
             "-ecall", "discovery", "false",
-            "-ecall", "backoff_max", "500"
+            "-ecall", "backoff_max", "500",
+            %% Two links, as the other suites have (test/ct.config): the
+            %% cut stalls and reaps both.
+            "-ecall", "links", "2"
             | Code] ++ ["-s", ?MODULE_STRING, Main],
     Erl = os:find_executable("erl"),
     #{ip := Ip} = Net,

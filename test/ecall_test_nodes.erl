@@ -10,7 +10,7 @@
 -include("ecall_test.hrl").
 
 -export([start_ecall/0, start_node/1, stop_node/1,
-         start_peer/0, start_peer/1, start_peer/2, code_args/0, node_exec/0, node_exec/1,
+         start_peer/0, start_peer/1, start_peer/2, node_args/0, node_exec/0, node_exec/1,
          node_wrapper/0,
          many_callers_exactly_once/1, send_seq/2, send_payload_seq/3, flush_traces/0,
          connect_back/1, flush_links/1, sync_receivers/1]).
@@ -54,7 +54,7 @@ keep_node(Owner, Ready, Erl) ->
     {Exec, Pre} = node_exec(Erl),
     Port = open_port({spawn_executable, Exec},
                      [{args, Pre ++ ["-sname", Name, "-setcookie", atom_to_list(erlang:get_cookie()),
-                                     "-noinput", "-eval", Eval | code_args()]},
+                                     "-noinput", "-eval", Eval | node_args()]},
                       exit_status, stderr_to_stdout, {line, 4096}]),
     keep_node(Owner, Ready, Port, undefined).
 
@@ -91,7 +91,7 @@ start_peer(Extra) ->
 
 start_peer(Extra, Modules) ->
     Code = lists:append([["-pa", filename:dirname(code:which(M))] || M <- Modules]),
-    Args = ["-setcookie", atom_to_list(erlang:get_cookie()) | code_args() ++ Code ++ Extra],
+    Args = ["-setcookie", atom_to_list(erlang:get_cookie()) | node_args() ++ Code ++ Extra],
     {ok, Peer, Node} = peer:start_link(#{name => peer:random_name(ecall_test),
                                          exec => node_exec(),
                                          args => Args,
@@ -121,9 +121,19 @@ node_wrapper() ->
     true = filelib:is_regular(Wrapper) orelse erlang:error({no_node_wrapper, Wrapper}),
     Wrapper.
 
-code_args() ->
+%% Arguments of every node the tests start: ecall's and this module's code,
+%% and this node's `links' setting when it has one. The suites run with two
+%% links (test/ct.config), so that what spans links (shards on different
+%% links, one link down while another carries on) is tested on this 2-core
+%% machine too, where the default is one; the benchmark sets none, and its
+%% nodes take the default.
+node_args() ->
+    Links = case application:get_env(ecall, links) of
+                {ok, L} when is_integer(L) -> ["-ecall", "links", integer_to_list(L)];
+                _ -> []
+            end,
     ["-pa", filename:dirname(code:which(ecall)),
-     "-pa", filename:dirname(code:which(?MODULE))].
+     "-pa", filename:dirname(code:which(?MODULE)) | Links].
 
 %% ?CALLERS callers, released together, each send ?PER_CALLER numbered
 %% messages to one collector on B, which checks that every one arrived once

@@ -58,7 +58,8 @@ eval_a='
     B = erpc:call(B, erlang, node, []),
     ecall:send(Sink, {n, Self, 1}),
     receive {got, 1} -> ok after 10000 -> io:format("no reply~n"), halt(1) end,
-    {ok, #{links_up := 2}} = ecall:stats(B),
+    {ok, #{links_up := L, links := L}} = ecall:stats(B),
+    L = ecall_config:links(),
     io:format("survived~n"),
     peer:stop(Peer),
     halt(0).'
