@@ -42,7 +42,14 @@ objcopy --add-section .ecall_reinstall="$work/marker" "$built" "$work/other.so"
 # the links, and says "survived".
 eval_a='
     {ok, _} = application:ensure_all_started(ecall),
-    {ok, Peer, B} = peer:start(#{name => peer:random_name(reinstall_b),
+    Erl = os:find_executable("erl"),
+    %% Through test/node.sh, as the suites start theirs, so that a crash
+    %% of B fails the run (test/with_epmd.sh).
+    Exec = case os:getenv("ECALL_NODE_CRASHES") of
+               false -> Erl;
+               _ -> {filename:absname("test/node.sh"), [Erl]}
+           end,
+    {ok, Peer, B} = peer:start(#{name => peer:random_name(reinstall_b), exec => Exec,
                                  args => ["-setcookie", atom_to_list(erlang:get_cookie()),
                                           "-pa", code:lib_dir(ecall, ebin)]}),
     {ok, _} = erpc:call(B, application, ensure_all_started, [ecall]),
@@ -63,7 +70,8 @@ eval_a='
     io:format("survived~n"),
     peer:stop(Peer),
     halt(0).'
-coproc A { erl -sname "reinstall_a_$$" -noshell -pa "$app/ebin" -eval "$eval_a" 2>&1; }
+# Node A runs under test/node.sh too (with_epmd.sh sets ECALL_NODE_CRASHES).
+coproc A { test/node.sh erl -sname "reinstall_a_$$" -noshell -pa "$app/ebin" -eval "$eval_a" 2>&1; }
 a_pid=$A_PID
 # Our own copies: bash drops A's descriptors when the coprocess ends.
 exec {a_out}<&"${A[0]}" {a_in}>&"${A[1]}"
