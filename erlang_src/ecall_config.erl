@@ -122,12 +122,13 @@ check(Key, _Check, V) ->
     erlang:error({bad_config, Key, V}).
 
 %% @doc The number of C-node links per peer. `auto' is one per two
-%% schedulers, at least 1 and at most 2: on a node with two schedulers one
-%% link carries more per batch and costs both nodes less CPU than two
-%% (bench/run.sh sweep, three runs each: sends at 20,000 writers 304-310k
-%% against 249-296k a second, casts at 10,000 10.5-11.2 us against
-%% 11.7-12.9 us of CPU each), while a bigger node keeps the two links it
-%% had before (more were never measured).
+%% schedulers, at least 1 and at most 2. On a node with two schedulers one
+%% link did as well as two or a little better (bench/run.sh sweep, five
+%% alternated rounds: sends at 20,000 writers 299k against 284k a second
+%% on average, casts at 10,000 169k against 161k, calls level), with one
+%% identity, socket and hidden connection per peer instead of two; a
+%% bigger node keeps the two links it had before (more were never
+%% measured).
 -spec links() -> pos_integer().
 links() ->
     case get(links) of
