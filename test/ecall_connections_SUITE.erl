@@ -120,8 +120,7 @@ bad_arguments(_Config) ->
 %% number set is taken as it is. The peers are started without the suite's
 %% own setting (node_args/0 would pass it on).
 links_follow_schedulers(_Config) ->
-    Code = ["-pa", filename:dirname(code:which(ecall)),
-            "-pa", filename:dirname(code:which(?MODULE))],
+    Code = ecall_test_nodes:code_paths(),
     Links = fun(Args) ->
                     {ok, Peer, C} = peer:start_link(
                                       #{exec => ecall_test_nodes:node_exec(),

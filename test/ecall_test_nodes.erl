@@ -10,7 +10,8 @@
 -include("ecall_test.hrl").
 
 -export([start_ecall/0, start_node/1, stop_node/1,
-         start_peer/0, start_peer/1, start_peer/2, node_args/0, node_exec/0, node_exec/1,
+         start_peer/0, start_peer/1, start_peer/2, node_args/0, code_paths/0, node_exec/0,
+         node_exec/1,
          node_wrapper/0,
          many_callers_exactly_once/1, send_seq/2, send_payload_seq/3, flush_traces/0,
          connect_back/1, flush_links/1, sync_receivers/1]).
@@ -132,8 +133,12 @@ node_args() ->
                 {ok, L} when is_integer(L) -> ["-ecall", "links", integer_to_list(L)];
                 _ -> []
             end,
+    code_paths() ++ Links.
+
+%% ecall's and this module's code, alone.
+code_paths() ->
     ["-pa", filename:dirname(code:which(ecall)),
-     "-pa", filename:dirname(code:which(?MODULE)) | Links].
+     "-pa", filename:dirname(code:which(?MODULE))].
 
 %% ?CALLERS callers, released together, each send ?PER_CALLER numbered
 %% messages to one collector on B, which checks that every one arrived once
