@@ -43,9 +43,7 @@ end_per_suite(Config) ->
     ok = application:stop(ecall).
 
 start_peer(WithEcall) ->
-    Args = ["-setcookie", atom_to_list(erlang:get_cookie()),
-            "-pa", filename:dirname(code:which(ecall)),
-            "-pa", filename:dirname(code:which(?MODULE))],
+    Args = ["-setcookie", atom_to_list(erlang:get_cookie()) | ecall_test_nodes:node_args()],
     {ok, Peer, Node} = peer:start(#{exec => ecall_test_nodes:node_exec(),
                                     name => peer:random_name(?MODULE), args => Args,
                                     wait_boot => 60000}),

@@ -156,8 +156,6 @@ ns_cmd(#{ip := Ip} = Net, Key, Cmd, Args) ->
                {line, 4096}]).
 
 start_node(Net, Key, Name, Addr, Main) ->
-    Code = ["-pa", filename:dirname(code:which(ecall)),
-            "-pa", filename:dirname(code:which(?MODULE))],
     %% -start_epmd false: the suite's epmd, never one of the node's own
     %% that would outlive the test.
     Args = ["-name", Name ++ "@" ++ Addr, "-setcookie", "ecall_partition", "-noshell",
@@ -166,11 +164,10 @@ start_node(Net, Key, Name, Addr, Main) ->
             "-ecall", "stall_timeout", integer_to_list(?STALL_MS),
             "-ecall", "max_queue_bytes", "2097152",
             "-ecall", "discovery", "false",
-            "-ecall", "backoff_max", "500",
-            %% Two links, as the other suites have (test/ct.config): the
+            "-ecall", "backoff_max", "500"
+            %% The code, and the suites' two links (test/ct.config): the
             %% cut stalls and reaps both.
-            "-ecall", "links", "2"
-            | Code] ++ ["-s", ?MODULE_STRING, Main],
+            | ecall_test_nodes:node_args()] ++ ["-s", ?MODULE_STRING, Main],
     Erl = os:find_executable("erl"),
     #{ip := Ip} = Net,
     open_port({spawn_executable, Ip},
