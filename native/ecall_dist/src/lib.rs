@@ -39,6 +39,7 @@ pub mod link;
 pub mod peer;
 pub mod shard;
 pub mod stream;
+pub mod word_cache;
 
 pub use cnode::{Identity, IdentityConfig, Listen};
 pub use link::{LinkDown, LinkEvents};

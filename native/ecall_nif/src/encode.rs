@@ -39,6 +39,7 @@ use ecall_dist::etf::{
     SMALL_INTEGER_EXT, SMALL_TUPLE_EXT,
 };
 use ecall_dist::shard::Element;
+use ecall_dist::word_cache::WordCache;
 use ecall_dist::{atom_cache, atom_ids};
 use rustler::sys::{
     enif_alloc_env, enif_clear_env, enif_get_map_size, enif_get_tuple, enif_is_identical,
@@ -53,9 +54,9 @@ use std::hash::{Hash, Hasher};
 use std::mem::MaybeUninit;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-/// Cached atom and local pid encodings per thread (a direct-mapped table:
-/// a collision replaces the older entry). 32 KiB: small enough to stay in
-/// a core's caches between pushes. The first version had 4,096 entries of
+/// Cached atom and local pid encodings per thread (two-way set
+/// associative: see `ecall_dist::word_cache` for why). 32 KiB: small
+/// enough to stay in a core's caches between pushes. The first version had 4,096 entries of
 /// 48 bytes, each pointing at its bytes elsewhere on the heap, and looked
 /// every subterm up: under load (20,000 writers, calls) the table fell out
 /// of the caches and a push spent 2.4 µs of CPU in the encoder, mostly
@@ -78,8 +79,8 @@ const BUF_KEEP: usize = 1 << 20;
 pub const INLINE_MAX: usize = 16 * 1024;
 
 struct AtomCache {
-    /// What each slot holds (word 0: nothing).
-    entries: Box<[AtomEntry]>,
+    /// Atoms and local pids, by term word.
+    entries: WordCache<AtomEntry, ATOM_SLOTS>,
     /// Pids and ports of other nodes (see [`Remote`]).
     remote: Remote,
     /// Node names met in pids, ports and references, with their ids (this
@@ -87,11 +88,10 @@ struct AtomCache {
     nodes: HashMap<Box<[u8]>, Option<u8>>,
 }
 
-/// One cached atom, or local pid: 32 bytes, its encoding inline.
+/// One cached atom, or local pid: 24 bytes (32 with its key in the
+/// table), its encoding inline.
 #[derive(Clone, Copy, Default)]
 struct AtomEntry {
-    /// Its term word (0: an empty slot; no term word is 0).
-    word: u64,
     /// 0 for an atom (never stale); for a local pid, the [`EPOCH`] it was
     /// encoded in.
     epoch: u32,
@@ -106,9 +106,8 @@ struct AtomEntry {
 }
 
 impl AtomEntry {
-    fn new(word: u64, epoch: u32, enc: &[u8], text: bool) -> AtomEntry {
+    fn new(epoch: u32, enc: &[u8], text: bool) -> AtomEntry {
         let mut e = AtomEntry {
-            word,
             epoch,
             text,
             ..AtomEntry::default()
@@ -145,7 +144,8 @@ fn epoch_now() -> u32 {
     (EPOCH.load(Ordering::Relaxed) as u32).max(1)
 }
 
-/// Slots for pids and ports of other nodes, per thread.
+/// Entries for pids and ports of other nodes, per thread (two-way, as the
+/// atoms').
 const REMOTE_SLOTS: usize = 256;
 /// Copies the env of [`Remote`] holds before it is emptied.
 const REMOTE_COPIES: usize = 4 * REMOTE_SLOTS;
@@ -173,32 +173,25 @@ const REMOTE_COPIES: usize = 4 * REMOTE_SLOTS;
 struct Remote {
     /// Made on the first copy (null until then).
     env: *mut ErlNifEnv,
-    /// (copy of the term in `env`, none for an empty slot; its encoding,
-    /// with `word` holding its hash).
-    entries: Box<[(Option<ErlNifTerm>, AtomEntry)]>,
+    /// By hash: the copy of the term in `env`, and its encoding.
+    entries: WordCache<(Option<ErlNifTerm>, AtomEntry), REMOTE_SLOTS>,
     /// Copies made into `env` since it was last emptied.
     copies: usize,
-    /// The word of the term last found or kept, and its slot: the same
+    /// The word of the term last found or kept, and its entry: the same
     /// term again (a caller's destination, push after push, until its heap
     /// is collected) is found without its hash. The word is only a hint:
-    /// whatever lies there now must still be identical to the slot's copy.
+    /// whatever lies there now must still be identical to the entry's copy.
     last: (ErlNifTerm, usize),
 }
 
 impl Remote {
-    fn slot(hash: u64) -> usize {
-        (hash as usize) % REMOTE_SLOTS
-    }
-
     /// The cached entry for `raw` (a pid or port of `env`'s NIF call, of
     /// the given hash), if there is one.
     fn get(&mut self, raw: ErlNifTerm, hash: u64) -> Option<&AtomEntry> {
-        let slot = Remote::slot(hash);
-        if self.entries[slot].1.word != hash || self.identical(slot, raw).is_none() {
-            return None;
-        }
-        self.last = (raw, slot);
-        Some(&self.entries[slot].1)
+        let i = self.entries.find(hash)?;
+        self.identical(i, raw)?;
+        self.last = (raw, i);
+        Some(&self.entries.at(i).1)
     }
 
     /// The cached entry for `raw` (any term of `env`'s NIF call that is
@@ -206,20 +199,20 @@ impl Remote {
     /// hash or a type check.
     #[inline]
     fn get_last(&self, raw: ErlNifTerm) -> Option<&AtomEntry> {
-        let (word, slot) = self.last;
+        let (word, i) = self.last;
         if word != raw {
             return None;
         }
-        self.identical(slot, raw)
+        self.identical(i, raw)
     }
 
-    /// Slot `slot`'s entry if its copy is identical to `raw`.
-    fn identical(&self, slot: usize, raw: ErlNifTerm) -> Option<&AtomEntry> {
-        let (copy, e) = &self.entries[slot];
+    /// Entry `i`'s encoding if its copy is identical to `raw`.
+    fn identical(&self, i: usize, raw: ErlNifTerm) -> Option<&AtomEntry> {
+        let (copy, e) = self.entries.at(i);
         let copy = (*copy)?;
         // SAFETY: both are valid terms: `raw` of the running NIF call,
         // `copy` of this thread's env (not emptied since it was made:
-        // emptying the env empties every slot). enif_is_identical only
+        // emptying the env empties every entry). enif_is_identical only
         // reads them; a word that now holds another term than the one once
         // cached (its heap was collected since) is simply not identical.
         (unsafe { enif_is_identical(copy, raw) } != 0).then_some(e)
@@ -239,9 +232,9 @@ impl Remote {
             }
         }
         if self.copies >= REMOTE_COPIES {
-            self.entries.fill((None, AtomEntry::default()));
+            self.entries.clear();
             // SAFETY: `env` came from enif_alloc_env on this thread and no
-            // slot refers to its terms any more.
+            // entry refers to its terms any more.
             unsafe { enif_clear_env(self.env) };
             self.copies = 0;
         }
@@ -249,9 +242,12 @@ impl Remote {
         // `raw` is a valid term of the running NIF call.
         let copy = unsafe { enif_make_copy(self.env, raw) };
         self.copies += 1;
-        let slot = Remote::slot(hash);
-        self.entries[slot] = (Some(copy), AtomEntry::new(hash, 0, enc, text));
-        self.last = (raw, slot);
+        if let Some(i) = self
+            .entries
+            .keep(hash, (Some(copy), AtomEntry::new(0, enc, text)))
+        {
+            self.last = (raw, i);
+        }
     }
 }
 
@@ -261,10 +257,10 @@ const NODES: usize = 4096;
 impl AtomCache {
     fn new() -> Self {
         AtomCache {
-            entries: vec![AtomEntry::default(); ATOM_SLOTS].into_boxed_slice(),
+            entries: WordCache::new(),
             remote: Remote {
                 env: std::ptr::null_mut(),
-                entries: vec![(None, AtomEntry::default()); REMOTE_SLOTS].into_boxed_slice(),
+                entries: WordCache::new(),
                 copies: 0,
                 last: (ErlNifTerm::default(), 0),
             },
@@ -279,10 +275,6 @@ impl AtomCache {
         h.0
     }
 
-    fn slot(word: u64) -> usize {
-        (word.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> (64 - ATOM_SLOTS.trailing_zeros())) as usize
-    }
-
     /// The entry of term word `word` if it is an immediate (an atom or a
     /// local pid) that the table holds, of the current epoch. A term word
     /// names one atom, or one local pid, for the life of the VM: a word the
@@ -295,8 +287,9 @@ impl AtomCache {
         if word & 0b11 != 0b11 {
             return None;
         }
-        let e = &self.entries[AtomCache::slot(word)];
-        (e.word == word && (e.epoch == 0 || e.epoch == epoch_now())).then_some(e)
+        self.entries
+            .get(word)
+            .filter(|e| e.epoch == 0 || e.epoch == epoch_now())
     }
 }
 
@@ -523,7 +516,6 @@ impl Encoder {
             };
             let raw = t.as_c_arg();
             let word = AtomCache::word(raw);
-            let slot = AtomCache::slot(word);
             // An atom or a local pid that hits costs no call into the VM.
             if let Some(e) = atoms.cached(word) {
                 put_cached(t, e, out, text, refs);
@@ -540,7 +532,7 @@ impl Encoder {
             let ty = t.get_type();
             match ty {
                 TermType::Atom => {
-                    let id = atom(t, word, slot, atoms, out);
+                    let id = atom(t, word, atoms, out);
                     count(id, text, refs);
                 }
                 ty @ (TermType::Pid | TermType::Port | TermType::Ref) => {
@@ -569,8 +561,9 @@ impl Encoder {
                             let local_pid =
                                 ty == TermType::Pid && t.decode::<rustler::LocalPid>().is_ok();
                             if local_pid && id && out.len() - start <= ATOM_MAX {
-                                atoms.entries[slot] =
-                                    AtomEntry::new(word, epoch_now(), &out[start..], false);
+                                atoms
+                                    .entries
+                                    .keep(word, AtomEntry::new(epoch_now(), &out[start..], false));
                             } else if remote {
                                 atoms.remote.put(raw, hash, &out[start..], !id);
                             } else {
@@ -783,10 +776,10 @@ impl Inline<'_> {
     }
 }
 
-/// An atom the cache does not hold (in `slot`): its id if it gets one, else
+/// An atom the cache does not hold: its id if it gets one, else
 /// its text from the VM; kept in the cache either way. Returns whether it
 /// went as an id.
-fn atom(t: Term<'_>, word: u64, slot: usize, atoms: &mut AtomCache, out: &mut Vec<u8>) -> bool {
+fn atom(t: Term<'_>, word: u64, atoms: &mut AtomCache, out: &mut Vec<u8>) -> bool {
     let start = out.len();
     fallback(t, out);
     let id = atom_cache::atom_text(out, start)
@@ -796,7 +789,9 @@ fn atom(t: Term<'_>, word: u64, slot: usize, atoms: &mut AtomCache, out: &mut Ve
         out.extend_from_slice(&[ATOM_CACHE_REF, id]);
     }
     // Too long to keep: len 0, the VM writes it each time.
-    atoms.entries[slot] = AtomEntry::new(word, 0, &out[start..], id.is_none());
+    atoms
+        .entries
+        .keep(word, AtomEntry::new(0, &out[start..], id.is_none()));
     id.is_some()
 }
 
