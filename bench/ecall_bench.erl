@@ -819,6 +819,30 @@ micro() ->
               "a list ~.1f~n",
               [per_call(fun() -> ecall_nif:encoded_size(T) end, 200000)
                || T <- [Payload, AsTuple, AsList]]),
+    %% Atoms that share a set of the encoder's table (ecall_dist's
+    %% word_cache): which atoms do depends on the order the VM made them
+    %% in. In 30 sets of 15 atoms (10 fresh ones and 5 of the payload's),
+    %% each pair encoded alone: a pair that pushes each other out of the
+    %% table goes to the VM on every encode and takes several times the
+    %% median pair. With a direct-mapped table 1 set in 30 had such a pair.
+    Sets = [[send, a, b, c, v | [list_to_atom(lists:concat([x, T, '_', J]))
+                                 || J <- lists:seq(0, 9)]]
+            || T <- lists:seq(1, 30)],
+    %% A pair slow once may have met a preemption: it counts if it is
+    %% slow the best of three times.
+    Pair = fun(A, B1) -> per_call(fun() -> ecall_nif:encoded_size({A, B1}) end, 3000) end,
+    Firsts = [[{A, B1, Pair(A, B1)} || A <- Set, B1 <- Set, A < B1] || Set <- Sets],
+    PairAll = [Ns || {_, _, Ns} <- lists:append(Firsts)],
+    Median = lists:nth(length(PairAll) div 2, lists:sort(PairAll)),
+    Bests = [[case Ns > 2.5 * Median of
+                  true -> lists:min([Ns, Pair(A, B1), Pair(A, B1)]);
+                  false -> Ns
+              end || {A, B1, Ns} <- Set]
+             || Set <- Firsts],
+    io:format("micro: encode of two atoms, 30 sets of 15: median pair ~.1f ns, slowest ~.1f ns; "
+              "sets with a pair over 2.5 x the median: ~b~n",
+              [Median, lists:max(lists:append(Bests)),
+               length([Set || Set <- Bests, lists:max(Set) > 2.5 * Median])]),
     %% How soon a push gives up a large term (it then goes by
     %% term_to_iovec): the longest a push holds the caller's scheduler.
     List = lists:seq(1, 1000000),
