@@ -56,11 +56,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Cached atom and local pid encodings per thread (two-way set
 /// associative: see `ecall_dist::word_cache` for why). 32 KiB: small
-/// enough to stay in a core's caches between pushes. The first version had 4,096 entries of
-/// 48 bytes, each pointing at its bytes elsewhere on the heap, and looked
-/// every subterm up: under load (20,000 writers, calls) the table fell out
-/// of the caches and a push spent 2.4 µs of CPU in the encoder, mostly
-/// waiting on those loads (perf annotate: half the samples on one load).
+/// enough to stay in a core's caches between pushes. The first version
+/// had 4,096 entries of 48 bytes, each pointing at its bytes elsewhere on
+/// the heap, and looked every subterm up: under load (20,000 writers,
+/// calls) the table fell out of the caches and a push spent 2.4 µs of CPU
+/// in the encoder, mostly waiting on those loads (perf annotate: half the
+/// samples on one load).
 const ATOM_SLOTS: usize = 1024;
 /// Longer encodings (atoms as text of more than 16 bytes) are not kept:
 /// the VM writes them each time (correct, only slower).
