@@ -421,12 +421,17 @@ random_leaf() ->
 
 %% Only the first 200 atoms a node's encoder meets get ids; later ones go
 %% as text (and through the link's own atom cache), mixed with ids in one
-%% message, and arrive all the same.
+%% message, and arrive all the same. Some are longer than the encoder's
+%% table entries (text of more than 16 bytes, kept apart), and each atom is
+%% met three times per message and again in the next one: the kept
+%% encodings are the ones that arrive.
 atoms_past_the_ids_go_as_text(Config) ->
     B = ?config(b, Config),
     Self = self(),
-    Fresh = [list_to_atom("past_ids_" ++ integer_to_list(erlang:unique_integer([positive])))
-             || _ <- lists:seq(1, 300)],
+    Fresh = [list_to_atom(Prefix ++ integer_to_list(erlang:unique_integer([positive])))
+             || {Prefix, N} <- [{"past_ids_", 220}, {"Elixir.Ecall.PastTheIds.Long", 40}],
+                _ <- lists:seq(1, N)],
+    ?assert(lists:any(fun(A) -> length(atom_to_list(A)) > 16 end, Fresh)),
     Term = {ok, Fresh, #{Fresh => lists:reverse(Fresh)}},
     ?assertMatch({_, true, _}, ecall_nif:encoded_size(Term)),
     Mirror = erpc:call(B, erlang, spawn, [fun() -> mirror(Self) end]),

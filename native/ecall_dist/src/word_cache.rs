@@ -15,8 +15,11 @@
 //! a pair that took 3-5 times the median pair (366-658 ns against 85-121),
 //! in two runs; with two ways none did (slowest 187-271 ns).
 //!
-//! Why here: the table has nothing of the BEAM, so it is tested on its own.
-//! The key 0 marks an empty entry: it is never kept and never found.
+//! [`WordBytes`] keeps byte strings of any length by key the same way, in
+//! an arena: the encodings of atoms too long for the table's entries.
+//!
+//! Why here: neither has anything of the BEAM, so they are tested on their
+//! own. The key 0 marks an empty entry: it is never kept and never found.
 
 /// The table: `N` entries (a power of two, 2 or more) in sets of two, each
 /// a key and its value. `N` is a constant, so that finding a key's set is
@@ -111,9 +114,60 @@ impl<V: Copy + Default, const N: usize> Default for WordCache<V, N> {
     }
 }
 
+/// Byte strings kept by key: a [`WordCache`] of `N` entries that says
+/// where each lies in an arena of at most `BYTES` bytes. When a string
+/// would take the arena past that, the arena and its index are emptied
+/// first (what is met again is kept again). Strings longer than `BYTES`,
+/// or than 65,535 bytes, are not kept.
+pub struct WordBytes<const N: usize, const BYTES: usize> {
+    /// Where each key's bytes lie in `bytes`, and how many.
+    index: WordCache<(u32, u16), N>,
+    bytes: Vec<u8>,
+}
+
+impl<const N: usize, const BYTES: usize> WordBytes<N, BYTES> {
+    /// Empty (the arena grows as strings are kept).
+    pub fn new() -> Self {
+        WordBytes {
+            index: WordCache::new(),
+            bytes: Vec::new(),
+        }
+    }
+
+    /// The bytes kept for `key`, if there are some.
+    #[inline]
+    pub fn get(&self, key: u64) -> Option<&[u8]> {
+        let &(at, len) = self.index.get(key)?;
+        self.bytes.get(at as usize..at as usize + usize::from(len))
+    }
+
+    /// Keeps `bytes` for `key` (see the type for what is not kept).
+    pub fn keep(&mut self, key: u64, bytes: &[u8]) {
+        let Ok(len) = u16::try_from(bytes.len()) else {
+            return;
+        };
+        if key == 0 || bytes.len() > BYTES {
+            return;
+        }
+        if self.bytes.len() + bytes.len() > BYTES {
+            self.index.clear();
+            self.bytes.clear();
+        }
+        let at = self.bytes.len() as u32;
+        self.bytes.extend_from_slice(bytes);
+        self.index.keep(key, (at, len));
+    }
+}
+
+impl<const N: usize, const BYTES: usize> Default for WordBytes<N, BYTES> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use super::WordCache;
+    use super::{WordBytes, WordCache};
 
     /// The first `n` keys (counting from 1) that share key 1's set.
     fn same_set(t: &WordCache<u32, 1024>, n: usize) -> Vec<u64> {
@@ -199,6 +253,63 @@ mod tests {
         assert_eq!((t.get(7), t.get(9)), (Some(&1), Some(&2)));
         t.clear();
         assert_eq!((t.get(7), t.get(9), t.get(0)), (None, None, None));
+    }
+
+    #[test]
+    fn bytes_come_back_as_kept() {
+        let mut b = WordBytes::<256, 1024>::new();
+        let texts: Vec<Vec<u8>> = (1..=20u8).map(|n| vec![n; usize::from(n) * 3]).collect();
+        for (k, t) in (1u64..).zip(&texts) {
+            b.keep(k, t);
+        }
+        for (k, t) in (1u64..).zip(&texts) {
+            assert_eq!(b.get(k), Some(&t[..]), "key {k}");
+        }
+        assert_eq!(b.get(21), None);
+        assert_eq!(b.get(0), None);
+    }
+
+    #[test]
+    fn a_full_arena_is_emptied_before_the_next() {
+        let mut b = WordBytes::<256, 100>::new();
+        b.keep(1, &[1; 60]);
+        b.keep(2, &[2; 30]);
+        // 90 + 20 would pass 100: the arena starts again.
+        b.keep(3, &[3; 20]);
+        assert_eq!((b.get(1), b.get(2)), (None, None));
+        assert_eq!(b.get(3), Some(&[3u8; 20][..]));
+        // What is met again is kept again, beside it.
+        b.keep(1, &[1; 60]);
+        assert_eq!(b.get(1), Some(&[1u8; 60][..]));
+        assert_eq!(b.get(3), Some(&[3u8; 20][..]));
+    }
+
+    #[test]
+    fn too_long_or_key_zero_is_not_kept() {
+        let mut b = WordBytes::<256, 100>::new();
+        b.keep(5, &[5; 10]);
+        b.keep(1, &[1; 101]);
+        b.keep(0, &[0; 10]);
+        assert_eq!(b.get(1), None);
+        assert_eq!(b.get(0), None);
+        // And nothing kept before was dropped for them.
+        assert_eq!(b.get(5), Some(&[5u8; 10][..]));
+        let mut big = WordBytes::<256, 100_000>::new();
+        big.keep(7, &vec![7; 70_000]);
+        assert_eq!(big.get(7), None);
+    }
+
+    #[test]
+    fn a_key_pushed_out_of_its_set_is_not_found() {
+        let mut b = WordBytes::<1024, 4096>::new();
+        let t = WordCache::<u32, 1024>::new();
+        let ks = same_set(&t, 3);
+        for (n, &k) in ks.iter().enumerate() {
+            b.keep(k, &[n as u8 + 1; 8]);
+        }
+        assert_eq!(b.get(ks[0]), None);
+        assert_eq!(b.get(ks[1]), Some(&[2u8; 8][..]));
+        assert_eq!(b.get(ks[2]), Some(&[3u8; 8][..]));
     }
 
     #[test]

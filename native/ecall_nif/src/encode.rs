@@ -39,7 +39,7 @@ use ecall_dist::etf::{
     SMALL_INTEGER_EXT, SMALL_TUPLE_EXT,
 };
 use ecall_dist::shard::Element;
-use ecall_dist::word_cache::WordCache;
+use ecall_dist::word_cache::{WordBytes, WordCache};
 use ecall_dist::{atom_cache, atom_ids};
 use rustler::sys::{
     enif_alloc_env, enif_clear_env, enif_get_map_size, enif_get_tuple, enif_is_identical,
@@ -63,9 +63,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 /// in the encoder, mostly waiting on those loads (perf annotate: half the
 /// samples on one load).
 const ATOM_SLOTS: usize = 1024;
-/// Longer encodings (atoms as text of more than 16 bytes) are not kept:
-/// the VM writes them each time (correct, only slower).
+/// Longer encodings (atoms as text of more than 16 bytes) are not kept in
+/// the table's entries but in [`Long`].
 const ATOM_MAX: usize = 18;
+/// Entries of [`Long`], per thread.
+const LONG_SLOTS: usize = 256;
+/// Bytes [`Long`] holds before it is emptied, per thread.
+const LONG_BYTES: usize = 16 * 1024;
 /// A buffer that grew past this for one large request is given back.
 const BUF_KEEP: usize = 1 << 20;
 /// A push gives up encoding a request whose encoding passes this many
@@ -82,12 +86,23 @@ pub const INLINE_MAX: usize = 16 * 1024;
 struct AtomCache {
     /// Atoms and local pids, by term word.
     entries: WordCache<AtomEntry, ATOM_SLOTS>,
+    /// Encodings of atoms too long for an entry (see [`Long`]).
+    long: Long,
     /// Pids and ports of other nodes (see [`Remote`]).
     remote: Remote,
     /// Node names met in pids, ports and references, with their ids (this
     /// node and its peers; at most [`NODES`]).
     nodes: HashMap<Box<[u8]>, Option<u8>>,
 }
+
+/// Encodings of atoms longer than [`ATOM_MAX`] bytes: atoms as text (past
+/// the first 200 atoms, which have ids) of more than 16 bytes, such as
+/// Elixir's module names (`'Elixir.MyApp.Orders.Created'`). They used to
+/// go through `enif_term_to_binary` on every encode: 10 of 24 bytes took
+/// 1,148-1,365 ns against 107 for 10 of 9 bytes, and take 147-163 ns kept
+/// here (`bench/run.sh micro`, "atoms past the ids"). By term word (an
+/// atom's text never changes), in an arena of at most [`LONG_BYTES`].
+type Long = WordBytes<LONG_SLOTS, LONG_BYTES>;
 
 /// One cached atom, or local pid: 24 bytes (32 with its key in the
 /// table), its encoding inline.
@@ -259,6 +274,7 @@ impl AtomCache {
     fn new() -> Self {
         AtomCache {
             entries: WordCache::new(),
+            long: Long::new(),
             remote: Remote {
                 env: std::ptr::null_mut(),
                 entries: WordCache::new(),
@@ -519,7 +535,13 @@ impl Encoder {
             let word = AtomCache::word(raw);
             // An atom or a local pid that hits costs no call into the VM.
             if let Some(e) = atoms.cached(word) {
-                put_cached(t, e, out, text, refs);
+                if e.len != 0 {
+                    put_bytes(e, out, text, refs);
+                } else {
+                    // Too long for the entry: an atom as text.
+                    long_atom(t, word, atoms, out);
+                    *text = true;
+                }
                 continue;
             }
             if word & 0b11 != 0b11 {
@@ -789,7 +811,10 @@ fn atom(t: Term<'_>, word: u64, atoms: &mut AtomCache, out: &mut Vec<u8>) -> boo
         out.truncate(start);
         out.extend_from_slice(&[ATOM_CACHE_REF, id]);
     }
-    // Too long to keep: len 0, the VM writes it each time.
+    // Too long for an entry: len 0, and kept in `long`.
+    if out.len() - start > ATOM_MAX {
+        atoms.long.keep(word, &out[start..]);
+    }
     atoms
         .entries
         .keep(word, AtomEntry::new(0, &out[start..], id.is_none()));
@@ -834,6 +859,18 @@ fn node_id(start: usize, atoms: &mut AtomCache, out: &mut Vec<u8>) -> bool {
     };
     out.splice(at..next, [ATOM_CACHE_REF, id]);
     true
+}
+
+/// Appends the encoding of atom `t` (term word `word`) that was too long
+/// for its entry: kept in [`Long`], or written by the VM and kept there.
+fn long_atom(t: Term<'_>, word: u64, atoms: &mut AtomCache, out: &mut Vec<u8>) {
+    if let Some(enc) = atoms.long.get(word) {
+        out.extend_from_slice(enc);
+        return;
+    }
+    let start = out.len();
+    fallback(t, out);
+    atoms.long.keep(word, &out[start..]);
 }
 
 /// Appends the cached encoding `e` of `t` (the VM writes it when it was
