@@ -843,6 +843,23 @@ micro() ->
               "sets with a pair over 2.5 x the median: ~b~n",
               [Median, lists:max(lists:append(Bests)),
                length([Set || Set <- Bests, lists:max(Set) > 2.5 * Median])]),
+    %% Atoms past the ids (only the first 200 atoms a node's encoder meets
+    %% get one), as text: short ones, and ones longer than 16 bytes, as
+    %% Elixir module names are ('Elixir.MyApp.Orders.Created').
+    _ = [ecall_nif:encoded_size(list_to_atom("ecall_bench_id_" ++ integer_to_list(I)))
+         || I <- lists:seq(1, 250)],
+    Past = fun(Prefix) ->
+                   list_to_tuple([list_to_atom(Prefix ++ integer_to_list(I))
+                                  || I <- lists:seq(10, 19)])
+           end,
+    LongAtoms = Past("Elixir.EcallBench.Long"),
+    ShortAtoms = Past("ecall_s"),
+    {_, true, _} = ecall_nif:encoded_size(LongAtoms),
+    {_, true, _} = ecall_nif:encoded_size(ShortAtoms),
+    io:format("micro: encode of 10 atoms past the ids, as text, ns: of 24 bytes ~.1f, "
+              "of 9 bytes ~.1f~n",
+              [per_call(fun() -> ecall_nif:encoded_size(LongAtoms) end, 100000),
+               per_call(fun() -> ecall_nif:encoded_size(ShortAtoms) end, 100000)]),
     %% How soon a push gives up a large term (it then goes by
     %% term_to_iovec): the longest a push holds the caller's scheduler.
     List = lists:seq(1, 1000000),
