@@ -168,10 +168,12 @@ start_node(Net, Key, Name, Addr, Main) ->
             %% The code, and the suites' two links (test/ct.config): the
             %% cut stalls and reaps both.
             | ecall_test_nodes:node_args()] ++ ["-s", ?MODULE_STRING, Main],
-    Erl = os:find_executable("erl"),
+    %% Through test/node.sh when the run records crashes: a node that dies
+    %% of a crash signal, here where links are cut and reaped, fails the run.
+    {Exec, Pre} = ecall_test_nodes:node_exec(),
     #{ip := Ip} = Net,
     open_port({spawn_executable, Ip},
-              [{args, ["netns", "exec", maps:get(Key, Net), Erl | Args]},
+              [{args, ["netns", "exec", maps:get(Key, Net), Exec | Pre ++ Args]},
                {env, [{"ERL_EPMD_PORT", "4369"}]},
                exit_status, use_stdio, stderr_to_stdout, {line, 65536}]).
 
@@ -199,9 +201,26 @@ result(Port) ->
     after 60000 -> ct:fail(no_result)
     end.
 
+%% Asks the node to halt and waits for it: it must end with status 0 (a
+%% crash signal gives 128 + the signal, through test/node.sh as without
+%% it). One that does not end within 30 s is killed, with what it runs.
 stop_node(Port) ->
-    %% The nodes halt when their standard input closes.
-    stop_port(Port).
+    case catch tell(Port, "stop") of
+        true -> await_exit(Port);
+        _ -> stop_port(Port)
+    end.
+
+await_exit(Port) ->
+    receive
+        {Port, {exit_status, S}} -> ?assertEqual({node_exit_status, 0}, {node_exit_status, S});
+        {Port, {data, {_, Line}}} -> ct:log("~ts", [Line]), await_exit(Port)
+    after 30000 ->
+        {os_pid, OsPid} = erlang:port_info(Port, os_pid),
+        P = integer_to_list(OsPid),
+        _ = os:cmd("kill -9 $(ps -o pid= --ppid " ++ P ++ ") " ++ P),
+        catch port_close(Port),
+        ct:fail({node_did_not_stop, OsPid})
+    end.
 
 stop_port(Port) ->
     case erlang:port_info(Port, os_pid) of
@@ -222,6 +241,7 @@ partition_b() ->
 
 wait_eof() ->
     case io:get_line("") of
+        "stop\n" -> erlang:halt();
         eof -> erlang:halt();
         {error, _} -> erlang:halt();
         _ -> wait_eof()
