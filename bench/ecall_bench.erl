@@ -1046,8 +1046,9 @@ start_b() ->
     ecall_test_nodes:start_peer(?NODE_ARGS ++ Perf ++ Extra, [?MODULE]).
 
 %% Three sub-maps of ten atom fields (the article's payload; its size in
-%% ETF is printed at the start of a run), or with ECALL_BENCH_PAYLOAD=binary
-%% a binary of about the same size.
+%% ETF is printed at the start of a run), with ECALL_BENCH_PAYLOAD=binary
+%% a binary of about the same size, with ECALL_BENCH_PAYLOAD=map_past_ids
+%% the map with atoms past the encoder's ids.
 payload() ->
     payload(os:getenv("ECALL_BENCH_PAYLOAD", "map")).
 
@@ -1057,7 +1058,22 @@ payload("binary") ->
 payload("map") ->
     maps:from_list(
       [{G, maps:from_list([{list_to_atom([$f, $0 + J]), v} || J <- lists:seq(0, 9)])}
-       || G <- [a, b, c]]).
+       || G <- [a, b, c]]);
+payload("map_past_ids") ->
+    %% The same shape with atoms that have no id: node A's encoder gives
+    %% ids to the first 200 atoms it meets, and 250 others are met first
+    %% (ecall_nif, when loaded), as in an application that sends more than
+    %% 200 atoms. Its atoms then go as text, and each batch that holds
+    %% them is rewritten by the link writer into its connection's atom
+    %% cache. The atoms are made after the others, and are as short as
+    %% the map's.
+    _ = (catch ecall_nif:encoded_size(
+                 list_to_tuple([list_to_atom("ecall_bench_id_" ++ integer_to_list(I))
+                                || I <- lists:seq(1, 250)]))),
+    maps:from_list(
+      [{list_to_atom("p" ++ G), maps:from_list([{list_to_atom([$q, $0 + J]), w}
+                                                || J <- lists:seq(0, 9)])}
+       || G <- ["a", "b", "c"]]).
 
 %%--------------------------------------------------------------------
 %% One point
