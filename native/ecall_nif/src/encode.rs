@@ -99,7 +99,7 @@ struct AtomCache {
 /// the first 200 atoms, which have ids) of more than 16 bytes, such as
 /// Elixir's module names (`'Elixir.MyApp.Orders.Created'`). They used to
 /// go through `enif_term_to_binary` on every encode: 10 of 24 bytes took
-/// 1,148-1,365 ns against 107 for 10 of 9 bytes, and take 147-163 ns kept
+/// 1,148-1,365 ns against 107 for 10 of 9 bytes, and take 138-163 ns kept
 /// here (`bench/run.sh micro`, "atoms past the ids"). By term word (an
 /// atom's text never changes), in an arena of at most [`LONG_BYTES`].
 type Long = WordBytes<LONG_SLOTS, LONG_BYTES>;
@@ -111,8 +111,9 @@ struct AtomEntry {
     /// 0 for an atom (never stale); for a local pid, the [`EPOCH`] it was
     /// encoded in.
     epoch: u32,
-    /// Bytes of `bytes` in use; 0 for text longer than [`ATOM_MAX`], which
-    /// the VM writes each time (without asking for an id again).
+    /// Bytes of `bytes` in use; 0 for an atom as text longer than
+    /// [`ATOM_MAX`], whose encoding is kept in [`Long`] (the atom asks for
+    /// no id again). Entries of [`Remote`] are never 0.
     len: u8,
     /// Whether it goes as text.
     text: bool,
@@ -548,7 +549,7 @@ impl Encoder {
                 if let Some(e) = atoms.remote.get_last(raw) {
                     // The pid or port of another node met last: most sends'
                     // destination, push after push.
-                    put_cached(t, e, out, text, refs);
+                    put_bytes(e, out, text, refs);
                     continue;
                 }
             }
@@ -570,7 +571,7 @@ impl Encoder {
                         0
                     };
                     if let Some(e) = remote.then(|| atoms.remote.get(raw, hash)).flatten() {
-                        put_cached(t, e, out, text, refs);
+                        put_bytes(e, out, text, refs);
                         continue;
                     }
                     let id = match *memo {
@@ -786,7 +787,7 @@ impl Inline<'_> {
         if out.len() > self.limit {
             return false;
         }
-        // A long atom (len 0) is the VM's to write: left to the loop.
+        // A long atom (len 0) is kept in `long`: left to the loop.
         let Some(e) = self
             .atoms
             .cached(AtomCache::word(raw))
@@ -871,17 +872,6 @@ fn long_atom(t: Term<'_>, word: u64, atoms: &mut AtomCache, out: &mut Vec<u8>) {
     let start = out.len();
     fallback(t, out);
     atoms.long.keep(word, &out[start..]);
-}
-
-/// Appends the cached encoding `e` of `t` (the VM writes it when it was
-/// too long to keep) and counts its atom.
-fn put_cached(t: Term<'_>, e: &AtomEntry, out: &mut Vec<u8>, text: &mut bool, refs: &mut u64) {
-    if e.len == 0 {
-        fallback(t, out);
-        count(!e.text, text, refs);
-    } else {
-        put_bytes(e, out, text, refs);
-    }
 }
 
 /// Appends the bytes of cached entry `e` (`len` not 0) and counts its atom.
