@@ -18,7 +18,22 @@ var=ECALL_OTP${release}_CACHE
 cache=${!var:-/var/cache/ecall-otp$release}
 root=$cache/root
 erl=$root/usr/lib/erlang/bin/erl
+
+# Both `erl' scripts name the root they run from: bin/erl, and the one in
+# erts-*/bin that a running node finds first on its PATH (the emulator puts
+# that directory there), which is how a node of this release starts its
+# peers with `peer' (as bench/run.sh's ECALL_BENCH_OTP does).
+point_roots() {
+    local f
+    for f in "$erl" "$root"/usr/lib/erlang/erts-*/bin/erl; do
+        grep -q "ROOTDIR=$root/usr/lib/erlang\$" "$f" && continue
+        sed -i "s|ROOTDIR=/usr/lib/erlang\$|ROOTDIR=$root/usr/lib/erlang|" "$f"
+    done
+}
+
 if [ -f "$cache/ready" ] && [ -x "$erl" ]; then
+    # A cache unpacked before erts-*/bin/erl was pointed too.
+    point_roots
     echo "$erl"
     exit 0
 fi
@@ -68,7 +83,7 @@ for bin in "$root"/usr/lib/erlang/erts-*/bin/{beam.smp,erlexec,erl_child_setup,e
     [ -f "$bin" ] || continue
     patchelf --set-interpreter "$loader" --set-rpath "$rpath" "$bin"
 done
-sed -i "s|ROOTDIR=/usr/lib/erlang\$|ROOTDIR=$root/usr/lib/erlang|" "$erl"
+point_roots
 out=$("$erl" -noshell -eval 'io:put_chars(erlang:system_info(otp_release)), halt().')
 [ "$out" = "$release" ] || { echo "otp27.sh: unpacked erl reports OTP '$out', not $release" >&2; exit 1; }
 touch "$cache/ready"
