@@ -46,6 +46,8 @@ check: deps
 	rebar3 xref
 	rebar3 dialyzer
 	rebar3 edoc
+	@# The benchmark's modules (not part of the app), warnings as errors.
+	mkdir -p _build/check && erlc +warnings_as_errors -o _build/check -I test bench/ecall_bench.erl test/ecall_test_nodes.erl
 
 clean:
 	rm -rf _build priv/*.so examples/*/_build examples/*/deps

@@ -287,7 +287,13 @@ matrix(Ns, K, P, Ops, Variants, Label) ->
     print(Rows),
     write_results(Label, Rows),
     peer:stop(Peer),
-    ok.
+    %% Nothing may be lost (no variant drops: the default overflow policy
+    %% blocks). A run that lost messages fails, after its results are out,
+    %% so that `make demo' in CI is a check of every path end to end.
+    case [{Op, V, N, L} || #{op := Op, variant := V, writers := N, lost := L} <- Rows, L =/= 0] of
+        [] -> ok;
+        Lost -> erlang:error({lost, Lost})
+    end.
 
 %% One point of Op at N writers by every variant, measured by nobody,
 %% before the measured ones. The first point after the nodes start pays
