@@ -443,16 +443,10 @@ node_facts() ->
     OsPid = os:getpid(),
     Count = fun(Dir) -> {ok, L} = file:list_dir("/proc/" ++ OsPid ++ "/" ++ Dir), length(L) end,
     #{peers := Peers} = ecall:stats(),
-    {ok, Status} = file:read_file("/proc/" ++ OsPid ++ "/status"),
-    RssKb = case [binary_to_integer(string:trim(V, both, " kB\t"))
-                  || <<"VmRSS:", V/binary>> <- binary:split(Status, <<"\n">>, [global])] of
-                [Kb | _] -> Kb;
-                [] -> 0
-            end,
     #{connections => map_size(Peers),
       links_up => lists:sum([maps:get(links_up, S, 0) || S <- maps:values(Peers)]),
       threads => Count("task"), fds => Count("fd"),
-      memory_mb => erlang:memory(total) div 1048576, rss_mb => RssKb div 1024}.
+      memory_mb => erlang:memory(total) div 1048576, rss_mb => vm_rss() div 1048576}.
 
 print_facts(Label, Facts) ->
     io:format("~n~s~n~-28s ~6s ~6s ~8s ~5s ~10s ~7s~n",
@@ -1135,7 +1129,8 @@ point(B, Variant, Op, N, K, P, OnStart) ->
     garbage_collect(),
     S0 = stats(B),
     Back0 = back_stats(B),
-    Sampler = spawn_link(fun() -> sample(#{mem => 0, rq => 0}) end),
+    Rss0 = vm_rss(),
+    Sampler = spawn_link(fun() -> sample(#{mem => 0, rq => 0, rss => Rss0}) end),
     CpuA0 = cpu_seconds(os:getpid()),
     CpuB0 = cpu_seconds(erpc:call(B, os, getpid, [])),
     Wall0 = erlang:statistics(scheduler_wall_time),
@@ -1205,6 +1200,8 @@ point(B, Variant, Op, N, K, P, OnStart) ->
       cpu_us_per_op => (CpuA + CpuB) * 1.0e6 / Total,
       sched_util_a => utilisation(Wall0, Wall1),
       peak_mem_mb => maps:get(mem, Peak) / 1048576,
+      start_rss_mb => Rss0 / 1048576,
+      peak_rss_mb => maps:get(rss, Peak) / 1048576,
       max_run_queue => maps:get(rq, Peak),
       avg_batch => case Batches of 0 -> 0.0; _ -> Delta(requests) / Batches end,
       bytes_per_write => case Writes of 0 -> 0.0; _ -> Delta(bytes) / Writes end,
@@ -1278,12 +1275,30 @@ stats(B) ->
         {error, _} -> #{}
     end.
 
-sample(#{mem := M, rq := R} = Acc) ->
+sample(#{mem := M, rq := R, rss := Rss} = Acc) ->
     receive
         {stop, From} -> From ! {sampled, Acc}
     after 100 ->
         sample(Acc#{mem := max(M, erlang:memory(total)),
-                    rq := max(R, erlang:statistics(total_run_queue_lengths_all))})
+                    rq := max(R, erlang:statistics(total_run_queue_lengths_all)),
+                    rss := max(Rss, vm_rss())})
+    end.
+
+%% Node A's resident set in bytes (VmRSS of /proc/self/status; 0 where
+%% there is none). erlang:memory(total) counts what the emulator
+%% allocated, and not the NIF's own memory (its shards, link buffers,
+%% tokio's threads), which the system allocator gives: the resident set
+%% counts both, and also what the emulator's allocators keep after use.
+vm_rss() ->
+    case file:read_file("/proc/self/status") of
+        {ok, Status} ->
+            case [binary_to_integer(string:trim(V, both, " kB\t"))
+                  || <<"VmRSS:", V/binary>> <- binary:split(Status, <<"\n">>, [global])] of
+                [Kb | _] -> Kb * 1024;
+                [] -> 0
+            end;
+        {error, _} ->
+            0
     end.
 
 %% utime + stime of an OS process, from /proc.
@@ -1307,19 +1322,20 @@ clock_ticks() ->
 
 -define(COLS, [op, variant, payload, writers, pause_ms, per_writer, intended, rate, elapsed,
                wall, cpu_a, cpu_b, cpu_us_per_op, sched_util_a, peak_mem_mb, max_run_queue,
-               avg_batch, bytes_per_write, lost]).
+               avg_batch, bytes_per_write, lost, start_rss_mb, peak_rss_mb]).
 
 print(Rows) ->
-    io:format("~n~-5s ~-13s ~7s ~9s ~9s ~7s ~6s ~6s ~7s ~6s ~8s ~7s ~7s ~8s ~5s~n",
+    io:format("~n~-5s ~-13s ~7s ~9s ~9s ~7s ~6s ~6s ~7s ~6s ~8s ~7s ~7s ~8s ~5s ~8s~n",
               ["op", "variant", "writers", "intended", "ops/s", "elapsed", "cpuA", "cpuB",
-               "us/op", "util%", "peak MB", "max rq", "batch", "B/write", "lost"]),
-    [io:format("~-5s ~-13s ~7b ~9b ~9b ~7.1f ~6.1f ~6.1f ~7.2f ~6.1f ~8.1f ~7b ~7.1f ~8.1f ~5b~n",
+               "us/op", "util%", "peak MB", "max rq", "batch", "B/write", "lost", "RSS MB"]),
+    [io:format("~-5s ~-13s ~7b ~9b ~9b ~7.1f ~6.1f ~6.1f ~7.2f ~6.1f ~8.1f ~7b ~7.1f ~8.1f ~5b ~8.1f~n",
                [maps:get(op, R), maps:get(variant, R), maps:get(writers, R),
                 round(maps:get(intended, R)), round(maps:get(rate, R)), maps:get(elapsed, R),
                 maps:get(cpu_a, R), maps:get(cpu_b, R), maps:get(cpu_us_per_op, R),
                 100 * maps:get(sched_util_a, R), maps:get(peak_mem_mb, R),
                 maps:get(max_run_queue, R), float(maps:get(avg_batch, R)),
-                float(maps:get(bytes_per_write, R)), maps:get(lost, R)])
+                float(maps:get(bytes_per_write, R)), maps:get(lost, R),
+                maps:get(peak_rss_mb, R)])
      || R <- Rows],
     ok.
 
