@@ -19,10 +19,30 @@ use tokio::process::{Child, ChildStdout, Command};
 use tokio::sync::mpsc;
 
 /// An `erl` node running `eval`, killed on drop.
+///
+/// Under `test/with_epmd.sh` (`ECALL_NODE_CRASHES` set) the node runs
+/// under `test/node.sh`, as the Common Test suites' nodes do: a node that
+/// dies of a crash signal (what a frame of ours that broke the peer's
+/// emulator would do, even after the test's last line) fails the run.
+/// The node runs in a process group of its own, so that what the test
+/// kills and signals is the node and its wrapper together.
 struct Erl {
     node: String,
     lines: Lines<BufReader<ChildStdout>>,
     _child: Child,
+}
+
+impl Drop for Erl {
+    /// Kills the node's process group: `kill_on_drop` alone would kill
+    /// the wrapper and leave the node running.
+    fn drop(&mut self) {
+        if let Some(pid) = self._child.id() {
+            let _ = std::process::Command::new("kill")
+                .args(["-KILL", "--", &format!("-{pid}")])
+                .stderr(Stdio::null())
+                .status();
+        }
+    }
 }
 
 impl Erl {
@@ -35,7 +55,16 @@ impl Erl {
     }
 
     fn spawn(epmd: &Epmd, name: &str, cookie: &str, extra: &[&str], eval: &str) -> Erl {
-        let mut child = Command::new("erl")
+        let mut command = if std::env::var_os("ECALL_NODE_CRASHES").is_some() {
+            let mut wrapped =
+                Command::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../../test/node.sh"));
+            wrapped.arg("erl");
+            wrapped
+        } else {
+            Command::new("erl")
+        };
+        let mut child = command
+            .process_group(0)
             .args(["-sname", name, "-setcookie", cookie, "-noinput", "-noshell"])
             .args(extra)
             .args(["-eval", eval])
@@ -521,15 +550,16 @@ async fn restarted_peer_stops_the_link() {
 }
 
 impl Erl {
-    /// Sends the node's OS process `sig` (`-STOP`, `-CONT`).
+    /// Sends the node's process group (the node, and its wrapper when it
+    /// has one) `sig` (`-STOP`, `-CONT`).
     fn signal(&self, sig: &str) {
-        let pid = self._child.id().expect("erl runs").to_string();
+        let group = format!("-{}", self._child.id().expect("erl runs"));
         let ok = std::process::Command::new("kill")
-            .args([sig, &pid])
+            .args([sig, "--", &group])
             .status()
             .expect("kill")
             .success();
-        assert!(ok, "kill {sig} {pid}");
+        assert!(ok, "kill {sig} -- {group}");
     }
 
     /// Waits until the node's OS process has exited.
