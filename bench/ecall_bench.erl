@@ -585,7 +585,7 @@ latency(N) ->
                           end,
                   _ = point(B, V, send, N, 100, 50, Start),
                   receive {Ref, probe, Probe} -> Probe ! {Ref, stop} end,
-                  Loaded = receive {Ref, L} when is_list(L) -> L end,
+                  Loaded = receive {Ref, L} -> L end,
                   [latency_row(V, 0, proplists:get_value(V, Idle)), latency_row(V, N, Loaded)]
               end || V <- Variants]),
     io:format("~n~-13s ~8s ~7s ~9s ~9s ~9s~n", ["variant", "writers", "probes", "p50 us", "p99 us", "max us"]),
