@@ -1130,7 +1130,7 @@ point(B, Variant, Op, N, K, P, OnStart) ->
     S0 = stats(B),
     Back0 = back_stats(B),
     Rss0 = vm_rss(),
-    Sampler = spawn_link(fun() -> sample(#{mem => 0, rq => 0, rss => Rss0}) end),
+    Sampler = spawn_link(fun() -> sample(#{mem => 0, rq => 0, rss => Rss0, carriers => 0}) end),
     CpuA0 = cpu_seconds(os:getpid()),
     CpuB0 = cpu_seconds(erpc:call(B, os, getpid, [])),
     Wall0 = erlang:statistics(scheduler_wall_time),
@@ -1202,6 +1202,7 @@ point(B, Variant, Op, N, K, P, OnStart) ->
       peak_mem_mb => maps:get(mem, Peak) / 1048576,
       start_rss_mb => Rss0 / 1048576,
       peak_rss_mb => maps:get(rss, Peak) / 1048576,
+      peak_carriers_mb => maps:get(carriers, Peak) / 1048576,
       max_run_queue => maps:get(rq, Peak),
       avg_batch => case Batches of 0 -> 0.0; _ -> Delta(requests) / Batches end,
       bytes_per_write => case Writes of 0 -> 0.0; _ -> Delta(bytes) / Writes end,
@@ -1275,13 +1276,37 @@ stats(B) ->
         {error, _} -> #{}
     end.
 
-sample(#{mem := M, rq := R, rss := Rss} = Acc) ->
+sample(#{mem := M, rq := R, rss := Rss, carriers := C} = Acc) ->
     receive
         {stop, From} -> From ! {sampled, Acc}
     after 100 ->
         sample(Acc#{mem := max(M, erlang:memory(total)),
                     rq := max(R, erlang:statistics(total_run_queue_lengths_all)),
-                    rss := max(Rss, vm_rss())})
+                    rss := max(Rss, vm_rss()),
+                    carriers := max(C, carriers())})
+    end.
+
+%% With ECALL_BENCH_CARRIERS=1: the bytes the emulator's allocators hold
+%% from the OS in carriers (multiblock and singleblock, every allocator
+%% and instance, as recon_alloc's `allocated`); 0 otherwise. The resident
+%% set minus this is memory the emulator's allocators do not hold: the
+%% NIF's own (shards, link buffers, tokio's threads), libc's and the
+%% code. Off by default: one reading takes about 0.5 ms on an idle node.
+carriers() ->
+    case os:getenv("ECALL_BENCH_CARRIERS") of
+        "1" ->
+            lists:sum([Size || A <- erlang:system_info(alloc_util_allocators),
+                               {instance, _, Info} <- alloc_sizes(A),
+                               {Kind, Props} <- Info, Kind =:= mbcs orelse Kind =:= sbcs,
+                               {carriers_size, Size, _, _} <- Props]);
+        _ ->
+            0
+    end.
+
+alloc_sizes(A) ->
+    case erlang:system_info({allocator_sizes, A}) of
+        L when is_list(L) -> L;
+        false -> []
     end.
 
 %% Node A's resident set in bytes (VmRSS of /proc/self/status; 0 where
@@ -1322,7 +1347,7 @@ clock_ticks() ->
 
 -define(COLS, [op, variant, payload, writers, pause_ms, per_writer, intended, rate, elapsed,
                wall, cpu_a, cpu_b, cpu_us_per_op, sched_util_a, peak_mem_mb, max_run_queue,
-               avg_batch, bytes_per_write, lost, start_rss_mb, peak_rss_mb]).
+               avg_batch, bytes_per_write, lost, start_rss_mb, peak_rss_mb, peak_carriers_mb]).
 
 print(Rows) ->
     io:format("~n~-5s ~-13s ~7s ~9s ~9s ~7s ~6s ~6s ~7s ~6s ~8s ~7s ~7s ~8s ~5s ~8s~n",
