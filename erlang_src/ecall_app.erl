@@ -4,6 +4,8 @@
 
 -export([start/2, stop/1]).
 
+-include_lib("kernel/include/logger.hrl").
+
 -spec start(application:start_type(), term()) -> {ok, pid()} | {error, term()}.
 start(_Type, _Args) ->
     %% Every setting is checked here, once: a typo or a bad value stops the
@@ -15,7 +17,12 @@ start(_Type, _Args) ->
             %% loaded since the last start: check again.
             _ = ecall_telemetry:refresh(),
             ecall_sup:start_link();
-        {error, _} = Error -> Error
+        {error, Why} = Error ->
+            ?LOG_ERROR("ecall: configuration refused, ecall not started: ~0p. "
+                       "Fix the value in the ecall application environment "
+                       "(sys.config or -ecall Key Value); every key is listed "
+                       "by ecall_config:spec/0", [Why]),
+            Error
     end.
 
 -spec stop(term()) -> ok.

@@ -12,11 +12,6 @@
 
 -include_lib("kernel/include/logger.hrl").
 
-%% Every log event of ecall's Erlang side is in this domain (the Rust
-%% side's are in [ecall, rust], see ecall_log), so that a handler or a
-%% filter can select them.
--define(DOMAIN, #{domain => [ecall]}).
-
 -define(SCOPE, ecall_pg).
 -define(GROUP, nodes).
 
@@ -57,7 +52,7 @@ connect_all(Pids) ->
 connect(Node) ->
     case ecall:connect(Node) of
         ok -> ok;
-        {error, Reason} -> ?LOG_WARNING("ecall: cannot connect to ~p: ~p", [Node, Reason], ?DOMAIN)
+        {error, Reason} -> ?LOG_WARNING("ecall: cannot connect to ~p: ~p", [Node, Reason])
     end.
 
 -spec handle_call(term(), gen_server:from(), map()) -> {reply, {error, badarg}, map()}.

@@ -1,7 +1,14 @@
 %% @private
 %% Receives the Rust side's `tracing' events and hands them to `logger'
-%% with the same level, in the domain [ecall, rust]. The most verbose level
-%% forwarded is logger's primary level when this process starts.
+%% with the same level, with the metadata `rust_target' (the Rust module).
+%% The most verbose level forwarded is logger's primary level when this
+%% process starts.
+%%
+%% None of ecall's events has a `domain': OTP's default handler prints
+%% only events without one (or in `[otp]'), so a domain of ecall's own
+%% would hide every line. They come from ecall's modules, so
+%% `logger:set_application_level(ecall, Level)' selects how much of them
+%% is printed.
 -module(ecall_log).
 -behaviour(gen_server).
 
@@ -34,7 +41,7 @@ rank(all) -> 5.
 
 -spec handle_info(term(), map()) -> {noreply, map()}.
 handle_info({ecall_log, Level, Target, Text}, St) ->
-    logger:log(Level, "~ts", [Text], #{domain => [ecall, rust], rust_target => Target}),
+    ?LOG(Level, "~ts", [Text], #{rust_target => Target}),
     {noreply, St};
 handle_info(Other, St) ->
     {noreply, unexpected_in(?MODULE, {info, Other}, St)}.
@@ -54,7 +61,7 @@ handle_cast(Msg, St) ->
 -spec unexpected(term(), term(), non_neg_integer()) -> pos_integer().
 unexpected(Who, What, 0) ->
     ?LOG_WARNING("ecall: ~p got an unexpected message (logged once, later ones counted): ~0P",
-                 [Who, What, 30], #{domain => [ecall]}),
+                 [Who, What, 30]),
     1;
 unexpected(_Who, _What, Seen) ->
     Seen + 1.

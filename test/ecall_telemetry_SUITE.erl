@@ -1,5 +1,5 @@
 %% Telemetry events, the last stats of a closed peer, named per-link stats,
-%% ecall:info/0,1 and the log domain, on real nodes.
+%% ecall:info/0,1 and the log lines, on real nodes.
 %%
 %% `telemetry' cannot be fetched here: this node loads a stand-in module of
 %% that name (built in init_per_suite, never on the peers' code path) whose
@@ -181,7 +181,7 @@ link_down_and_back(_Config) ->
 %% A stalled peer (SIGSTOP): the link is reaped (link down `stalled' and
 %% reap), what it held is lost; what is sent after stays queued behind the
 %% link that cannot reconnect, and the close drops exactly that: close
-%% event, last stats and one log line (domain [ecall]) carry the counts;
+%% event, last stats and one log line carry the counts;
 %% the reap's `unconfirmed' is the link's own count.
 reap_and_close_count_drops(_Config) ->
     ok = sink(),
@@ -253,8 +253,9 @@ close_line(Prefix) ->
     after ?WAIT -> ct:fail(no_close_log_line)
     end.
 
-%% logger handler: ecall's own (Erlang-side) events, with their domain.
-log(#{level := Level, msg := {Format, Args}, meta := #{domain := [ecall]}},
+%% logger handler: ecall's own (Erlang-side) events, those of its
+%% modules.
+log(#{level := Level, msg := {Format, Args}, meta := #{mfa := {ecall_conn, _, _}}},
     #{config := #{pid := Pid}}) ->
     Pid ! {ecall_log, Level, lists:flatten(io_lib:format(Format, Args))};
 log(_Event, _Config) ->

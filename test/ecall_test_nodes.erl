@@ -259,7 +259,7 @@ connect_back(B) ->
     ok = erpc:call(B, ecall, connect, [node()]).
 
 %% logger handler: forwards the Rust side's events to the test process.
-log(#{level := Level, msg := {"~ts", [Text]}, meta := #{domain := [ecall, rust]}},
+log(#{level := Level, msg := {"~ts", [Text]}, meta := #{rust_target := _}},
     #{config := #{pid := Pid}}) ->
     Pid ! {rust_log, Level, iolist_to_binary(Text)};
 log(_Event, _Config) ->
