@@ -512,8 +512,14 @@ nodes() ->
 %% (`handshakes_shed': too many handshakes under way), `accept_errors', and what
 %% those connections sent: `inbound_frames', `inbound_answered' (pings),
 %% `inbound_ignored' and `inbound_malformed' (connections closed because a
-%% frame was malformed or over the size bound).
+%% frame was malformed or over the size bound). `identities_state' is
+%% `registered', `none' (no identities: not distributed, no NIF, or a
+%% distribution the links cannot join; the log says which), or
+%% `{registering, Why}': their registration with epmd failed (`Why' is
+%% `{name_taken, Name}' when another node holds a name) and is retried in
+%% the background, while connections use the pure-Erlang transport.
 -spec stats() -> #{peers := #{node() => map()}, receivers := map(), identities := [map()],
+                   identities_state := registered | none | {registering, term()},
                    closed_drops := non_neg_integer()}.
 stats() ->
     Peers = maps:from_list([{N, S} || #{node := N} <- connections(),
@@ -528,6 +534,7 @@ stats() ->
           end,
     #{peers => Peers,
       identities => Ids,
+      identities_state => ecall_cnode:state(),
       %% Requests dropped when connections closed (their peers' own
       %% counters are gone with them).
       closed_drops => counters:get(ecall_conn_sup:counters(), 1),

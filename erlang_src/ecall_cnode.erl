@@ -6,33 +6,59 @@
 %% started and a clear log line says why: without distribution ecall is
 %% plain `!' and erpc; without the NIF, connections use the pure-Erlang
 %% transport (ecall_proxy).
+%%
+%% When the identities cannot be registered (a name taken in epmd by
+%% another node, or by an earlier instance epmd has not yet forgotten; epmd
+%% unreachable; no free port; unreadable TLS files), the node goes on: one
+%% warning says what failed and what to do, connections use the pure-Erlang
+%% transport, and registration is retried in the background with backoff.
+%% Once it succeeds, every connection on the pure-Erlang transport is
+%% closed without dropping what it holds and opened again on the NIF
+%% transport (move/1); per-caller order holds across the switch as across
+%% any close (ecall_conn:terminate/2, ecall:native/3).
 -module(ecall_cnode).
 -behaviour(gen_server).
 
--export([start_link/0, cnode/0, nodes/0, usable/0]).
+-export([start_link/0, cnode/0, nodes/0, usable/0, state/0]).
 -export([init/1, handle_call/3, handle_cast/2, handle_info/2, terminate/2]).
 
 -include_lib("kernel/include/logger.hrl").
-
-%% Every log event of ecall's Erlang side is in this domain (the Rust
-%% side's are in [ecall, rust], see ecall_log), so that a handler or a
-%% filter can select them.
--define(DOMAIN, #{domain => [ecall]}).
 
 -define(KEY, {ecall, cnode}).
 %% How long registering the identities with epmd may take (not a handshake:
 %% the handshake deadline of each connection is the `handshake_timeout'
 %% setting).
 -define(REGISTER_TIMEOUT, 15000).
+%% Retries of a failed registration: from 1 s, doubling, at most every
+%% 10 s. The first registration asks epmd again for up to
+%% ?FIRST_REGISTER_RETRY ms when it refuses a name (an instance of this node
+%% that just stopped: epmd drops its names a little after); the retries in
+%% the background ask once each.
+-define(RETRY_MIN, 1000).
+-define(RETRY_MAX, 10000).
+-define(FIRST_REGISTER_RETRY, 1000).
 
 -spec start_link() -> {ok, pid()} | {error, term()}.
 start_link() ->
     gen_server:start_link({local, ?MODULE}, ?MODULE, [], []).
 
-%% @doc The identities, or why there are none.
--spec cnode() -> {ok, ecall_nif:cnode()} | {error, not_distributed | {nif_not_loaded, term()} | term()}.
+%% @doc The identities, or why there are none (`{registering, Why}': the
+%% last registration failed, and is retried).
+-spec cnode() -> {ok, ecall_nif:cnode()}
+               | {error, not_distributed | {nif_not_loaded, term()} | {registering, term()}
+                  | term()}.
 cnode() ->
     persistent_term:get(?KEY, {error, not_started}).
+
+%% @doc What the identities are doing, for stats: `registered', `none'
+%% (not wanted or not possible: see cnode/0), or `{registering, Why}'.
+-spec state() -> registered | none | {registering, term()}.
+state() ->
+    case cnode() of
+        {ok, _} -> registered;
+        {error, {registering, _} = R} -> R;
+        {error, _} -> none
+    end.
 
 %% @doc Node names of this node's C-node identities.
 -spec nodes() -> [node()].
@@ -42,36 +68,36 @@ nodes() ->
         {error, _} -> []
     end.
 
--spec init([]) -> {ok, map()} | {stop, term()}.
+-spec init([]) -> {ok, map()}.
 init([]) ->
     %% terminate/2 must run on shutdown to drop the identities.
     process_flag(trap_exit, true),
-    Result = start_identities(),
+    Result = start_identities(?FIRST_REGISTER_RETRY),
     persistent_term:put(?KEY, Result),
     case Result of
         {ok, CNode} ->
             ?LOG_INFO("ecall: C-node identities ~p registered with epmd",
-                      [[N || #{node := N} <- ecall_nif:cnode_info(CNode)]], ?DOMAIN),
+                      [[N || #{node := N} <- ecall_nif:cnode_info(CNode)]]),
             {ok, #{cnode => CNode}};
         {error, not_distributed} ->
             ?LOG_NOTICE("ecall: this node is not distributed (no -sname/-name); "
-                        "ecall:send/2 and friends behave as plain ! and erpc", [], ?DOMAIN),
+                        "ecall:send/2 and friends behave as plain ! and erpc", []),
             {ok, #{}};
         {error, {unsupported_tls, Why}} ->
             ?LOG_NOTICE("ecall: the C-node links cannot honour this node's TLS distribution "
                         "options (~ts); connections use the pure-Erlang transport, over the "
-                        "node's own TLS distribution", [Why], ?DOMAIN),
+                        "node's own TLS distribution", [Why]),
             {ok, #{}};
         {error, {unsupported_proto_dist, Proto}} ->
             ?LOG_NOTICE("ecall: distribution over ~s is not supported by the C-node links "
                         "(they speak plain TCP); connections use the pure-Erlang transport, "
-                        "over the node's own distribution", [Proto], ?DOMAIN),
+                        "over the node's own distribution", [Proto]),
             {ok, #{}};
         {error, {no_listen_port, Min, Max}} ->
             ?LOG_WARNING("ecall: inet_dist_listen_min..max (~b..~b) leaves no port for the ~b "
                          "C-node identities (the node takes one); connections use the "
                          "pure-Erlang transport. Widen the range to use the NIF.",
-                         [Min, Max, ecall_config:links()], ?DOMAIN),
+                         [Min, Max, ecall_config:links()]),
             {ok, #{}};
         {error, {nif_not_loaded, Why}} ->
             %% Expected with `{transport, erlang}' (a build without the NIF,
@@ -80,27 +106,51 @@ init([]) ->
             case ecall_config:get(transport) of
                 erlang ->
                     ?LOG_NOTICE("ecall: no NIF (~p); the pure-Erlang transport, as configured",
-                                [Why], ?DOMAIN);
+                                [Why]);
                 nif ->
                     ?LOG_ERROR("ecall: the NIF did not load (~p); connections use the "
-                               "pure-Erlang transport", [Why], ?DOMAIN)
+                               "pure-Erlang transport", [Why])
             end,
             {ok, #{}};
         {error, Why} ->
-            %% epmd refused the names, for example: a real failure, let the
-            %% supervisor see it.
-            {stop, {cnode_start_failed, Why}}
+            {ok, registering(Why, undefined, ?RETRY_MIN)}
     end.
 
--spec start_identities() -> {ok, ecall_nif:cnode()} | {error, term()}.
-start_identities() ->
+%% The registration failed with `Why': the node goes on without the
+%% identities (connections use the pure-Erlang transport) and tries again
+%% in `Delay' ms. A failure is logged when its reason differs from the last
+%% one logged (`Logged'), so a name that stays taken is one warning.
+-spec registering(term(), term(), pos_integer()) -> map().
+registering(Why, Logged, Delay) ->
+    persistent_term:put(?KEY, {error, {registering, Why}}),
+    ecall_telemetry:execute([ecall, identities, register_failed], #{retry_in => Delay},
+                            #{reason => Why}),
+    _ = Why =:= Logged orelse log_failure(Why),
+    erlang:send_after(Delay, self(), register),
+    #{registering => Why, delay => Delay}.
+
+-spec log_failure(term()) -> ok.
+log_failure({name_taken, Name}) ->
+    ?LOG_WARNING("ecall: the name ~ts is taken in epmd by another node (a node started "
+                 "under that name, or an earlier instance of this node that epmd has not "
+                 "forgotten yet). Connections use the pure-Erlang transport meanwhile; "
+                 "ecall retries in the background and moves them to the NIF transport "
+                 "once the name is free. Stop the node holding it, or give this node "
+                 "another name.", [Name]);
+log_failure(Why) ->
+    ?LOG_WARNING("ecall: the C-node identities could not start (~0p). Connections use "
+                 "the pure-Erlang transport meanwhile; ecall retries in the background "
+                 "and moves them to the NIF transport once the identities start.", [Why]).
+
+-spec start_identities(non_neg_integer()) -> {ok, ecall_nif:cnode()} | {error, term()}.
+start_identities(Retry) ->
     case {is_alive(), ecall_nif:load_error()} of
         {false, _} ->
             {error, not_distributed};
         {true, none} ->
             case proto_dist() of
-                tcp -> start_identities_tcp(#{tls => false});
-                {tls, Tls} -> start_identities_tcp(Tls);
+                tcp -> start_identities_tcp(#{tls => false}, Retry);
+                {tls, Tls} -> start_identities_tcp(Tls, Retry);
                 {tls_unsupported, Why} -> {error, {unsupported_tls, Why}};
                 {other, Proto} -> {error, {unsupported_proto_dist, Proto}}
             end;
@@ -255,8 +305,9 @@ client_options(Client) when is_list(Client) ->
 client_options(_) ->
     {error, "client options in -ssl_dist_optfile are not a list"}.
 
--spec start_identities_tcp(map()) -> {ok, ecall_nif:cnode()} | {error, term()}.
-start_identities_tcp(Tls) ->
+-spec start_identities_tcp(map(), non_neg_integer()) ->
+          {ok, ecall_nif:cnode()} | {error, term()}.
+start_identities_tcp(Tls, Retry) ->
     [Name, Host] = string:split(atom_to_list(node()), "@"),
     Links = ecall_config:links(),
     Nodes = [iolist_to_binary([Name, "_ecall_", integer_to_list(K), $@, Host])
@@ -278,22 +329,31 @@ start_identities_tcp(Tls) ->
                      tls => false, tls_certfile => <<>>, tls_keyfile => <<>>,
                      tls_cacertfile => <<>>, tls_sni => false,
                      tls_server_certfile => <<>>, tls_server_keyfile => <<>>,
-                     tls_server_cacertfile => <<>>},
-            ok = ecall_nif:cnode_start(Nodes, Cookie, maps:merge(Opts, Tls), Ref),
-            receive
-                {ecall_cnode, Ref, Result} -> Result
-            after ?REGISTER_TIMEOUT ->
-                {error, timeout}
+                     tls_server_cacertfile => <<>>,
+                     register_retry_ms => Retry},
+            %% An option the NIF refuses (badarg) is a failure to start,
+            %% like any other: the node goes on without the identities.
+            try ecall_nif:cnode_start(Nodes, Cookie, maps:merge(Opts, Tls), Ref) of
+                ok ->
+                    receive
+                        {ecall_cnode, Ref, Result} -> Result
+                    after ?REGISTER_TIMEOUT ->
+                        {error, timeout}
+                    end
+            catch
+                error:Why -> {error, {cnode_start, Why}}
             end
     end.
 
 %% @doc Whether connections can use the C-node links: `false' when the
 %% identities were not started because this node's distribution is not
-%% one they can join (then connections use the pure-Erlang transport, over
-%% the node's own distribution).
+%% one they can join, or while their registration is retried (then
+%% connections use the pure-Erlang transport, over the node's own
+%% distribution).
 -spec usable() -> boolean().
 usable() ->
     case cnode() of
+        {error, {registering, _}} -> false;
         {error, {no_listen_port, _, _}} -> false;
         {error, {unsupported_proto_dist, _}} -> false;
         {error, {unsupported_tls, _}} -> false;
@@ -375,8 +435,45 @@ handle_cast(Msg, State) ->
     {noreply, ecall_log:unexpected_in(?MODULE, {cast, Msg}, State)}.
 
 -spec handle_info(term(), map()) -> {noreply, map()}.
+handle_info(register, #{registering := Logged, delay := Delay}) ->
+    case start_identities(0) of
+        {ok, CNode} ->
+            persistent_term:put(?KEY, {ok, CNode}),
+            Names = [N || #{node := N} <- ecall_nif:cnode_info(CNode)],
+            ?LOG_NOTICE("ecall: C-node identities ~p registered with epmd; connections "
+                        "move to the NIF transport", [Names]),
+            ecall_telemetry:execute([ecall, identities, registered], #{}, #{nodes => Names}),
+            move_connections(),
+            {noreply, #{cnode => CNode}};
+        {error, Why} ->
+            {noreply, registering(Why, Logged, min(2 * Delay, ?RETRY_MAX))}
+    end;
 handle_info(Info, State) ->
     {noreply, ecall_log:unexpected_in(?MODULE, {info, Info}, State)}.
+
+%% Every connection on the pure-Erlang transport reopens on the NIF (when
+%% that is the configured transport), each in a process of its own so that
+%% a slow peer holds up no other.
+-spec move_connections() -> ok.
+move_connections() ->
+    case ecall_conn:transport() of
+        nif -> _ = [spawn(fun() -> move(Pid) end) || Pid <- ecall_conn_sup:conns()], ok;
+        erlang -> ok
+    end.
+
+-spec move(pid()) -> ok.
+move(Pid) ->
+    case catch ecall_conn:info(Pid) of
+        #{node := Node, transport := erlang} ->
+            ok = ecall_conn:stop(Pid, transport_change),
+            case ecall:connect(Node) of
+                ok -> ok;
+                {error, Why} -> ?LOG_WARNING("ecall: cannot connect to ~p on the NIF "
+                                             "transport: ~p", [Node, Why])
+            end;
+        _ ->
+            ok
+    end.
 
 -spec terminate(term(), map()) -> ok.
 terminate(_Reason, _State) ->

@@ -23,15 +23,10 @@
 -behaviour(gen_server).
 
 -export([start_link/1, name/1, await/1, await_close/1, peer/1, route/1, watcher/2, info/1,
-         stop/1, transport/0]).
+         stop/1, stop/2, transport/0]).
 -export([init/1, handle_continue/2, handle_call/3, handle_cast/2, handle_info/2, terminate/2]).
 
 -include_lib("kernel/include/logger.hrl").
-
-%% Every log event of ecall's Erlang side is in this domain (the Rust
-%% side's are in [ecall, rust], see ecall_log), so that a handler or a
-%% filter can select them.
--define(DOMAIN, #{domain => [ecall]}).
 
 %% How long closing a connection waits for the peer to replay what was
 %% written before it (drain/2); below the 5 s shutdown of ecall_conn_sup.
@@ -133,7 +128,18 @@ info(Pid) ->
 
 -spec stop(pid()) -> ok.
 stop(Pid) ->
-    try gen_server:stop(Pid, normal, 5000)
+    stop(Pid, normal).
+
+%% @doc Closes the connection with `Why' (see terminate/2). With
+%% `transport_change' the transport drops nothing it holds (ecall_proxy's
+%% close/2): the caller reopens the connection on the other transport.
+-spec stop(pid(), normal | transport_change) -> ok.
+stop(Pid, Why) ->
+    Reason = case Why of
+                 normal -> normal;
+                 _ -> {shutdown, Why}
+             end,
+    try gen_server:stop(Pid, Reason, 5000)
     catch exit:_ -> ok
     end.
 
@@ -193,9 +199,9 @@ handle_call(await, _From, #st{published = true} = St) ->
 handle_call(await, From, #st{waiting = W} = St) ->
     {noreply, St#st{waiting = [From | W]}};
 handle_call(info, _From, #st{node = Node, up = Up, links = L, published = P,
-                              unexpected = U} = St) ->
-    {reply, #{node => Node, links => L, links_up => map_size(Up), published => P,
-              unexpected_messages => U}, St};
+                              unexpected = U, transport = T} = St) ->
+    {reply, #{node => Node, transport => T, links => L, links_up => map_size(Up),
+              published => P, unexpected_messages => U}, St};
 handle_call(Req, _From, St) ->
     {reply, {error, badarg}, unexpected({call, Req}, St)}.
 
@@ -207,7 +213,7 @@ handle_cast(Msg, St) ->
 handle_info({ecall_link, K, up}, #st{up = Up, down_logged = DL} = St0) ->
     ecall_telemetry:execute([ecall, link, up], #{}, #{peer => St0#st.node, link => K + 1}),
     case maps:is_key(K, DL) of
-        true -> ?LOG_NOTICE("ecall: link ~b to ~p is back", [K + 1, St0#st.node], ?DOMAIN);
+        true -> ?LOG_NOTICE("ecall: link ~b to ~p is back", [K + 1, St0#st.node]);
         false -> ok
     end,
     Watcher = spawn_link(fun watch/0),
@@ -224,8 +230,7 @@ handle_info({ecall_link, K, {down, Reason, Unconfirmed}}, #st{up = Up, down_logg
     _ = Reason =:= stalled andalso
         ecall_telemetry:execute([ecall, link, reap], Measurements, Meta),
     case maps:is_key(K, DL) of
-        false -> ?LOG_WARNING("ecall: link ~b to ~p down: ~p", [K + 1, St#st.node, Reason],
-                              ?DOMAIN);
+        false -> ?LOG_WARNING("ecall: link ~b to ~p down: ~p", [K + 1, St#st.node, Reason]);
         true -> ok
     end,
     release(St#st.node, K, maps:get(K, Up, undefined), {link_down, Reason}),
@@ -248,8 +253,7 @@ handle_info({'EXIT', _Watcher, {link_down, _}}, St) ->
 handle_info({'EXIT', Pid, Reason}, St) ->
     %% A process of the transport (a proxy): sends would go on to a dead
     %% process and be lost. Close, so that they use `!' instead.
-    ?LOG_WARNING("ecall: transport process ~p to ~p exited: ~p", [Pid, St#st.node, Reason],
-                 ?DOMAIN),
+    ?LOG_WARNING("ecall: transport process ~p to ~p exited: ~p", [Pid, St#st.node, Reason]),
     {stop, {shutdown, {transport_down, Reason}}, St};
 handle_info(Info, St) ->
     {noreply, unexpected({info, Info}, St)}.
@@ -265,7 +269,7 @@ maybe_publish(#st{published = false, links = L, up = Up, node = Node, peer = Pee
     %% persistent_term:put/2 of a new key costs no global GC; only erase
     %% and overwrite do, and those happen once per connection lifetime.
     persistent_term:put({ecall_peer, Node}, Peer),
-    ?LOG_INFO("ecall: connected to ~p over ~b links (~p transport)", [Node, L, T], ?DOMAIN),
+    ?LOG_INFO("ecall: connected to ~p over ~b links (~p transport)", [Node, L, T]),
     Now = erlang:monotonic_time(),
     ecall_telemetry:execute([ecall, connection, up],
                             #{duration => Now - St#st.started, links => L},
@@ -366,12 +370,17 @@ close(Node, {Mod, State}, Why) ->
     ok = ecall_conn_sup:keep_last(Node, Stats#{state => closed, reason => Why,
                                                closed_drops => Queued,
                                                closed_at => erlang:system_time(millisecond)}),
-    Level = case Dropped of
-                0 -> info;
+    %% A close the user asked for (disconnect/1), or a move to the NIF
+    %% transport, that dropped nothing is routine; any other close (the
+    %% peer went down, a transport process died) is shown by OTP's default
+    %% logger configuration.
+    Level = case {Dropped, Why} of
+                {0, normal} -> info;
+                {0, transport_change} -> info;
                 _ -> notice
             end,
     ?LOG(Level, "ecall: connection to ~p closed (~0p): ~b queued requests dropped, ~b lost "
-         "on its links before (ecall:last_stats(~p))", [Node, Why, Queued, Lost, Node], ?DOMAIN),
+         "on its links before (ecall:last_stats(~p))", [Node, Why, Queued, Lost, Node]),
     {Queued, Lost}.
 
 -spec reason(term()) -> term().

@@ -11,6 +11,12 @@
 print() ->
     #{peers := Peers, identities := Ids, receivers := Rx, closed_drops := CD} = ecall:stats(),
     out("ecall on ~p: ~p transport~n", [node(), ecall_conn:transport()]),
+    case ecall_cnode:state() of
+        {registering, Why} ->
+            out("  C-node identities not registered (~0p); retrying~n", [Why]);
+        _ ->
+            ok
+    end,
     _ = [out("  identity ~p: accepted ~b, refused ~b, handshakes shed ~b~n",
              [N, maps:get(accepted, I, 0), maps:get(refused, I, 0),
               maps:get(handshakes_shed, I, 0)])

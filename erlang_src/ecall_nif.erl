@@ -65,8 +65,12 @@ log_off() -> erlang:nif_error(nif_not_loaded).
                         tls := boolean(), tls_certfile := binary(), tls_keyfile := binary(),
                         tls_cacertfile := binary(), tls_sni := boolean(),
                         tls_server_certfile := binary(), tls_server_keyfile := binary(),
-                        tls_server_cacertfile := binary()}.
+                        tls_server_cacertfile := binary(),
+                        register_retry_ms := non_neg_integer()}.
 
+%% The answer, `{ecall_cnode, Ref, Result}': `{ok, CNode}', `{error,
+%% {name_taken, Node}}' (epmd refused a name for `register_retry_ms'), or
+%% `{error, Text}'.
 -spec cnode_start([binary()], binary(), cnode_opts(), reference()) -> ok.
 cnode_start(_Nodes, _Cookie, _Opts, _Ref) -> erlang:nif_error(nif_not_loaded).
 

@@ -21,6 +21,13 @@
 -export([open/3, send/4, push/3, loop_starts/1, reply_watcher/1, stats/1, close/2]).
 -export([init/4]).
 
+%% A transport change (see close/2): how long the proxies may take to send
+%% what they hold, and how long a proxy lingers after that, still sending
+%% what late callers hand it and standing for the calls in flight (their
+%% reply watcher) until they are answered.
+-define(DRAIN_TIMEOUT, 3000).
+-define(LINGER_MS, 60000).
+
 -record(pool, {proxies :: tuple(), counters :: counters:counters_ref(),
                protocol :: ecall_transport:protocol(),
                %% Closed-loop calls (loop_starts/1).
@@ -71,7 +78,23 @@ pick(#pool{proxies = P}) ->
 %% @doc Stops the proxies; what they hold is dropped, and returned as a
 %% count (what their mailboxes held just before). Processes monitoring them
 %% see `Why'.
+%%
+%% `transport_change' (the node moves this peer to the NIF transport) drops
+%% nothing: each proxy sends what its mailbox holds before the request to
+%% stop, answers, and lingers for ?LINGER_MS (see linger/3). Returns once
+%% every proxy has answered (or after ?DRAIN_TIMEOUT; what the late ones
+%% still hold is then dropped and counted), so that the connection's fence
+%% comes after their batches.
 -spec close(pool(), term()) -> non_neg_integer().
+close(#pool{proxies = P}, transport_change) ->
+    Ref = make_ref(),
+    Pids = tuple_to_list(P),
+    _ = [begin unlink(Pid), Pid ! {retire, self(), Ref} end || Pid <- Pids],
+    Deadline = erlang:monotonic_time(millisecond) + ?DRAIN_TIMEOUT,
+    Late = [Pid || Pid <- Pids, not retired(Pid, Ref, Deadline)],
+    Held = queued(list_to_tuple(Late)),
+    _ = [exit(Pid, transport_change) || Pid <- Late],
+    Held;
 close(#pool{proxies = P}, Why) ->
     Reason = case Why of
                  normal -> connection_closed;
@@ -80,6 +103,14 @@ close(#pool{proxies = P}, Why) ->
     Held = queued(P),
     _ = [begin unlink(Pid), exit(Pid, Reason) end || Pid <- tuple_to_list(P)],
     Held.
+
+-spec retired(pid(), reference(), integer()) -> boolean().
+retired(Pid, Ref, Deadline) ->
+    receive
+        {Ref, retired, Pid} -> true
+    after max(0, Deadline - erlang:monotonic_time(millisecond)) ->
+        false
+    end.
 
 -spec queued(tuple()) -> non_neg_integer().
 queued(P) ->
@@ -104,17 +135,23 @@ loop(Remote, C, Max) ->
     %% Nothing is held here: collecting now is nearly free and releases
     %% the batch just sent.
     erlang:garbage_collect(),
-    Requests = collect(0, Max),
-    Remote ! {batch, Requests},
-    counters:add(C, 1, 1),
-    counters:add(C, 2, length(Requests)),
-    loop(Remote, C, Max).
-
--spec collect(non_neg_integer(), pos_integer()) -> [tuple()].
-collect(0, Max) ->
     receive
-        {do, Request} -> [Request | collect(1, Max)]
-    end;
+        {do, Request} ->
+            Requests = [Request | collect(1, Max)],
+            Remote ! {batch, Requests},
+            counters:add(C, 1, 1),
+            counters:add(C, 2, length(Requests)),
+            loop(Remote, C, Max);
+        {retire, From, Ref} ->
+            %% Taken only from a mailbox with no request before it:
+            %% everything before it has been sent.
+            From ! {Ref, retired, self()},
+            {_, Node} = Remote,
+            true = erlang:monitor_node(Node, true),
+            linger(Remote, erlang:monotonic_time(millisecond) + ?LINGER_MS)
+    end.
+
+-spec collect(pos_integer(), pos_integer()) -> [tuple()].
 collect(N, Max) when N < Max ->
     receive
         {do, Request} -> [Request | collect(N + 1, Max)]
@@ -123,3 +160,20 @@ collect(N, Max) when N < Max ->
     end;
 collect(_N, _Max) ->
     [].
+
+%% A retired proxy sends what callers that read the transport just before
+%% it closed hand it, each as its own batch, and stands for the calls in
+%% flight (callers monitor it, ecall_request:wait_reply/2): it exits with
+%% `noconnection' if the peer goes down, else with `transport_change'
+%% after ?LINGER_MS.
+-spec linger({atom(), node()}, integer()) -> no_return().
+linger({_, Node} = Remote, Until) ->
+    receive
+        {do, Request} ->
+            Remote ! {batch, [Request]},
+            linger(Remote, Until);
+        {nodedown, Node} ->
+            exit(noconnection)
+    after max(0, Until - erlang:monotonic_time(millisecond)) ->
+        exit(transport_change)
+    end.

@@ -8,7 +8,7 @@
 
 use crate::inbound::{self, InboundStats};
 use crate::Error;
-use erl_dist::epmd::{EpmdClient, NodeEntry};
+use erl_dist::epmd::{EpmdClient, EpmdError, NodeEntry};
 use erl_dist::handshake::{HandshakeStatus, ServerSideHandshake};
 use erl_dist::node::{Creation, LocalNode, NodeName};
 use erl_dist::DistributionFlags;
@@ -142,6 +142,10 @@ pub struct IdentityConfig {
     pub listen: Listen,
     /// TLS for the links (the node runs TLS distribution), or plain TCP.
     pub tls: Option<crate::stream::TlsClient>,
+    /// How long a name epmd refuses is asked for again before
+    /// [`Identity::start`] gives up with [`Error::NameTaken`] (zero: asked
+    /// once). See `register`.
+    pub register_retry: Duration,
 }
 
 /// Where an identity listens: where the node's own distribution listens
@@ -291,14 +295,15 @@ pub const MAX_PENDING_HANDSHAKES: usize = 64;
 /// it registered and the creation. epmd forgets a name when the connection
 /// that registered it closes, which it notices a little after the close: a
 /// node whose ecall restarts at once can find its old names still taken.
-/// Registration is retried, briefly, for that case.
+/// Registration is retried for `config.register_retry`, every 100 ms, for
+/// that case; a name still taken after that is [`Error::NameTaken`] (the
+/// Erlang side goes on without the identities and retries with backoff).
 async fn register(
     config: &IdentityConfig,
     name: &NodeName,
     port: u16,
 ) -> Result<(Compat<TcpStream>, Creation), Error> {
-    const RETRY_FOR: Duration = Duration::from_secs(5);
-    const RETRY_EVERY: Duration = Duration::from_millis(50);
+    const RETRY_EVERY: Duration = Duration::from_millis(100);
     let t0 = tokio::time::Instant::now();
     loop {
         let epmd = TcpStream::connect(("127.0.0.1", config.epmd_port))
@@ -309,9 +314,12 @@ async fn register(
             .await
         {
             Ok(registered) => return Ok(registered),
-            Err(e) if t0.elapsed() < RETRY_FOR => {
+            Err(e) if t0.elapsed() < config.register_retry => {
                 tracing::debug!(node = config.node, error = %e, "epmd refused the name; retrying");
                 tokio::time::sleep(RETRY_EVERY).await;
+            }
+            Err(EpmdError::RegisterNodeError { .. }) => {
+                return Err(Error::NameTaken(config.node.clone()))
             }
             Err(e) => return Err(Error::Epmd(format!("register {}: {e}", config.node))),
         }

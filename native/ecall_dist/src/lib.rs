@@ -56,6 +56,10 @@ pub enum Error {
     Io(&'static str, std::io::Error),
     /// epmd refused or failed.
     Epmd(String),
+    /// epmd refused to register this full node name: another node (or an
+    /// earlier instance whose registration epmd has not yet dropped)
+    /// holds it.
+    NameTaken(String),
     /// The peer is not registered with its epmd.
     NotRegistered(String),
     /// The handshake failed.
@@ -81,6 +85,7 @@ impl std::fmt::Display for Error {
             Error::BadName(s) => write!(f, "bad node name {s}"),
             Error::Io(what, e) => write!(f, "{what}: {e}"),
             Error::Epmd(s) => write!(f, "epmd: {s}"),
+            Error::NameTaken(s) => write!(f, "epmd: the name {s} is taken by another node"),
             Error::NotRegistered(s) => write!(f, "{s} is not registered with epmd"),
             Error::Handshake(s) => write!(f, "handshake: {s}"),
             Error::Alive => write!(f, "the peer still holds a connection under our name"),

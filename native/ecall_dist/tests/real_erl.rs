@@ -245,6 +245,42 @@ fn sink_eval(n: usize) -> String {
     )
 }
 
+/// A name epmd already holds (here: another identity's) is refused as
+/// `Error::NameTaken`, naming it, after the retry time given; once its
+/// holder is gone, the same name registers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_taken_name_is_name_taken_until_its_holder_goes() {
+    let epmd = Epmd::start().await;
+    let holder = identity(&epmd, COOKIE, Duration::from_secs(15)).await;
+    let name = holder.node().to_string();
+    let config = |retry| ecall_dist::IdentityConfig {
+        node: name.clone(),
+        cookie: COOKIE.into(),
+        tick: Duration::from_secs(15),
+        handshake_timeout: Duration::from_secs(10),
+        epmd_port: epmd.port,
+        listen: ecall_dist::Listen {
+            addr: std::net::Ipv4Addr::LOCALHOST.into(),
+            ports: (0, 0),
+        },
+        tls: None,
+        register_retry: retry,
+    };
+    match Identity::start(config(Duration::ZERO)).await {
+        Err(ecall_dist::Error::NameTaken(n)) => assert_eq!(n, name),
+        other => panic!("expected NameTaken, got {other:?}"),
+    }
+    // epmd drops the name when the holder's registration connection
+    // closes, a little after: the retry time covers that.
+    drop(holder);
+    let again = Identity::start(config(WAIT))
+        .await
+        .expect("the freed name registers");
+    let names = epmd_names(epmd.port).await.unwrap();
+    let short = again.node().split('@').next().unwrap();
+    assert!(names.iter().any(|(n, _)| n == short), "{names:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn registers_with_epmd_and_delivers_spliced_batches() {
     let epmd = Epmd::start().await;

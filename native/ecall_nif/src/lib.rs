@@ -27,7 +27,7 @@ mod log;
 
 mod atoms {
     rustler::atoms! {
-        ecall_log,
+        ecall_log, name_taken,
         ok, error, send, full, closed, large, wait, retry, ecall_link, ecall_cnode, ecall_room,
         up, down, alive, badarg,
         pushed, batches, requests, bytes, writes, dropped, connects, disconnects,
@@ -164,6 +164,9 @@ struct CNodeOpts {
     tls_server_certfile: String,
     tls_server_keyfile: String,
     tls_server_cacertfile: String,
+    /// How long a name epmd refuses is asked for again (ms) before the
+    /// answer is `{name_taken, Node}`.
+    register_retry_ms: u64,
 }
 
 /// Starts identities `nodes` (full names) registered with the epmd on
@@ -194,6 +197,7 @@ fn cnode_start(
         tls_server_certfile,
         tls_server_keyfile,
         tls_server_cacertfile,
+        register_retry_ms,
     } = opts;
     let tls = tls.then_some(ecall_dist::TlsOptions {
         certfile: tls_certfile,
@@ -226,7 +230,7 @@ fn cnode_start(
         let tls = match tls.as_ref().map(ecall_dist::TlsClient::new).transpose() {
             Ok(tls) => tls,
             Err(e) => {
-                failure = Some(e.to_string());
+                failure = Some(e);
                 None
             }
         };
@@ -239,11 +243,12 @@ fn cnode_start(
                 epmd_port,
                 listen: listen.clone(),
                 tls: tls.clone(),
+                register_retry: Duration::from_millis(register_retry_ms),
             };
             match Identity::start(cfg).await {
                 Ok(id) => ids.push(id),
                 Err(e) => {
-                    failure = Some(e.to_string());
+                    failure = Some(e);
                     break;
                 }
             }
@@ -252,7 +257,12 @@ fn cnode_start(
             let r = saved.load(env);
             let result = match failure {
                 None => (atoms::ok(), ResourceArc::new(CNode { ids })).encode(env),
-                Some(e) => (atoms::error(), e).encode(env),
+                // A taken name is the one failure the Erlang side retries
+                // by name (and says what to do about); the others are text.
+                Some(ecall_dist::Error::NameTaken(node)) => {
+                    (atoms::error(), (atoms::name_taken(), node)).encode(env)
+                }
+                Some(e) => (atoms::error(), e.to_string()).encode(env),
             };
             (atoms::ecall_cnode(), r, result).encode(env)
         });

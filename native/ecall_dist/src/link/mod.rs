@@ -460,8 +460,10 @@ impl LinkDown {
             Error::Alive => LinkDown::Alive,
             Error::Restarted => LinkDown::Restarted,
             // A name that is not `name@host` has no epmd to ask; `connect`
-            // returns nothing else.
-            e @ (Error::BadName(_) | Error::Config(_)) => LinkDown::Epmd(e.to_string()),
+            // registers nothing and returns nothing else.
+            e @ (Error::BadName(_) | Error::Config(_) | Error::NameTaken(_)) => {
+                LinkDown::Epmd(e.to_string())
+            }
         }
     }
 }

@@ -100,6 +100,7 @@ pub async fn identity(epmd: &Epmd, cookie: &str, tick: Duration) -> Arc<Identity
             ports: (0, 0),
         },
         tls: None,
+        register_retry: Duration::from_secs(1),
     })
     .await
     .expect("identity starts")
