@@ -17,23 +17,23 @@ build: deps
 	rebar3 compile
 
 demo: build
-	test/with_epmd.sh bench/run.sh demo
+	test/scripts/with_epmd.sh bench/run.sh demo
 
 test: build test-rust test-ct test-build
 
 test-rust:
-	test/with_epmd.sh cargo test --release --workspace
+	test/scripts/with_epmd.sh cargo test --release --workspace
 
 test-ct:
-	test/ct.sh
+	test/scripts/ct.sh
 
 # The build without cargo: the message, then ECALL_NO_NIF=1 and two nodes on
 # the pure-Erlang transport; a library installed while two nodes run it; and
 # the check that fails a run in which a test's node crashed.
 test-build:
-	test/no_nif_build.sh
-	test/nif_reinstall.sh
-	test/crash_check.sh
+	test/scripts/no_nif_build.sh
+	test/scripts/nif_reinstall.sh
+	test/scripts/crash_check.sh
 
 # examples/: a mix project and a relx release, each on two nodes.
 examples: build

@@ -36,7 +36,7 @@ command -v python3 >/dev/null || need+=(python3)
 command -v ip >/dev/null || need+=(iproute2)
 command -v prlimit >/dev/null || need+=(util-linux)
 # The TLS-distribution case makes its certificates with openssl;
-# test/nif_reinstall.sh makes a second library with objcopy.
+# test/scripts/nif_reinstall.sh makes a second library with objcopy.
 command -v openssl >/dev/null || need+=(openssl)
 command -v objcopy >/dev/null || need+=(binutils)
 if $examples; then

@@ -21,13 +21,14 @@
 # ECALL_BENCH_LOOPERS=N adds N closed-loop callers beside each point's writers.
 # ECALL_BENCH_ERL_FLAGS adds emulator flags to node A (for example "+S 1").
 # ECALL_BENCH_OTP=27 (or 29) runs both nodes on that OTP release, unpacked
-# by test/otp27.sh as for the tests (A starts B from its own release); the
-# modules stay those this machine's OTP compiled, which both releases load.
+# by test/scripts/otp27.sh as for the tests (A starts B from its own
+# release); the modules stay those this machine's OTP compiled, which both
+# releases load.
 #
 # Node A runs the driver; it starts node B with `peer'. Both run with
 # +sbwt none (and the dirty-scheduler equivalents) so that CPU time is work,
-# not busy-waiting. Use under test/with_epmd.sh (as `make demo` does) to
-# keep to a private epmd.
+# not busy-waiting. Use under test/scripts/with_epmd.sh (as `make demo`
+# does) to keep to a private epmd.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -73,14 +74,15 @@ fi
 erl_cmd=erl
 case "${ECALL_BENCH_OTP:-}" in
     "") ;;
-    27) erl_cmd=$(test/otp27.sh) ;;
-    29) erl_cmd=$(test/otp27.sh 29 sid) ;;
+    27) erl_cmd=$(test/scripts/otp27.sh) ;;
+    29) erl_cmd=$(test/scripts/otp27.sh 29 sid) ;;
     *) echo "bench: ECALL_BENCH_OTP must be 27 or 29 (or unset: the erl on PATH)" >&2; exit 2 ;;
 esac
 # The node helper is shared with the Common Test suites.
 erlc -o "$out" -I test bench/ecall_bench.erl test/ecall_test_nodes.erl
-# Its nodes start through test/node.sh, found beside ecall_test_nodes.
-cp test/node.sh "$out/"
+# Its nodes start through test/scripts/node.sh, found in scripts/ beside
+# ecall_test_nodes.
+cp -r test/scripts "$out/"
 # shellcheck disable=SC2086
 "$erl_cmd" -sname "bench_a_$$" +sbwt none +sbwtdcpu none +sbwtdio none +P 4000000 ${ECALL_BENCH_ERL_FLAGS:-} \
     -noinput -pa _build/default/lib/ecall/ebin -pa "$out" \

@@ -5,15 +5,15 @@
 # On each pair, node a sends, casts and calls to node b through ecall; the
 # run fails unless every message and reply came back and the NIF transport
 # carried them. Every node it starts is stopped by its pid at the end, and
-# the epmd by test/with_epmd.sh. No hex packages: mix uses the system's
-# rebar3. cargo's target dir is ecall's own target/ (or CARGO_TARGET_DIR),
-# so a built NIF is not built again.
+# the epmd by test/scripts/with_epmd.sh. No hex packages: mix uses the
+# system's rebar3. cargo's target dir is ecall's own target/ (or
+# CARGO_TARGET_DIR), so a built NIF is not built again.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
 if [ -z "${ERL_EPMD_PORT:-}" ]; then
     bash .ci/deps.sh --examples
-    exec test/with_epmd.sh "$0" "$@"
+    exec test/scripts/with_epmd.sh "$0" "$@"
 fi
 
 pids=()

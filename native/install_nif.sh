@@ -4,7 +4,7 @@
 # place. A node that loaded the old library keeps its mapping of the old
 # file; copying over that file in place rewrites the pages the node runs
 # (two nodes of a benchmark died with SIGSEGV that way while a build ran
-# beside them). test/nif_reinstall.sh holds this to it.
+# beside them). test/scripts/nif_reinstall.sh holds this to it.
 #
 #   native/install_nif.sh BUILT_LIBRARY PRIV_DIR
 set -eu

@@ -370,13 +370,14 @@ order_collect(Owner, N, Last, #{received := R, out_of_order := B} = Acc) ->
             order_collect(Owner, N - 1, Last, Acc#{sent := maps:get(sent, Acc) + Sent})
     end.
 
-%% The tests' own net under every node they start (test/node.sh, checked
-%% by test/with_epmd.sh): a node that dies of a crash signal is written
-%% down, so that the run fails even when the node crashed after its test
-%% had passed, or while it halted (two scheduler threads of such nodes
-%% once died of SIGSEGV, seen only in the kernel's log). A node that halts,
-%% or one a test kills (SIGKILL), is not. Each node here is a port, whose exit
-%% status comes after node.sh has written what it writes.
+%% The tests' own net under every node they start (test/scripts/node.sh,
+%% checked by test/scripts/with_epmd.sh): a node that dies of a crash
+%% signal is written down, so that the run fails even when the node
+%% crashed after its test had passed, or while it halted (two scheduler
+%% threads of such nodes once died of SIGSEGV, seen only in the kernel's
+%% log). A node that halts, or one a test kills (SIGKILL), is not. Each
+%% node here is a port, whose exit status comes after node.sh has written
+%% what it writes.
 a_node_that_crashes_is_written_down(Config) ->
     Log = filename:join(?config(priv_dir, Config), "crashes"),
     Run = fun(Eval) ->

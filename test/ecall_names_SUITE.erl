@@ -6,7 +6,8 @@
 %% The nodes here are started with `-name' (on 127.0.0.1 or ::1), which the
 %% Common Test node (`-sname') cannot connect to: they are OTP `peer' nodes
 %% driven over their standard input and output, and talk to each other by
-%% distribution and through ecall. They use the epmd of test/with_epmd.sh.
+%% distribution and through ecall. They use the epmd of
+%% test/scripts/with_epmd.sh.
 -module(ecall_names_SUITE).
 
 -include_lib("common_test/include/ct.hrl").

@@ -168,8 +168,9 @@ start_node(Net, Key, Name, Addr, Main) ->
             %% The code, and the suites' two links (test/ct.config): the
             %% cut stalls and reaps both.
             | ecall_test_nodes:node_args()] ++ ["-s", ?MODULE_STRING, Main],
-    %% Through test/node.sh when the run records crashes: a node that dies
-    %% of a crash signal, here where links are cut and reaped, fails the run.
+    %% Through test/scripts/node.sh when the run records crashes: a node
+    %% that dies of a crash signal, here where links are cut and reaped,
+    %% fails the run.
     {Exec, Pre} = ecall_test_nodes:node_exec(),
     #{ip := Ip} = Net,
     open_port({spawn_executable, Ip},
@@ -202,8 +203,8 @@ result(Port) ->
     end.
 
 %% Asks the node to halt and waits for it: it must end with status 0 (a
-%% crash signal gives 128 + the signal, through test/node.sh as without
-%% it). One that does not end within 30 s is killed, with what it runs.
+%% crash signal gives 128 + the signal, through test/scripts/node.sh as
+%% without it). One that does not end within 30 s is killed, with what it runs.
 stop_node(Port) ->
     case catch tell(Port, "stop") of
         true -> await_exit(Port);

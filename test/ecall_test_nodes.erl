@@ -2,8 +2,8 @@
 %% OTP's `peer', nodes from any `erl' (an OTP 27 one) that outlive the
 %% process starting them, and what runs on those nodes for the tests
 %% (collectors, echo, block, ...). Every node started here talks to the
-%% epmd named by ERL_EPMD_PORT (test/with_epmd.sh), and halts when this
-%% node goes away.
+%% epmd named by ERL_EPMD_PORT (test/scripts/with_epmd.sh), and halts when
+%% this node goes away.
 -module(ecall_test_nodes).
 
 -include_lib("stdlib/include/assert.hrl").
@@ -101,9 +101,9 @@ start_peer(Extra, Modules) ->
     {Peer, Node}.
 
 %% How the tests start a node (`peer''s `exec' option): through
-%% test/node.sh, which writes down a node that dies of a crash signal for
-%% test/with_epmd.sh to fail the run on (see there), when a run records
-%% them (ECALL_NODE_CRASHES); else `erl' itself.
+%% test/scripts/node.sh, which writes down a node that dies of a crash
+%% signal for test/scripts/with_epmd.sh to fail the run on (see there),
+%% when a run records them (ECALL_NODE_CRASHES); else `erl' itself.
 node_exec() ->
     node_exec(os:find_executable("erl")).
 
@@ -115,10 +115,11 @@ node_exec(Erl) ->
         _ -> {node_wrapper(), [Erl]}
     end.
 
-%% test/node.sh, beside this module (rebar3 ct copies test/ with the
-%% beams; bench/run.sh copies it to where it compiles this module).
+%% test/scripts/node.sh, in scripts/ beside this module (rebar3 ct copies
+%% test/ with its subfolders next to the beams; bench/run.sh copies
+%% test/scripts/ to where it compiles this module).
 node_wrapper() ->
-    Wrapper = filename:join(filename:dirname(code:which(?MODULE)), "node.sh"),
+    Wrapper = filename:join([filename:dirname(code:which(?MODULE)), "scripts", "node.sh"]),
     true = filelib:is_regular(Wrapper) orelse erlang:error({no_node_wrapper, Wrapper}),
     Wrapper.
 

@@ -20,8 +20,8 @@ use tokio::sync::mpsc;
 
 /// An `erl` node running `eval`, killed on drop.
 ///
-/// Under `test/with_epmd.sh` (`ECALL_NODE_CRASHES` set) the node runs
-/// under `test/node.sh`, as the Common Test suites' nodes do: a node that
+/// Under `test/scripts/with_epmd.sh` (`ECALL_NODE_CRASHES` set) the node runs
+/// under `test/scripts/node.sh`, as the Common Test suites' nodes do: a node that
 /// dies of a crash signal (what a frame of ours that broke the peer's
 /// emulator would do, even after the test's last line) fails the run.
 /// The node runs in a process group of its own, so that what the test
@@ -56,8 +56,10 @@ impl Erl {
 
     fn spawn(epmd: &Epmd, name: &str, cookie: &str, extra: &[&str], eval: &str) -> Erl {
         let mut command = if std::env::var_os("ECALL_NODE_CRASHES").is_some() {
-            let mut wrapped =
-                Command::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../../test/node.sh"));
+            let mut wrapped = Command::new(concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/../../test/scripts/node.sh"
+            ));
             wrapped.arg("erl");
             wrapped
         } else {

@@ -2,14 +2,14 @@
 # Runs the Common Test suites against a private epmd, with the OTP 27 and
 # OTP 29 peers prepared, and ends with a plain "N passed, N failed" line.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 
-ECALL_OTP27_ERL=$(test/otp27.sh)
-ECALL_OTP29_ERL=$(test/otp27.sh 29 sid)
+ECALL_OTP27_ERL=$(test/scripts/otp27.sh)
+ECALL_OTP29_ERL=$(test/scripts/otp27.sh 29 sid)
 export ECALL_OTP27_ERL ECALL_OTP29_ERL
 mkdir -p _build
 status=0
-test/with_epmd.sh rebar3 ct --sname "ecall_ct_$$" --readable true "$@" | tee _build/ct.out || status=$?
+test/scripts/with_epmd.sh rebar3 ct --sname "ecall_ct_$$" --readable true "$@" | tee _build/ct.out || status=$?
 
 # rebar3 ct ends with "All N tests passed." or "Failed N tests. ... Passed M tests."
 out=$(sed 's/\x1b\[[0-9;]*m//g' _build/ct.out)

@@ -7,8 +7,8 @@
 #     the pure-Erlang transport.
 # Runs on a copy of the sources in a temp dir, against a private epmd.
 set -euo pipefail
-cd "$(dirname "$0")/.."
-[ -n "${ERL_EPMD_PORT:-}" ] || exec test/with_epmd.sh "$0" "$@"
+cd "$(dirname "$0")/../.."
+[ -n "${ERL_EPMD_PORT:-}" ] || exec test/scripts/with_epmd.sh "$0" "$@"
 
 tmp=$(mktemp -d)
 node_b_pid=

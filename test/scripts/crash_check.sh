@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# test/with_epmd.sh fails a run in which one of the tests' nodes died of a
-# crash signal, even when everything the run checked passed and even when
-# the node crashed after the command had ended: two scheduler threads of
-# such nodes once died of SIGSEGV while they exited (their library was
-# overwritten in place), the kernel logged it, and nothing failed.
+# test/scripts/with_epmd.sh fails a run in which one of the tests' nodes
+# died of a crash signal, even when everything the run checked passed and
+# even when the node crashed after the command had ended: two scheduler
+# threads of such nodes once died of SIGSEGV while they exited (their
+# library was overwritten in place), the kernel logged it, and nothing
+# failed.
 #  1. a node that halts: the run passes;
 #  2. a node killed by SIGSEGV while the command still runs: the run fails
 #     and says which node;
@@ -11,7 +12,7 @@
 #     it, then fails.
 # Run by `make test`.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 say() { echo "crash_check: $*" >&2; }
 fail() { say "FAILED: $*"; exit 1; }
 erl=$(command -v erl)
@@ -22,11 +23,11 @@ out=$(mktemp)
 fifo=$(mktemp -u)
 trap 'rm -f "$out"' EXIT
 
-test/with_epmd.sh test/node.sh "$erl" -noshell -eval 'halt().' 2>"$out" ||
+test/scripts/with_epmd.sh test/scripts/node.sh "$erl" -noshell -eval 'halt().' 2>"$out" ||
     { cat "$out" >&2; fail "a node that halted failed the run"; }
 say "ok: a node that halts passes"
 
-if test/with_epmd.sh sh -c '"$@"; exit 0' sh test/node.sh "$erl" -noshell \
+if test/scripts/with_epmd.sh sh -c '"$@"; exit 0' sh test/scripts/node.sh "$erl" -noshell \
         -eval 'os:cmd("kill -SEGV " ++ os:getpid()).' 2>"$out"; then
     fail "a node killed by SIGSEGV did not fail the run"
 fi
@@ -40,9 +41,9 @@ say "ok: a node killed by SIGSEGV fails the run"
 in=$fifo.in up=$fifo.up
 mkfifo "$in" "$up"
 trap 'rm -f "$out" "$in" "$up"' EXIT
-if test/with_epmd.sh sh -c 'in=$1 up=$2; shift 2
+if test/scripts/with_epmd.sh sh -c 'in=$1 up=$2; shift 2
         "$@" <"$in" >"$up" & exec 3>"$in"; read -r line <"$up"; exit 0' \
-        sh "$in" "$up" test/node.sh "$erl" -noshell \
+        sh "$in" "$up" test/scripts/node.sh "$erl" -noshell \
         -eval 'io:format("up~n"), eof = io:get_line(""), os:cmd("kill -SEGV " ++ os:getpid()).' \
         2>"$out"; then
     fail "a node that crashed after the command ended did not fail the run"

@@ -11,9 +11,9 @@
 # Works in a temporary copy of the ebin and priv directories, so the
 # checkout's own priv/ is not touched. Run by `make test`.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 if [ -z "${ERL_EPMD_PORT:-}" ]; then
-    exec test/with_epmd.sh "$0" "$@"
+    exec test/scripts/with_epmd.sh "$0" "$@"
 fi
 say() { echo "nif_reinstall: $*" >&2; }
 
@@ -43,11 +43,11 @@ objcopy --add-section .ecall_reinstall="$work/marker" "$built" "$work/other.so"
 eval_a='
     {ok, _} = application:ensure_all_started(ecall),
     Erl = os:find_executable("erl"),
-    %% Through test/node.sh, as the suites start theirs, so that a crash
-    %% of B fails the run (test/with_epmd.sh).
+    %% Through test/scripts/node.sh, as the suites start theirs, so that a
+    %% crash of B fails the run (test/scripts/with_epmd.sh).
     Exec = case os:getenv("ECALL_NODE_CRASHES") of
                false -> Erl;
-               _ -> {filename:absname("test/node.sh"), [Erl]}
+               _ -> {filename:absname("test/scripts/node.sh"), [Erl]}
            end,
     {ok, Peer, B} = peer:start(#{name => peer:random_name(reinstall_b), exec => Exec,
                                  args => ["-setcookie", atom_to_list(erlang:get_cookie()),
@@ -70,8 +70,9 @@ eval_a='
     io:format("survived~n"),
     peer:stop(Peer),
     halt(0).'
-# Node A runs under test/node.sh too (with_epmd.sh sets ECALL_NODE_CRASHES).
-coproc A { test/node.sh erl -sname "reinstall_a_$$" -noshell -pa "$app/ebin" -eval "$eval_a" 2>&1; }
+# Node A runs under test/scripts/node.sh too (with_epmd.sh sets
+# ECALL_NODE_CRASHES).
+coproc A { test/scripts/node.sh erl -sname "reinstall_a_$$" -noshell -pa "$app/ebin" -eval "$eval_a" 2>&1; }
 a_pid=$A_PID
 # Our own copies: bash drops A's descriptors when the coprocess ends.
 exec {a_out}<&"${A[0]}" {a_in}>&"${A[1]}"

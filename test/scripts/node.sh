@@ -1,10 +1,11 @@
 #!/bin/sh
-# Runs one of the tests' nodes: `test/node.sh ERL ARGS...` (ecall_test_nodes
-# starts its nodes so). The node runs as this script's child, so that its
-# end is seen: a node killed by a crash signal (SIGILL, SIGTRAP, SIGABRT,
-# SIGBUS, SIGFPE, SIGSEGV, SIGSYS), at exit too, is written down in the
-# file $ECALL_NODE_CRASHES names, which test/with_epmd.sh checks once its
-# command and every such node have ended. OTP's `peer' closes its port to a
+# Runs one of the tests' nodes: `test/scripts/node.sh ERL ARGS...`
+# (ecall_test_nodes starts its nodes so). The node runs as this script's
+# child, so that its end is seen: a node killed by a crash signal (SIGILL,
+# SIGTRAP, SIGABRT, SIGBUS, SIGFPE, SIGSEGV, SIGSYS), at exit too, is
+# written down in the file $ECALL_NODE_CRASHES names, which
+# test/scripts/with_epmd.sh checks once its command and every such node
+# have ended. OTP's `peer' closes its port to a
 # node once it has started, so nothing else learns how a peer ended: two
 # scheduler threads of such nodes once died of SIGSEGV and no test failed.
 # A node that halts (the BEAM halts on SIGTERM too), or that a test kills

@@ -5,11 +5,11 @@
 # ERL_EPMD_PORT, so tests never touch (or depend on) a system epmd, and the
 # epmd is stopped, by its pid, when the command ends, whatever its outcome.
 #
-# Nodes started through test/node.sh (the tests' and the benchmark's) write
-# down a crash signal in $ECALL_NODE_CRASHES: when the command ends, this
-# waits for every such node to end too (at most a minute: a node left
-# running fails the run), and a node that died of a crash, even after its
-# test passed or while it halted, fails the run. An outer with_epmd.sh
+# Nodes started through test/scripts/node.sh (the tests' and the
+# benchmark's) write down a crash signal in $ECALL_NODE_CRASHES: when the
+# command ends, this waits for every such node to end too (at most a
+# minute: a node left running fails the run), and a node that died of a
+# crash, even after its test passed or while it halted, fails the run. An outer with_epmd.sh
 # (ECALL_NODE_CRASHES set already) does that for the inner one.
 set -euo pipefail
 
