@@ -24,11 +24,6 @@
 
 -type dest() :: pid() | reference() | atom() | {atom(), node()}.
 
-%% Process dictionary key: the nodes this process sent to by `!' since its
-%% last send to them through a transport (see native/3).
--define(NATIVE_SENT, '$ecall_native_sent').
--define(BARRIER_TIMEOUT, 5000).
-
 -type call_result() :: {ok, term()} | {error, term()}.
 %% See send/3.
 -type send_option() :: urgent.
@@ -68,14 +63,16 @@ send(To, Msg) ->
 send(To, Msg, Opts) ->
     send(To, Msg, urgent_option(Opts, false, [To, Msg, Opts]), [To, Msg, Opts]).
 
-%% send/2,3: `Args' for the badarg.
+%% send/2,3: `Args' for the badarg. Which path a message to another node
+%% takes, native `!' or the transport of an ecall connection, and how
+%% per-caller order holds across a switch of paths: ecall_route.
 -spec send(dest(), Msg, boolean(), [term()]) -> Msg.
 send(To, Msg, Urgent, _Args) when is_pid(To); is_reference(To) ->
-    send_to(To, Msg, Urgent);
+    ecall_route:send_to(To, Msg, Urgent);
 send({Name, Node} = To, Msg, Urgent, _Args) when is_atom(Name), is_atom(Node) ->
     case Node =:= node() of
         true -> To ! Msg;
-        false -> send_remote(Node, Name, To, Msg, Urgent)
+        false -> ecall_route:send_remote(Node, Name, To, Msg, Urgent)
     end;
 send(To, Msg, _Urgent, _Args) when is_atom(To) ->
     To ! Msg;
@@ -92,83 +89,7 @@ urgent_option(_Bad, _Urgent, Args) -> erlang:error(badarg, Args).
 %% caller's alias: as send/2, but `Urgent' (see ecall_transport:send/4).
 -spec send_reply(reference(), Msg, boolean()) -> Msg.
 send_reply(Alias, Msg, Urgent) ->
-    send_to(Alias, Msg, Urgent).
-
--spec send_to(pid() | reference(), Msg, boolean()) -> Msg.
-send_to(To, Msg, Urgent) ->
-    case node(To) of
-        Node when Node =:= node() -> To ! Msg;
-        Node -> send_remote(Node, To, To, Msg, Urgent)
-    end.
-
--spec send_remote(node(), pid() | reference() | atom(), dest(), Msg, boolean()) -> Msg.
-send_remote(Node, Dest, To, Msg, Urgent) ->
-    case ecall_conn:route(Node) of
-        {Mod, State} when Mod =/= closing ->
-            after_native(Node),
-            case Mod:send(State, Dest, Msg, Urgent) of
-                ok -> Msg;
-                closed -> native(Node, To, Msg);
-                %% A send has no error to return: under `error' as under
-                %% `drop' the message is dropped and counted.
-                overload -> Msg
-            end;
-        _UndefinedOrClosing ->
-            native(Node, To, Msg)
-    end.
-
-%% Per-caller order across a switch of paths. A message sent by `!' travels
-%% on the node's own distribution connection; one sent through a transport
-%% travels another way (a C-node link, or a proxy's batch replayed by a
-%% receiver worker), and could overtake it, or be overtaken:
-%%
-%% - `!' then transport: the process remembers the nodes it sent to by `!'
-%%   (process dictionary, written on that path only), and its next send to
-%%   one of them through a transport first makes a round trip on the
-%%   native connection, which the peer handles only after everything this
-%%   caller sent before it on that connection has been delivered.
-%% - transport then `!' (the connection is closing): while a connection
-%%   closes it is published as `{closing, Pid}', and a send by `!' first
-%%   waits for that process, which makes sure that what its transport
-%%   wrote has been replayed on the peer (ecall_conn:terminate/2; at most a
-%%   few seconds).
-%%
-%% Cost on the transport path: one process-dictionary read (an atom key,
-%% `undefined' for a process that never sent by `!'); one round trip per
-%% caller per switch to a transport.
--spec native(node(), dest(), Msg) -> Msg.
-native(Node, To, Msg) ->
-    ecall_conn:await_close(Node),
-    case get(?NATIVE_SENT) of
-        undefined ->
-            put(?NATIVE_SENT, [Node]);
-        Nodes ->
-            lists:member(Node, Nodes) orelse put(?NATIVE_SENT, [Node | Nodes])
-    end,
-    To ! Msg.
-
--spec after_native(node()) -> ok.
-after_native(Node) ->
-    case get(?NATIVE_SENT) of
-        undefined ->
-            ok;
-        Nodes ->
-            case lists:member(Node, Nodes) of
-                false ->
-                    ok;
-                true ->
-                    case lists:delete(Node, Nodes) of
-                        [] -> erase(?NATIVE_SENT);
-                        Rest -> put(?NATIVE_SENT, Rest)
-                    end,
-                    %% erpc's spawn request goes on the same connection,
-                    %% after this caller's earlier messages; its answer
-                    %% means they have reached their receivers. A node
-                    %% that does not answer has no order to keep.
-                    _ = (catch erpc:call(Node, erlang, node, [], ?BARRIER_TIMEOUT)),
-                    ok
-            end
-    end.
+    ecall_route:send_to(Alias, Msg, Urgent).
 
 %% @doc Applies `M:F(A...)' on `Node' in a new process and returns `ok' at
 %% once, like `erpc:cast/4'. With an ecall connection the request travels
@@ -183,23 +104,43 @@ cast(Node, M, F, A) ->
     erlang:error(badarg, [Node, M, F, A]).
 
 %% @equiv call(Node, M, F, A, infinity)
+%% @doc call/5 without a timeout. What it returns: the table of {@link
+%% call/5}.
 -spec call(node(), module(), atom(), [term()]) -> call_result().
 call(Node, M, F, A) ->
     call(Node, M, F, A, infinity).
 
-%% @doc Applies `M:F(A...)' on `Node' and returns its result:
-%% `{ok, Value}' when it returns `Value' (a thrown value counts as
-%% returned), `{error, E}' when it returns `{error, E}', `{error, {exit,
-%% Reason}}' when it raises an error or exit, `{error, {badrpc, Reason}}'
-%% when the node or the link is gone (`noconnection', `nodedown',
-%% `{link_down, _}') or no answer came within `Timeout' (`timeout'). After
-%% a timeout no late reply ever reaches the caller's mailbox. When the
-%% peer's byte budget is full and `overflow' is `error' or `drop':
-%% `{error, overload}' (nothing was sent).
+%% @doc Applies `M:F(A...)' on `Node' and returns its result.
 %%
 %% With an ecall connection the request and its reply travel in batches
 %% (the reply through the called node's own ecall links); without one this
-%% is `erpc:call/5' with the same return values.
+%% is `erpc:call/5', its results mapped to the same return values. What
+%% call/4,5 return, against what `erpc:call/4,5' would:
+%%
+%% <table border="1" summary="What ecall:call/5 returns, and erpc:call/5">
+%% <tr><th>the called function ...</th><th>`ecall:call'</th><th>`erpc:call'</th></tr>
+%% <tr><td>returns `V' (not `{error, _}')</td><td>`{ok, V}'</td><td>`V'</td></tr>
+%% <tr><td>returns `{error, E}'</td><td>`{error, E}'</td><td>`{error, E}'</td></tr>
+%% <tr><td>throws `V'</td><td>as if it returned `V'</td><td>throws `V'</td></tr>
+%% <tr><td>raises an error or exit `R'</td><td>`{error, {exit, R}}'</td><td>raises</td></tr>
+%% <tr><td>cannot be reached: node down, link down, no connection</td>
+%%     <td>`{error, {badrpc, R}}': `R' is `noconnection', `nodedown',
+%%     `{link_down, Why}' (the link carrying the call went down; the README,
+%%     section "cast and call", lists the values of `Why'), or the reason
+%%     the connection closed, such as `transport_change' (the call was in
+%%     flight for more than 60 s while its peer moved from the pure-Erlang
+%%     transport to the links)</td>
+%%     <td>raises `{erpc, noconnection}'</td></tr>
+%% <tr><td>cannot be spawned on the peer (its process table is full)</td>
+%%     <td>`{error, {badrpc, system_limit}}'</td><td>raises</td></tr>
+%% <tr><td>does not answer within `Timeout'</td><td>`{error, {badrpc, timeout}}'</td>
+%%     <td>raises `{erpc, timeout}'</td></tr>
+%% <tr><td>is not called: the peer's byte budget is full and `overflow' is
+%%     `error' or `drop' (nothing was sent)</td><td>`{error, overload}'</td>
+%%     <td>(no budget)</td></tr>
+%% </table>
+%%
+%% After a timeout no late reply ever reaches the caller's mailbox.
 %%
 %% A call made less than 2 ms after the caller's last one returned (a
 %% caller in a closed loop) is urgent: the links do not hold it or its
@@ -524,7 +465,6 @@ nodes() ->
 stats() ->
     Peers = maps:from_list([{N, S} || #{node := N} <- connections(),
                                       {ok, S} <- [stats(N)]]),
-    C = ecall_receiver_sup:counters(),
     Ids = case ecall_cnode:cnode() of
               {ok, CNode} ->
                   [I#{node := binary_to_atom(N)}
@@ -537,10 +477,8 @@ stats() ->
       identities_state => ecall_cnode:state(),
       %% Requests dropped when connections closed (their peers' own
       %% counters are gone with them).
-      closed_drops => counters:get(ecall_conn_sup:counters(), 1),
-      receivers => #{batches => counters:get(C, 1), requests => counters:get(C, 2),
-                     malformed => counters:get(C, 3), dead_letters => counters:get(C, 4),
-                     spawn_failed => counters:get(C, 5)}}.
+      closed_drops => ecall_conn_sup:closed_drops(),
+      receivers => ecall_receiver_sup:counts()}.
 
 %% @doc Counters of the connection to `Node'.
 -spec stats(node()) -> {ok, map()} | {error, not_connected}.

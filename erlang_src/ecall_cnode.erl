@@ -15,7 +15,7 @@
 %% Once it succeeds, every connection on the pure-Erlang transport is
 %% closed without dropping what it holds and opened again on the NIF
 %% transport (move/1); per-caller order holds across the switch as across
-%% any close (ecall_conn:terminate/2, ecall:native/3).
+%% any close (ecall_conn:terminate/2, ecall_route:native/3).
 -module(ecall_cnode).
 -behaviour(gen_server).
 

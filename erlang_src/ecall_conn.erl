@@ -307,7 +307,7 @@ terminate(Reason, #st{node = Node, peer = Peer, published = P, waiting = W, up =
                                          #{duration => T0 - St#st.started}, Meta)
     end,
     %% While it closes, the peer is published as closing: a send by `!'
-    %% waits for this process to exit first (ecall:native/3), so that it
+    %% waits for this process to exit first (ecall_route:native/3), so that it
     %% cannot overtake what the transport wrote. Replacing and erasing a
     %% persistent term costs a scan of the processes; once per close.
     _ = P andalso persistent_term:put({ecall_peer, Node}, {closing, self()}),
@@ -320,7 +320,7 @@ terminate(Reason, #st{node = Node, peer = Peer, published = P, waiting = W, up =
             ok;
         {Queued, Lost} ->
             %% After the drain: `duration' is how long sends by `!' to
-            %% this node waited for the close (ecall:native/3).
+            %% this node waited for the close (ecall_route:native/3).
             ecall_telemetry:execute([ecall, connection, close],
                                     #{closed_drops => Queued, dropped => Lost,
                                       duration => erlang:monotonic_time() - T0},
@@ -366,7 +366,7 @@ close(Node, {Mod, State}, Why) ->
     %% what its links lost before; the proxies lose nothing before.
     Queued = maps:get(closed_drops, Stats, Dropped),
     Lost = Dropped - Queued,
-    counters:add(ecall_conn_sup:counters(), 1, Dropped),
+    ecall_conn_sup:add_closed_drops(Dropped),
     ok = ecall_conn_sup:keep_last(Node, Stats#{state => closed, reason => Why,
                                                closed_drops => Queued,
                                                closed_at => erlang:system_time(millisecond)}),

@@ -3,8 +3,13 @@
 -module(ecall_conn_sup).
 -behaviour(supervisor).
 
--export([start_link/0, init/1, start_conn/1, conns/0, counters/0, keep_last/2, last/1,
-         last_all/0]).
+-export([start_link/0, init/1, start_conn/1, conns/0, counters/0, closed_drops/0,
+         add_closed_drops/1, keep_last/2, last/1, last_all/0]).
+
+%% The index of the node-wide connection counter, read by name with
+%% closed_drops/0: requests dropped when connections closed.
+-define(CLOSED_DROPS, 1).
+-define(COUNTERS, 1).
 
 %% Closed peers whose last stats are kept (the oldest close goes first):
 %% enough for any cluster, bounded for nodes that come and go under new
@@ -24,7 +29,7 @@ init([]) ->
     %% written by the closing connection process.
     _ = ets:new(ecall_last_stats, [named_table, public]),
     %% Requests dropped when connections closed (see ecall_conn).
-    persistent_term:put({ecall, conn_counters}, counters:new(1, [write_concurrency])),
+    persistent_term:put({ecall, conn_counters}, counters:new(?COUNTERS, [write_concurrency])),
     Conn = #{id => ecall_conn, start => {ecall_conn, start_link, []},
              restart => temporary, shutdown => 5000},
     {ok, {#{strategy => simple_one_for_one, intensity => 100, period => 10}, [Conn]}}.
@@ -37,10 +42,21 @@ start_conn(Node) ->
 conns() ->
     [Pid || {_, Pid, _, _} <- supervisor:which_children(?MODULE), is_pid(Pid)].
 
-%% @doc Node-wide counters of connections: 1, requests dropped on close.
+%% @doc Node-wide counters of connections: 1, requests dropped on close
+%% (read them with closed_drops/0, add with add_closed_drops/1).
 -spec counters() -> counters:counters_ref().
 counters() ->
     persistent_term:get({ecall, conn_counters}).
+
+%% @doc Requests dropped when connections closed, node-wide (ecall:stats/0).
+-spec closed_drops() -> non_neg_integer().
+closed_drops() ->
+    counters:get(counters(), ?CLOSED_DROPS).
+
+%% @doc Counts `N' requests dropped when a connection closed.
+-spec add_closed_drops(non_neg_integer()) -> ok.
+add_closed_drops(N) ->
+    counters:add(counters(), ?CLOSED_DROPS, N).
 
 %% @doc Keeps `Stats' as the last stats of `Node' (its connection closed).
 -spec keep_last(node(), map()) -> ok.

@@ -28,6 +28,11 @@
 -define(DRAIN_TIMEOUT, 3000).
 -define(LINGER_MS, 60000).
 
+%% The indexes of a pool's counters (stats/1): batches and requests sent.
+-define(BATCHES, 1).
+-define(REQUESTS, 2).
+-define(COUNTERS, 2).
+
 -record(pool, {proxies :: tuple(), counters :: counters:counters_ref(),
                protocol :: ecall_transport:protocol(),
                %% Closed-loop calls (loop_starts/1).
@@ -40,7 +45,7 @@
 %% wait for: usable at once.
 -spec open(node(), [binary()], ecall_transport:protocol()) -> {ok, pool(), 0}.
 open(Node, Receivers, Protocol) ->
-    C = counters:new(2, [write_concurrency]),
+    C = counters:new(?COUNTERS, [write_concurrency]),
     Max = ecall_config:get(max_batch_count),
     Proxies = [proc_lib:spawn_opt(?MODULE, init, [{binary_to_atom(R), Node}, C, Max, self()],
                                   [link, {message_queue_data, off_heap}])
@@ -123,7 +128,8 @@ queued(P) ->
 -spec stats(pool()) -> map().
 stats(#pool{proxies = P, counters = C}) ->
     Queued = queued(P),
-    #{transport => erlang, batches => counters:get(C, 1), requests => counters:get(C, 2),
+    #{transport => erlang, batches => counters:get(C, ?BATCHES),
+      requests => counters:get(C, ?REQUESTS),
       queued => Queued, links => 0, links_up => 0}.
 
 -spec init({atom(), node()}, counters:counters_ref(), pos_integer(), pid()) -> no_return().
@@ -139,8 +145,8 @@ loop(Remote, C, Max) ->
         {do, Request} ->
             Requests = [Request | collect(1, Max)],
             Remote ! {batch, Requests},
-            counters:add(C, 1, 1),
-            counters:add(C, 2, length(Requests)),
+            counters:add(C, ?BATCHES, 1),
+            counters:add(C, ?REQUESTS, length(Requests)),
             loop(Remote, C, Max);
         {retire, From, Ref} ->
             %% Taken only from a mailbox with no request before it:

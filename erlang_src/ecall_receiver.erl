@@ -21,12 +21,7 @@
 -export([system_continue/3, system_terminate/4, system_get_state/1,
          system_replace_state/2, system_code_change/4]).
 
-%% Counter indexes (see ecall_receiver_sup:init/1).
--define(BATCHES, 1).
--define(REQUESTS, 2).
--define(MALFORMED, 3).
--define(DEAD, 4).
--define(SPAWN_FAILED, 5).
+-include("ecall_receiver.hrl").
 
 -record(state, {parent :: pid(), counters :: counters:counters_ref(), index :: pos_integer()}).
 
@@ -67,7 +62,7 @@ replay([{send, To, Msg} | Rest], C, N) when is_atom(To) ->
     try
         To ! Msg
     catch
-        error:badarg -> counters:add(C, ?DEAD, 1)
+        error:badarg -> counters:add(C, ?DEAD_LETTERS, 1)
     end,
     replay(Rest, C, N + 1);
 replay([{cast, M, F, A} | Rest], C, N) when is_atom(M), is_atom(F), is_list(A) ->

@@ -5,7 +5,9 @@
 -module(ecall_receiver_sup).
 -behaviour(supervisor).
 
--export([start_link/0, init/1, hello/1, names/0, counters/0, fence/2]).
+-export([start_link/0, init/1, hello/1, names/0, counters/0, counts/0, fence/2]).
+
+-include("ecall_receiver.hrl").
 
 -spec start_link() -> {ok, pid()} | {error, term()}.
 start_link() ->
@@ -16,7 +18,7 @@ init([]) ->
     N = ecall_config:receivers(),
     %% Shared counters: batches, requests, malformed, dead letters, spawns
     %% that failed (system_limit).
-    persistent_term:put({ecall, rx_counters}, counters:new(5, [write_concurrency])),
+    persistent_term:put({ecall, rx_counters}, counters:new(?COUNTERS, [write_concurrency])),
     persistent_term:put({ecall, rx_names}, [ecall_receiver:name(I) || I <- lists:seq(1, N)]),
     Workers = [#{id => I, start => {ecall_receiver, start_link, [I]}}
                || I <- lists:seq(1, N)],
@@ -37,9 +39,23 @@ hello(_TheirProtocol) ->
 names() ->
     [atom_to_binary(A) || A <- persistent_term:get({ecall, rx_names})].
 
+%% @doc The pool's shared counters, for its workers to add to.
 -spec counters() -> counters:counters_ref().
 counters() ->
     persistent_term:get({ecall, rx_counters}).
+
+%% @doc The pool's counters, by name (ecall:stats/0, ecall_telemetry):
+%% batches received, requests in them, malformed elements and messages,
+%% sends to a name not registered (`dead_letters'), casts and calls that
+%% could not be spawned (`spawn_failed').
+-spec counts() -> #{batches := non_neg_integer(), requests := non_neg_integer(),
+                    malformed := non_neg_integer(), dead_letters := non_neg_integer(),
+                    spawn_failed := non_neg_integer()}.
+counts() ->
+    C = counters(),
+    #{batches => counters:get(C, ?BATCHES), requests => counters:get(C, ?REQUESTS),
+      malformed => counters:get(C, ?MALFORMED), dead_letters => counters:get(C, ?DEAD_LETTERS),
+      spawn_failed => counters:get(C, ?SPAWN_FAILED)}.
 
 %% @doc Returns once everything that the C-node connections `Links' (a
 %% peer's identities, closing) delivered to this node has been replayed:

@@ -97,12 +97,7 @@ measure() ->
             ok;
         true ->
             _ = [measure(N) || #{node := N} <- ecall:connections()],
-            C = ecall_receiver_sup:counters(),
-            execute([ecall, receivers, stats],
-                    #{batches => counters:get(C, 1), requests => counters:get(C, 2),
-                      malformed => counters:get(C, 3), dead_letters => counters:get(C, 4),
-                      spawn_failed => counters:get(C, 5)},
-                    #{})
+            execute([ecall, receivers, stats], ecall_receiver_sup:counts(), #{})
     end.
 
 %% @doc Emits the stats of the connection to `Node': `[ecall, stats]' with

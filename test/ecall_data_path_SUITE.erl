@@ -2,8 +2,8 @@
 %% -sname) and node B running ecall, on OTP 25 (group otp25), on OTP 27
 %% (group otp27: the `erl' named by ECALL_OTP27_ERL) and on OTP 29 (group
 %% otp29: ECALL_OTP29_ERL, Debian unstable's release; Debian has no OTP 28),
-%% both prepared by test/otp27.sh. Every node talks to a private epmd
-%% (test/with_epmd.sh).
+%% both prepared by test/scripts/otp27.sh. Every node talks to a private
+%% epmd (test/scripts/with_epmd.sh).
 -module(ecall_data_path_SUITE).
 
 -include_lib("common_test/include/ct.hrl").
@@ -17,7 +17,7 @@
          malformed_element_skipped/1, link_loss_is_reported_and_healed/1,
          every_term_kind_arrives_equal/1, remote_pids_arrive_equal/1,
          atoms_past_the_ids_go_as_text/1,
-         large_terms_go_by_iovec/1, gather_off_writes_at_once/1]).
+         large_terms_go_by_iovec/1]).
 
 -import(ecall_test_nodes, [start_node/1, stop_node/1, many_callers_exactly_once/1, send_seq/2]).
 
@@ -32,7 +32,7 @@ groups() ->
                 fallback_without_link, names_and_aliases, malformed_element_skipped,
                 link_loss_is_reported_and_healed, every_term_kind_arrives_equal,
                 remote_pids_arrive_equal, atoms_past_the_ids_go_as_text,
-                large_terms_go_by_iovec, gather_off_writes_at_once],
+                large_terms_go_by_iovec],
     [{otp25, [], DataPath},
      {otp27, [], DataPath},
      {otp29, [], DataPath}].
@@ -93,31 +93,6 @@ exactly_once_in_order(Config) ->
     ?assertEqual(Total + Markers, maps:get(requests, R1) - maps:get(requests, R0)),
     %% ... in batches, not one message per write.
     ?assert(Requests / Batches > 1.0).
-
-%% With `gather' off a link's writer never waits for company: the same
-%% 100,000 messages from 1,000 callers go through, exactly once and in
-%% order, without one gathering wait (each link counts its waits in
-%% `gathers'; with the setting ignored the same load counted 264 waits,
-%% and this case failed).
-gather_off_writes_at_once(Config) ->
-    B = ?config(b, Config),
-    %% Set before the links close: a connection that discovery makes again
-    %% meanwhile takes the setting too.
-    ok = application:set_env(ecall, gather, false),
-    try
-        _ = ecall:disconnect(B),
-        ok = ecall:connect(B),
-        {ok, #{gathers := G0, per_link := Links}} = ecall:stats(B),
-        ?assert(lists:all(fun(L) -> is_integer(maps:get(gathers, L)) end, Links)),
-        Total = many_callers_exactly_once(B),
-        {ok, #{gathers := G1, batches := Batches}} = ecall:stats(B),
-        ct:pal("~b messages, ~b batches, ~b gathering waits", [Total, Batches, G1 - G0]),
-        ?assertEqual(G0, G1)
-    after
-        ok = application:set_env(ecall, gather, true),
-        _ = ecall:disconnect(B),
-        ok = ecall:connect(B)
-    end.
 
 %% Large binaries take their own path (term_to_iovec, dirty copy, a batch of
 %% their own) and keep their place among the caller's small messages.

@@ -1,0 +1,114 @@
+%% @private
+%% The data path of a send (ecall:send/2,3, and the replies of calls,
+%% ecall:send_reply/3): whether a message to another node goes by native
+%% `!' or through the ecall transport of a connection to that node, and
+%% how one caller's messages to one node keep their order when they switch
+%% from one path to the other.
+%%
+%% The choice, per message (send_remote/5): the transport of the node's
+%% connection when one is published (ecall_conn:route/1); native `!' when
+%% none is (no connection, or one still opening), when it is closing, and
+%% when its transport finds it closed at the push. A message to this node
+%% is always `!'. When the peer's byte budget is full and the transport
+%% refuses the message (`overflow' `error' or `drop'), it is dropped and
+%% counted: a send has no error to return.
+%%
+%% Per-caller order across a switch of paths. A message sent by `!' travels
+%% on the node's own distribution connection; one sent through a transport
+%% travels another way (a C-node link, or a proxy's batch replayed by a
+%% receiver worker), and could overtake it, or be overtaken:
+%%
+%% - `!' then transport: the process remembers the nodes it sent to by `!'
+%%   (process dictionary, written on that path only), and its next send to
+%%   one of them through a transport first makes a round trip on the
+%%   native connection, which the peer handles only after everything this
+%%   caller sent before it on that connection has been delivered.
+%% - transport then `!' (the connection is closing): while a connection
+%%   closes it is published as `{closing, Pid}', and a send by `!' first
+%%   waits for that process, which makes sure that what its transport
+%%   wrote has been replayed on the peer (ecall_conn:terminate/2; at most a
+%%   few seconds).
+%%
+%% Within one path order holds by itself: `!' on the node's own
+%% connection, a transport in per-caller order (ecall_transport).
+%%
+%% Cost on the transport path: one process-dictionary read (an atom key,
+%% `undefined' for a process that never sent by `!'); one round trip per
+%% caller per switch to a transport.
+-module(ecall_route).
+
+-export([send_to/3, send_remote/5]).
+
+%% Process dictionary key: the nodes this process sent to by `!' since its
+%% last send to them through a transport (see native/3).
+-define(NATIVE_SENT, '$ecall_native_sent').
+-define(BARRIER_TIMEOUT, 5000).
+
+%% @doc Sends `Msg' to the pid or alias `To': `!' when it is on this node,
+%% else as send_remote/5 does. `Urgent': see ecall:send/3.
+-spec send_to(pid() | reference(), Msg, boolean()) -> Msg.
+send_to(To, Msg, Urgent) ->
+    case node(To) of
+        Node when Node =:= node() -> To ! Msg;
+        Node -> send_remote(Node, To, To, Msg, Urgent)
+    end.
+
+%% @doc Sends `Msg' to `To' on the other node `Node', through the
+%% transport of its connection if it has one, else by `!' (see the module
+%% comment); `Dest' is `To' as the transport names it (a pid, an alias or a
+%% registered name).
+-spec send_remote(node(), pid() | reference() | atom(), ecall:dest(), Msg, boolean()) -> Msg.
+send_remote(Node, Dest, To, Msg, Urgent) ->
+    case ecall_conn:route(Node) of
+        {Mod, State} when Mod =/= closing ->
+            after_native(Node),
+            case Mod:send(State, Dest, Msg, Urgent) of
+                ok -> Msg;
+                closed -> native(Node, To, Msg);
+                %% A send has no error to return: under `error' as under
+                %% `drop' the message is dropped and counted.
+                overload -> Msg
+            end;
+        _UndefinedOrClosing ->
+            native(Node, To, Msg)
+    end.
+
+%% A send by `!': after the close of the node's connection, if it is
+%% closing (transport then `!'), and remembered for the next send to
+%% `Node' through a transport (`!' then transport; see the module comment).
+-spec native(node(), ecall:dest(), Msg) -> Msg.
+native(Node, To, Msg) ->
+    ecall_conn:await_close(Node),
+    case get(?NATIVE_SENT) of
+        undefined ->
+            put(?NATIVE_SENT, [Node]);
+        Nodes ->
+            lists:member(Node, Nodes) orelse put(?NATIVE_SENT, [Node | Nodes])
+    end,
+    To ! Msg.
+
+%% Before a send to `Node' through a transport: the barrier, when this
+%% process sent to `Node' by `!' since its last send through a transport
+%% (see the module comment).
+-spec after_native(node()) -> ok.
+after_native(Node) ->
+    case get(?NATIVE_SENT) of
+        undefined ->
+            ok;
+        Nodes ->
+            case lists:member(Node, Nodes) of
+                false ->
+                    ok;
+                true ->
+                    case lists:delete(Node, Nodes) of
+                        [] -> erase(?NATIVE_SENT);
+                        Rest -> put(?NATIVE_SENT, Rest)
+                    end,
+                    %% erpc's spawn request goes on the same connection,
+                    %% after this caller's earlier messages; its answer
+                    %% means they have reached their receivers. A node
+                    %% that does not answer has no order to keep.
+                    _ = (catch erpc:call(Node, erlang, node, [], ?BARRIER_TIMEOUT)),
+                    ok
+            end
+    end.
