@@ -21,8 +21,11 @@ demo: build
 
 test: build test-rust test-ct test-build
 
+# Then the loom model tests of the writer's state and the byte budget
+# (every interleaving, to three preemptions; a few seconds).
 test-rust:
 	test/scripts/with_epmd.sh cargo test --release --workspace
+	cargo test --release -p ecall_dist --features loom --lib loom_
 
 test-ct:
 	test/scripts/ct.sh
@@ -43,6 +46,7 @@ examples: build
 check: deps
 	cargo fmt --all -- --check
 	cargo clippy --release --workspace --all-targets -- -D warnings
+	cargo clippy --release -p ecall_dist --features loom --all-targets -- -D warnings
 	rebar3 xref
 	rebar3 dialyzer
 	rebar3 edoc

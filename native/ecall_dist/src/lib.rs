@@ -30,6 +30,7 @@
 
 pub mod atom_cache;
 pub mod atom_ids;
+mod budget;
 pub mod cnode;
 pub mod etf;
 pub mod fragment;
@@ -39,6 +40,7 @@ pub mod link;
 pub mod peer;
 pub mod shard;
 pub mod stream;
+mod sync;
 pub mod word_cache;
 
 pub use cnode::{Identity, IdentityConfig, Listen};

@@ -17,14 +17,15 @@
 //! - [`Peer::close`] stops the links, drops what is queued (counted in
 //!   `dropped`) and releases every caller waiting for room.
 
+use crate::budget::Budget;
 use crate::cnode::Identity;
 use crate::etf::BatchHeader;
+use crate::link::state::Writer;
 use crate::link::{self, LinkEvents, LinkShared, LinkStats};
 use crate::shard::{Backlog, BatchCaps, Element, Shard};
 use crate::Error;
-use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
@@ -100,22 +101,17 @@ pub struct PeerStats {
     pub overflow_drops: AtomicU64,
     /// Atoms sent as atom cache references instead of text.
     pub cached_atoms: AtomicU64,
-    /// Gauge: element bytes queued now.
-    pub queued_bytes: AtomicUsize,
     /// Gauge: links connected now.
     pub links_up: AtomicUsize,
 }
-
-type Waiter = (usize, Box<dyn FnOnce(bool) + Send>);
 
 /// See the module docs.
 pub struct Peer {
     pub(crate) config: PeerConfig,
     pub(crate) shards: Box<[Shard]>,
     pub(crate) links: Box<[LinkShared]>,
-    waiters: Mutex<VecDeque<Waiter>>,
-    /// How many callers wait for room (the length of `waiters`).
-    pub(crate) waiting: AtomicUsize,
+    /// The bytes queued, bounded, and the callers waiting for room.
+    budget: Budget,
     pub(crate) cancel: CancellationToken,
     /// Set by [`Peer::close`] before the token is cancelled: the push path
     /// reads this plain flag (one atomic load) instead of the token, whose
@@ -172,11 +168,10 @@ impl Peer {
             .collect();
         let links = (0..nlinks).map(|_| LinkShared::default()).collect();
         Peer {
+            budget: Budget::new(config.max_queue_bytes),
             config,
             shards,
             links,
-            waiters: Mutex::new(VecDeque::new()),
-            waiting: AtomicUsize::new(0),
             cancel: CancellationToken::new(),
             closed: AtomicBool::new(false),
             creation: AtomicU32::new(0),
@@ -292,12 +287,12 @@ impl Peer {
         self.release(payload);
         // The push side's protocol again (`may_sleep` in link/writer.rs): the
         // writer sleeps once more, then every shard is looked at; a push
-        // that came after the look sees SLEEPING and asks for a flush.
-        if !link.turn(link::FLUSHING, link::SLEEPING) {
+        // that came after the look sees the writer sleeping and asks for a
+        // flush.
+        if !link.state.flushed() {
             return false;
         }
-        self.shards_of_link(k).any(|s| !self.shards[s].is_empty())
-            && link.turn(link::SLEEPING, link::FLUSHING)
+        self.shards_of_link(k).any(|s| !self.shards[s].is_empty()) && link.state.ask_flush()
     }
 
     /// Wakes link `k`'s writer (after [`Push::Flush`], when no flush
@@ -327,18 +322,11 @@ impl Peer {
             // that encodes longer than the size it waited for (it is the
             // same request, so only by a byte or two, if ever) takes the
             // difference, a shorter one gives the rest back.
-            if len > reserved {
-                st.queued_bytes.fetch_add(len - reserved, Ordering::SeqCst);
-            } else {
-                self.release(reserved - len);
-            }
-        } else if self.waiting.load(Ordering::Relaxed) > 0 || !self.take_room(len, false) {
-            // Callers already waiting for room go first: no barging. An
+            self.budget.settle(reserved, len);
+        } else if !self.budget.admit(len) {
+            // Callers already waiting for room go first (no barging); an
             // oversized request is refused here too, and let through alone
-            // by `wait_room` when nothing is queued. The room is taken in
-            // the same atomic step as the check: two pushes that both saw
-            // room for one used to both go in (the partition suite saw the
-            // queue 7 KB past a 2 MiB budget under CPU load).
+            // by `wait_room` when nothing is queued.
             st.full.fetch_add(1, Ordering::Relaxed);
             return Push::Full;
         }
@@ -363,29 +351,24 @@ impl Peer {
         // The push side of the sleeping-writer protocol: `may_sleep` in link/writer.rs.
         let Some(wake) = push(&self.shards[shard], &|b| link.wants_wake(b)) else {
             // Closed since the check above (close() runs concurrently).
-            st.queued_bytes.fetch_sub(len, Ordering::AcqRel);
+            self.budget.forget(len);
             return Push::Closed;
         };
         if wake {
             // Behind a sleeping writer, a flush on the caller's side where
             // the link takes one.
-            if link.flushable.load(Ordering::Relaxed) && link.turn(link::SLEEPING, link::FLUSHING) {
+            if link.flushable.load(Ordering::Relaxed) && link.state.ask_flush() {
                 st.pushed.fetch_add(1, Ordering::Relaxed);
                 return Push::Flush(self.link_of_shard(shard));
             }
             // Else a sleeping or gathering writer is woken. An awake one,
             // or a flush asked for already, looks at the shards after this
             // push.
-            let woken = link
-                .state
-                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |s| {
-                    matches!(s, link::SLEEPING | link::GATHERING).then_some(link::AWAKE)
-                });
-            if woken.is_ok() {
+            if link.state.wake_for_push() {
                 st.wakes.fetch_add(1, Ordering::Relaxed);
                 link.notify.notify_one();
             }
-        } else if self.config.lulls && link.state.load(Ordering::Relaxed) == link::GATHERING {
+        } else if self.config.lulls && link.state.get() == Writer::Gathering {
             // When company came, for the writer's pacing (link::LULL_FOR).
             link.note_gathering_push();
         }
@@ -401,87 +384,38 @@ impl Peer {
     /// called before this returns (room freed while it registered).
     ///
     /// The room set aside is the caller's: its next push passes it as
-    /// `reserved`, or it goes back with [`Peer::release`]. Set aside
-    /// before the caller runs again, it cannot be taken by pushes that come
-    /// meanwhile (when room was only counted, callers let in together and
-    /// pushes arriving as the last waiter left could pass the budget by the
-    /// waiters' sizes).
+    /// `reserved`, or it goes back with [`Peer::release`]. See
+    /// `budget.rs`.
     pub fn wait_room(&self, size: usize, wake: Box<dyn FnOnce(bool) + Send>) -> bool {
-        let mut w = self.waiters.lock().unwrap_or_else(|p| p.into_inner());
         if self.is_closed() {
-            drop(w);
             wake(false);
             return true;
         }
-        if w.is_empty() && self.take_room(size, true) {
-            return false;
+        let listed = self.budget.wait_room(size, wake);
+        if listed {
+            self.stats.waits.fetch_add(1, Ordering::Relaxed);
+            // Closed while it registered: `close` may have taken the list
+            // before this caller was on it.
+            if self.is_closed() {
+                for f in self.budget.close() {
+                    f(false);
+                }
+            }
         }
-        #[cfg(test)]
-        tests::registration_window();
-        w.push_back((size, wake));
-        self.waiting.store(w.len(), Ordering::SeqCst);
-        self.stats.waits.fetch_add(1, Ordering::Relaxed);
-        drop(w);
-        // A release between the load of `queued` above and the store of
-        // `waiting` saw no waiter and woke nobody; if it freed everything,
-        // no later write would wake us. So look again, now that `waiting`
-        // is published (both sides are SeqCst: a release either sees the
-        // waiter, or its decrement is seen here). Without this, callers
-        // blocked on a full budget could wait for ever under load.
-        self.wake_fitting();
-        true
-    }
-
-    /// Adds `size` to the queued bytes if it fits, in one atomic step.
-    fn take_room(&self, size: usize, first: bool) -> bool {
-        self.stats
-            .queued_bytes
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |q| {
-                self.fits(size, q, first).then_some(q + size)
-            })
-            .is_ok()
+        listed
     }
 
     /// Gives `bytes` back to the budget (written by a link, or set aside by
     /// [`Peer::wait_room`] and not used: the caller is gone) and wakes, in
     /// order, the waiters that now fit. 0 does nothing.
     pub fn release(&self, bytes: usize) {
-        if bytes == 0 {
-            return;
-        }
-        self.stats.queued_bytes.fetch_sub(bytes, Ordering::SeqCst);
-        if self.waiting.load(Ordering::SeqCst) == 0 {
-            return;
-        }
-        self.wake_fitting();
+        self.budget.release(bytes);
     }
 
-    /// Whether a request of `size` bytes may be queued on top of `queued`:
-    /// when it fits the budget, or when nothing is queued and it is the
-    /// first admitted (a request larger than the whole budget goes alone;
-    /// with nothing queued no write would ever make room for it).
-    fn fits(&self, size: usize, queued: usize, first: bool) -> bool {
-        queued + size <= self.config.max_queue_bytes || (queued == 0 && first)
-    }
-
-    /// Wakes, in order, the waiters that fit in the room left now, with
-    /// their room set aside.
-    fn wake_fitting(&self) {
-        let mut woken = Vec::new();
-        {
-            let mut w = self.waiters.lock().unwrap_or_else(|p| p.into_inner());
-            // Wake in order while the next waiter's room can be taken.
-            while let Some(&(size, _)) = w.front() {
-                if !self.take_room(size, woken.is_empty()) {
-                    break;
-                }
-                woken.push(w.pop_front().map(|(_, f)| f));
-            }
-            self.waiting.store(w.len(), Ordering::SeqCst);
-        }
-        for f in woken.into_iter().flatten() {
-            f(true);
-        }
+    /// Element bytes queued now (a gauge), room set aside for woken
+    /// callers included.
+    pub fn queued_bytes(&self) -> usize {
+        self.budget.queued()
     }
 
     /// Records the peer's creation at the first connection; refuses a
@@ -519,16 +453,9 @@ impl Peer {
         for s in self.shards.iter() {
             let (n, b) = s.close();
             self.stats.dropped.fetch_add(n, Ordering::Relaxed);
-            self.stats
-                .queued_bytes
-                .fetch_sub(b as usize, Ordering::AcqRel);
+            self.budget.forget(b as usize);
         }
-        let waiters: Vec<_> = {
-            let mut w = self.waiters.lock().unwrap_or_else(|p| p.into_inner());
-            self.waiting.store(0, Ordering::Relaxed);
-            w.drain(..).collect()
-        };
-        for (_, f) in waiters {
+        for f in self.budget.close() {
             f(false);
         }
     }
@@ -544,6 +471,7 @@ impl Drop for Peer {
 mod tests {
     use super::*;
     use crate::etf::{BINARY_EXT, SMALL_INTEGER_EXT};
+    use std::sync::Mutex;
 
     fn test_peer(budget: usize) -> Peer {
         Peer::new(
@@ -571,25 +499,25 @@ mod tests {
     /// none. Each wake-up happens once (the state goes back to awake).
     #[test]
     fn pushes_wake_a_sleeping_writer_at_once_and_a_gathering_one_at_the_threshold() {
-        use crate::link::{AWAKE, GATHERING, GATHER_REQUESTS, SLEEPING};
+        use crate::link::GATHER_REQUESTS;
         let peer = test_peer(1 << 20);
         let link = &peer.links[0];
         let wakes = || peer.stats.wakes.load(Ordering::Relaxed);
         assert_eq!(peer.push(0, &[97, 1], 0), Push::Queued);
         assert_eq!(wakes(), 0, "a busy writer is not woken");
-        link.state.store(SLEEPING, Ordering::SeqCst);
+        link.state.sleep();
         peer.push(0, &[97, 2], 0);
-        assert_eq!((wakes(), link.state.load(Ordering::SeqCst)), (1, AWAKE));
+        assert_eq!((wakes(), link.state.get()), (1, Writer::Awake));
         peer.push(0, &[97, 3], 0);
         assert_eq!(wakes(), 1);
-        link.state.store(GATHERING, Ordering::SeqCst);
+        link.state.gather();
         // Three are queued; the one that makes GATHER_REQUESTS wakes it.
         for i in 3..GATHER_REQUESTS - 1 {
             peer.push(0, &[97, (i % 200) as u8], 0);
             assert_eq!(wakes(), 1, "woken at {i} requests");
         }
         peer.push(0, &[97, 0], 0);
-        assert_eq!((wakes(), link.state.load(Ordering::SeqCst)), (2, AWAKE));
+        assert_eq!((wakes(), link.state.get()), (2, Writer::Awake));
         assert_eq!(peer.shards[0].backlog().requests, GATHER_REQUESTS);
     }
 
@@ -599,7 +527,6 @@ mod tests {
     /// pushes that follow wait for company again.
     #[test]
     fn an_urgent_push_ends_gathering() {
-        use crate::link::{AWAKE, GATHERING};
         let peer = test_peer(1 << 20);
         let link = &peer.links[0];
         let wakes = || peer.stats.wakes.load(Ordering::Relaxed);
@@ -607,16 +534,16 @@ mod tests {
             urgent: true,
             ..Element::text(b)
         };
-        link.state.store(GATHERING, Ordering::SeqCst);
+        link.state.gather();
         peer.push(0, &[97, 1], 0);
         assert_eq!(wakes(), 0, "an ordinary push waits for company");
         assert!(!peer.shards[0].backlog().urgent);
         assert_eq!(peer.push_element(0, urgent(&[97, 2]), 0), Push::Queued);
-        assert_eq!((wakes(), link.state.load(Ordering::SeqCst)), (1, AWAKE));
+        assert_eq!((wakes(), link.state.get()), (1, Writer::Awake));
         assert_eq!(link.stats.urgent.load(Ordering::Relaxed), 1);
         assert!(peer.shards[0].backlog().worth_writing());
         assert_eq!(peer.shards[0].take().map(|f| f.count), Some(2));
-        link.state.store(GATHERING, Ordering::SeqCst);
+        link.state.gather();
         peer.push(0, &[97, 3], 0);
         assert_eq!(wakes(), 1);
         assert!(!peer.shards[0].backlog().worth_writing());
@@ -648,7 +575,7 @@ mod tests {
                 pushers.into_iter().map(|p| p.join().unwrap()).sum()
             });
             assert_eq!(queued, 100);
-            assert_eq!(peer.stats.queued_bytes.load(Ordering::SeqCst), 10_000);
+            assert_eq!(peer.queued_bytes(), 10_000);
         }
     }
 
@@ -705,7 +632,7 @@ mod tests {
     #[test]
     fn room_of_an_admitted_caller_is_set_aside() {
         let peer = test_peer(1000);
-        let queued = || peer.stats.queued_bytes.load(Ordering::SeqCst);
+        let queued = || peer.queued_bytes();
         let mut element = vec![BINARY_EXT, 0, 0, 1, 0xf0];
         element.resize(5 + 0x1f0, 7);
         assert_eq!(peer.push(0, &element, 0), Push::Queued);
@@ -744,58 +671,6 @@ mod tests {
         assert_eq!(queued(), 800);
     }
 
-    thread_local! {
-        /// Run by `wait_room` between its look at the budget and its
-        /// registration, on the caller's thread.
-        static IN_WINDOW: std::cell::RefCell<Option<Box<dyn FnOnce()>>> =
-            const { std::cell::RefCell::new(None) };
-    }
-
-    pub(super) fn registration_window() {
-        if let Some(f) = IN_WINDOW.with(|w| w.borrow_mut().take()) {
-            f();
-        }
-    }
-
-    /// A writer's release that lands while a caller registers for room
-    /// (after the caller saw the budget full, before it is listed as
-    /// waiting) sees no waiter and wakes nobody. When that release freed
-    /// everything, no later write comes to wake the caller, and every
-    /// caller behind it (no barging) waits for ever: the hang the overload
-    /// suite met under load. The caller looks again once registered.
-    #[test]
-    fn a_release_while_registering_still_wakes_the_caller() {
-        let peer = Arc::new(test_peer(1100));
-        let mut element = vec![BINARY_EXT, 0, 0, 1, 0xf0];
-        element.resize(5 + 0x1f0, 7);
-        assert_eq!(peer.push(0, &element, 0), Push::Queued);
-        assert_eq!(peer.push(0, &element, 0), Push::Queued);
-        assert_eq!(peer.push(0, &element, 0), Push::Full);
-        let writer = peer.clone();
-        IN_WINDOW.with(|w| {
-            *w.borrow_mut() = Some(Box::new(move || {
-                let frame = writer.shards[0].take().unwrap();
-                writer.release(frame.payload);
-            }))
-        });
-        let woken = Arc::new(Mutex::new(Vec::new()));
-        let w = woken.clone();
-        let wake = Box::new(move |room| w.lock().unwrap_or_else(|p| p.into_inner()).push(room));
-        assert!(peer.wait_room(element.len(), wake));
-        assert!(
-            IN_WINDOW.with(|w| w.borrow().is_none()),
-            "the window was reached"
-        );
-        // Everything was written; what is counted is the woken caller's
-        // room, set aside.
-        assert_eq!(
-            peer.stats.queued_bytes.load(Ordering::SeqCst),
-            element.len()
-        );
-        assert_eq!(*woken.lock().unwrap_or_else(|p| p.into_inner()), [true]);
-        assert_eq!(peer.waiting.load(Ordering::SeqCst), 0);
-    }
-
     /// The blocking protocol under contention: callers that find the
     /// budget full wait for room while a writer thread takes and releases
     /// batches; every request gets through, none is woken without room.
@@ -817,7 +692,7 @@ mod tests {
                 while finished.load(Ordering::SeqCst) < CALLERS {
                     // Rooms set aside as callers are woken: never past the
                     // budget, however the pushes interleave.
-                    let queued = peer.stats.queued_bytes.load(Ordering::SeqCst);
+                    let queued = peer.queued_bytes();
                     assert!(queued <= 1000, "{queued} bytes queued of 1000");
                     match peer.shards[0].take() {
                         Some(frame) => {
@@ -829,8 +704,8 @@ mod tests {
                     assert!(
                         std::time::Instant::now() < deadline,
                         "callers still blocked: {} waiting, {} bytes queued",
-                        peer.waiting.load(Ordering::SeqCst),
-                        peer.stats.queued_bytes.load(Ordering::SeqCst)
+                        peer.budget.waiting(),
+                        peer.queued_bytes()
                     );
                 }
                 while let Some(frame) = peer.shards[0].take() {

@@ -770,7 +770,7 @@ fn peer_stats<'a>(env: Env<'a>, peer: ResourceArc<PeerRes>) -> NifResult<Term<'a
         (atoms::wakes(), s.wakes.load(Relaxed)),
         (atoms::overflow_drops(), s.overflow_drops.load(Relaxed)),
         (atoms::cached_atoms(), s.cached_atoms.load(Relaxed)),
-        (atoms::queued_bytes(), s.queued_bytes.load(Relaxed) as u64),
+        (atoms::queued_bytes(), p.queued_bytes() as u64),
         (atoms::links_up(), s.links_up.load(Relaxed) as u64),
         (atoms::links(), p.link_count() as u64),
         (atoms::shards(), p.shard_count() as u64),

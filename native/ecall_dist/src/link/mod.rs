@@ -95,14 +95,17 @@
 use crate::inbound::{InboundStats, Malformed, ReadEnd};
 use crate::io::STALL_PIECE;
 use crate::Error;
+use state::WriterState;
 use std::io;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use tokio::sync::Notify;
 
 mod pacing;
 mod sent;
 mod side;
+pub(crate) mod state;
 mod task;
+pub mod tuning;
 mod writer;
 
 use crate::atom_cache::{self, OutCache};
@@ -160,7 +163,7 @@ pub(crate) fn frame_out(
 pub(crate) use sent::SentLog;
 use side::clock;
 pub(crate) use side::WriteSide;
-pub use side::{LONE_GAP, LONE_MAX, URGENT_GAP};
+pub use tuning::*;
 
 pub(crate) use task::link_task;
 
@@ -239,110 +242,11 @@ pub struct LinkStats {
     pub inbound: InboundStats,
 }
 
-/// The writer is writing, or about to look at its shards.
-pub(crate) const AWAKE: u8 = 0;
-/// The writer found nothing to do and waits for `notify`: any push wakes it.
-pub(crate) const SLEEPING: u8 = 1;
-/// The writer is busy enough to wait for a batch worth a write: a push
-/// wakes it once its shard holds [`GATHER_REQUESTS`] or [`GATHER_BYTES`],
-/// and it wakes by itself after [`GATHER_WAIT`] in any case.
-pub(crate) const GATHERING: u8 = 2;
-/// The writer sleeps, and a push asked for a flush on the caller's side
-/// (`Peer::flush`) instead of waking it: pushes meanwhile wake nobody.
-pub(crate) const FLUSHING: u8 = 3;
-
-/// Requests in one shard that end a gathering wait.
-pub const GATHER_REQUESTS: u32 = 128;
-/// Bytes in one shard that end a gathering wait.
-pub const GATHER_BYTES: usize = 64 * 1024;
-/// The longest a gathering writer waits (tokio's timer has a resolution of
-/// 1 ms, so in practice 1 to 2 ms): the most a request waits for company.
-pub const GATHER_WAIT: std::time::Duration = std::time::Duration::from_millis(1);
-/// A pass that wrote at least this many requests makes the next one gather:
-/// below it the writer writes what comes at once (a lone request waits for
-/// nothing).
-pub const GATHER_AFTER: u64 = 4;
-/// A writer woken this soon after it went to sleep takes its link for busy
-/// and gathers before its next pass, unless the link is sparse (see
-/// [`SPARSE_BELOW`]).
-/// Without it a steady stream (a request
-/// every few tens of µs) kept the writer in passes of one to three
-/// requests, each followed by a sleep and a wake-up: on the paced call
-/// load, 104,000 sleeps and batches of 15 per 2 M calls; with it, 7,000
-/// sleeps and batches of 80-90. A link with a request every 200 µs or more
-/// (5,000 per second) still gets each one written at once.
-pub const BUSY_SLEEP: std::time::Duration = std::time::Duration::from_micros(200);
-
-/// A gathering wait that ran its full length and brought fewer requests
-/// than this makes the link sparse for [`SPARSE_FOR`]: it does not gather
-/// then, and writes what it has at once. A closed loop looks like that:
-/// senders that each wait for an answer before their next request (a
-/// request and its reply exchanged by sends) bring no company, and a wait
-/// for it is added to every round trip (one such sender took 1.8-1.9 ms a
-/// round trip with gathering, 0.14-0.19 ms on a sparse link, against 0.07-0.14
-/// ms for `!`: `ECALL_BENCH_EXCHANGE=send bench/run.sh pingpong`). The
-/// sparseness ends early when a pass takes this many requests, or
-/// [`GATHER_AFTER`] of them came while the pass before it wrote: a burst,
-/// which closed-loop senders do not make. Fewer than 8 in 1-2 ms is fewer
-/// than 4,000-8,000 requests a second on the link, where batches save
-/// little; with 16, paced calls at 1,000 writers (about 9,000 a second per
-/// link) went sparse and cost 10-30 % more CPU per call; with 8 (and the
-/// writer's rule that a wait callers blocked on the budget could not fill
-/// does not count) they cost what they did before.
-pub const SPARSE_BELOW: u64 = 8;
-
-/// How long a link stays sparse ([`SPARSE_BELOW`]) before a gathering wait
-/// looks again: a load that grows back into batches gets them again by
-/// then, and a closed loop pays one wait (1-2 ms) per period.
-pub const SPARSE_FOR: std::time::Duration = std::time::Duration::from_millis(100);
-
-/// A gathering wait that ran its full length, whose company all came in its
-/// first quarter and nothing after (the link's pushes came at once, then
-/// stopped) is a *lull*; two in a row start a trial (see
-/// `link/pacing.rs`): the link stops gathering for [`LULL_TRIAL`], and if
-/// it wrote at least a quarter more requests per second than while it
-/// gathered, before the trial and for [`LULL_SAMPLE`] after it, it stays
-/// sparse for this long (doubled for each trial in a row that paid, up to
-/// 16 times), whatever its passes bring. Closed loops of more
-/// than a few pairs per link look like that: the answers to one batch come
-/// back together, each releases one request, and then nothing comes until
-/// the batch those requests make has gone out and been answered, so the
-/// rest of the wait only delays them, and their rate rises without it.
-/// Requests and replies exchanged by `ecall:send/2` by 64 pairs of
-/// processes took 2.3 ms a round trip with gathering, 1-2 ms of it the wait
-/// on each leg.
-pub const LULL_FOR: std::time::Duration = std::time::Duration::from_millis(100);
-
-/// How long a lull's trial lasts ([`LULL_FOR`]). With 5 ms, 64 pairs
-/// exchanging by sends fell back to 1.8-2.1 ms a round trip: a loop whose
-/// peer still gathers makes two rounds in 5 ms, too few to show the gain.
-pub const LULL_TRIAL: std::time::Duration = std::time::Duration::from_millis(10);
-
-/// How long gathering must have run (since the link was last sparse after
-/// a lull, or barred) for its rate to be compared in a trial, and how long
-/// it gathers after a trial for the check against the rate after it.
-pub const LULL_SAMPLE: std::time::Duration = std::time::Duration::from_millis(10);
-
-/// After a trial that did not pay, lulls start no trial for this long
-/// (doubled for each such trial in a row, up to 16 times).
-/// A paced load's rate is its own: it writes no more without waits, and
-/// only pays their cost in writes and wake-ups (its waits rarely look like
-/// lulls: at 1,000 paced writers a push comes to each link every 100 µs or
-/// so). Nor does a closed loop big enough to keep the machine busy, where
-/// batches pay: 1,000 pairs exchanging by `ecall:send/2` made 267-302k
-/// exchanges a second with batches of 127-137, and 154-207k with every lull
-/// kept (batches of 7-8).
-pub const LULL_BARRED: std::time::Duration = std::time::Duration::from_millis(250);
-
-/// How precisely [`LinkShared::gathering_push`] is kept.
-pub const PUSH_NOTE_GRAIN: std::time::Duration = std::time::Duration::from_micros(20);
-const PUSH_NOTE_GRAIN_NS: u64 = PUSH_NOTE_GRAIN.as_nanos() as u64;
-
 /// What the push path and a link's writer share.
 #[derive(Debug, Default)]
 pub(crate) struct LinkShared {
-    /// [`AWAKE`], [`SLEEPING`] or [`GATHERING`].
-    pub(crate) state: AtomicU8,
+    /// What the writer is doing (`link/state.rs`).
+    pub(crate) state: WriterState,
     /// Wakes a sleeping or gathering writer.
     pub(crate) notify: Notify,
     /// The link's counters.
@@ -375,22 +279,20 @@ impl LinkShared {
         }
     }
 
-    /// Moves the state from `from` to `to` (sequentially consistent, as
-    /// the sleeping-writer protocol needs); whether it was `from`.
-    pub(crate) fn turn(&self, from: u8, to: u8) -> bool {
-        self.state
-            .compare_exchange(from, to, Ordering::SeqCst, Ordering::SeqCst)
-            .is_ok()
+    /// The push side of the protocol (`link/state.rs`): with the shard's
+    /// lock held, whether this push should wake the writer.
+    pub(crate) fn wants_wake(&self, backlog: crate::shard::Backlog) -> bool {
+        self.state.push_wakes(|| backlog.worth_writing())
     }
 
-    /// The push side of the protocol (see `may_sleep` in writer.rs): with
-    /// the shard's lock held, whether this push should wake the writer.
-    pub(crate) fn wants_wake(&self, backlog: crate::shard::Backlog) -> bool {
-        match self.state.load(Ordering::Relaxed) {
-            SLEEPING => true,
-            GATHERING => backlog.worth_writing(),
-            _ => false,
+    /// Hands the link to its writer (`WriterState::hand_off`) and wakes it;
+    /// whether it did.
+    pub(crate) fn wake_writer(&self) -> bool {
+        let woke = self.state.hand_off();
+        if woke {
+            self.notify.notify_one();
         }
+        woke
     }
 }
 

@@ -31,8 +31,8 @@
 //!   bound.
 
 use super::{
-    BUSY_SLEEP, GATHER_AFTER, LULL_BARRED, LULL_FOR, LULL_SAMPLE, LULL_TRIAL, SPARSE_BELOW,
-    SPARSE_FOR,
+    BUSY_SLEEP, GATHER_AFTER, LULLS_IN_A_ROW, LULL_BARRED, LULL_FOR, LULL_SAMPLE, LULL_TRIAL,
+    SPARSE_BELOW, SPARSE_FOR,
 };
 use std::time::Duration;
 
@@ -49,14 +49,6 @@ pub(super) struct Pacing {
     /// Where the link is with lulls.
     lull: Lulls,
 }
-
-/// Two lulls in a row (full waits, no full wait that was not a lull in
-/// between) start a trial. One alone happens now and then on a machine
-/// whose cores are all busy (the pushing threads did not run for the rest
-/// of the wait), and each trial costs such a load its batches for
-/// [`LULL_TRIAL`]: paced calls at 20,000 writers made 6-8 % fewer calls
-/// with trials after every lull (about one per second per link).
-const LULLS_IN_A_ROW: u32 = 2;
 
 /// Lulls and their trials (see the module's text). Rates are requests
 /// written over the time since `since`.

@@ -13,7 +13,7 @@
 //! [`WriteSide::pending`], for the writer to write before anything else;
 //! if the lock is taken or the writer is awake, the push queues as usual.
 //! Lone writes are for quiet links: a link written to (by its writer, or by
-//! a lone write) within the last [`LONE_GAP`] is busy, and a request there
+//! a lone write) within the last [`LONE_GAP`](super::tuning::LONE_GAP) is busy, and a request there
 //! wakes the writer instead, so that what follows goes in batches. Except
 //! an urgent request ([`Element::urgent`]: its caller is in a closed loop,
 //! with few others): the writer would write it alone anyway, since such
@@ -21,14 +21,14 @@
 //! of what a lone caller's round trip would pay (`bench/run.sh pingpong`:
 //! one caller 0.20-0.22 ms per call with the wake-up, 0.06-0.08 without).
 //! With flushes (below) an urgent request goes alone only on a link quiet
-//! for [`URGENT_GAP`]: closer together, urgent requests come from several
+//! for [`URGENT_GAP`](super::tuning::URGENT_GAP): closer together, urgent requests come from several
 //! callers at once, each alone would be a `send` on each node, and a flush
 //! writes them together without a thread wake-up either.
 //!
 //! Order: a lone write happens only while the writer sleeps, and the writer
 //! sleeps only after it has written everything it took and found every
 //! shard of the link empty (`may_sleep`); a push that queues behind a
-//! sleeping writer wakes it (state `AWAKE`) before its caller can push
+//! sleeping writer wakes it (`WriterState::wake_for_push`) before its caller can push
 //! again. So everything a caller pushed before is on the socket when its
 //! request is written alone. The writer takes its side back (under the
 //! same lock) before it writes anything, so writes never interleave.
@@ -37,7 +37,7 @@
 //!
 //! The side a sleeping writer lends serves flushes too
 //! ([`LinkShared::flush`], called by `Peer::flush`): where a push would
-//! wake the writer, it sets the state `FLUSHING` instead and its caller
+//! wake the writer, it asks for a flush (`WriterState::ask_flush`) and its caller
 //! has a flush run soon. Pushes meanwhile wake nobody; the flush takes a
 //! batch from each of the link's shards and writes them with one
 //! non-blocking `send` on its own thread (a scheduler, on the BEAM). A
@@ -53,35 +53,15 @@
 //! request of its caller's, pushed while a flush was asked for, may still
 //! be queued there), so it never overtakes a queued request.
 
-use super::{LinkDown, LinkShared, LinkStats, SentLog, AWAKE, FLUSHING, SLEEPING};
+use super::state::Writer;
+use super::tuning::{LONE_GAP_NS, LONE_MAX, URGENT_GAP_NS};
+use super::{LinkDown, LinkShared, LinkStats, SentLog};
 use crate::atom_cache::OutCache;
 use crate::io::write_with_deadline;
 use crate::shard::{Element, Frame, Shard};
 use crate::stream::LinkWrite;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
-
-/// The largest request written alone; larger ones always queue (a single
-/// `send` of more would likely be partial anyway).
-pub const LONE_MAX: usize = 16 * 1024;
-
-/// How long a link must have been quiet (its writer asleep, no lone write)
-/// for a request to be written alone. A request on a link busier than that
-/// wakes the writer, and what follows it queues behind the awake writer and
-/// goes in batches: each request written alone costs a syscall on the
-/// caller's scheduler and a message to decode on the peer, which a busy
-/// link cannot afford, while a quiet one (a request now and then) gains a
-/// thread hop per request. At most 2,000 lone writes per second per link,
-/// and none on a link in steady use.
-pub const LONE_GAP: std::time::Duration = std::time::Duration::from_micros(500);
-const LONE_GAP_NS: u64 = LONE_GAP.as_nanos() as u64;
-
-/// With flushes on (`Peer::flush`), how long a link must have been quiet
-/// for an urgent request to be written alone: closer than that, urgent
-/// requests come from several callers at once, and a flush writes them
-/// together.
-pub const URGENT_GAP: std::time::Duration = std::time::Duration::from_micros(50);
-const URGENT_GAP_NS: u64 = URGENT_GAP.as_nanos() as u64;
 
 /// Monotonic nanoseconds since the first call (only differences matter).
 /// Starts at `LONE_GAP` so that the first lone write is never refused.
@@ -199,11 +179,11 @@ impl WriteSide {
 }
 
 impl LinkShared {
-    /// The time now if the writer sleeps on a link quiet for [`LONE_GAP`],
+    /// The time now if the writer sleeps on a link quiet for [`LONE_GAP`](super::tuning::LONE_GAP),
     /// or at all for an `urgent` request (the clock is read only then: a
     /// push to a busy link pays one load).
     fn quiet_now(&self, urgent: bool) -> Option<u64> {
-        if self.state.load(Ordering::SeqCst) != SLEEPING {
+        if self.state.get() != Writer::Sleeping {
             return None;
         }
         let now = clock();
@@ -254,7 +234,7 @@ impl LinkShared {
         };
         // Again under the lock: the writer may have been woken meanwhile
         // (it takes its side back under this lock before writing).
-        if self.state.load(Ordering::SeqCst) != SLEEPING {
+        if self.state.get() != Writer::Sleeping {
             return false;
         }
         // Per-caller order: an earlier request of this caller's shard, pushed
@@ -287,17 +267,8 @@ impl LinkShared {
 }
 
 impl LinkShared {
-    /// Wakes the writer unless it is awake; whether it did.
-    pub(crate) fn wake_writer(&self) -> bool {
-        let woke = self.state.swap(AWAKE, Ordering::AcqRel) != AWAKE;
-        if woke {
-            self.notify.notify_one();
-        }
-        woke
-    }
-
     /// A flush on the caller's side (see `Peer::flush`): with the link
-    /// [`FLUSHING`], takes a batch from each of `mine` and writes them
+    /// flushing, takes a batch from each of `mine` and writes them
     /// with one non-blocking `send` from this thread, as the writer would.
     /// The writer is woken instead when its side is not lent (it is about
     /// to sleep, or awake), cannot take a plain write (TLS, a rest still
@@ -313,7 +284,7 @@ impl LinkShared {
     ///
     /// The lock of the side is taken, not tried: besides the writer (which
     /// holds it to park or take back its side), only a lone write that
-    /// began before the link was `FLUSHING` can hold it, for one
+    /// began before the link was flushing can hold it, for one
     /// non-blocking `send`.
     ///
     /// [`GATHER_BYTES`]: super::GATHER_BYTES
@@ -324,9 +295,9 @@ impl LinkShared {
         cached_atoms: &AtomicU64,
     ) -> Vec<(usize, Frame)> {
         let mut parked = self.parked.lock().unwrap_or_else(|p| p.into_inner());
-        // Awake since (it stores AWAKE before it takes its side back under
+        // Awake since (it is awake before it takes its side back under
         // this lock): what is queued is its to write.
-        if self.state.load(Ordering::SeqCst) != FLUSHING {
+        if self.state.get() != Writer::Flushing {
             return Vec::new();
         }
         let big = mine.clone().any(|s| {

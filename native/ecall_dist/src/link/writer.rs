@@ -1,7 +1,7 @@
 //! The writing half of a connected link.
 
 use super::pacing::{Pacing, Wait};
-use super::{LinkDown, LinkShared, WriteSide, AWAKE, GATHERING, GATHER_WAIT, SLEEPING};
+use super::{LinkDown, LinkShared, WriteSide, GATHER_WAIT};
 use crate::fragment::{InFlight, FRAGMENT};
 use crate::inbound;
 use crate::io::write_with_deadline;
@@ -251,7 +251,7 @@ impl LinkWriter {
             r = &mut *reader => Woke::Reader(reader_end(r)),
             _ = tokio::time::sleep_until(until) => Woke::Timer,
         };
-        link.state.store(AWAKE, Ordering::Relaxed);
+        link.state.awake();
         if asleep {
             // Taken back before anything is written: a lone write in
             // progress holds the lock for one non-blocking send at most.
@@ -476,9 +476,9 @@ impl LinkWriter {
 /// [`Shard::is_empty`]: crate::shard::Shard::is_empty
 /// [`Shard::push`]: crate::shard::Shard::push
 fn may_sleep(peer: &Peer, link: &LinkShared, mine: &[usize]) -> bool {
-    link.state.store(SLEEPING, Ordering::SeqCst);
+    link.state.sleep();
     if mine.iter().any(|&s| !peer.shards[s].is_empty()) {
-        link.state.store(AWAKE, Ordering::Relaxed);
+        link.state.awake();
         return false;
     }
     true
@@ -500,12 +500,12 @@ fn may_sleep(peer: &Peer, link: &LinkShared, mine: &[usize]) -> bool {
 ///
 /// Returns whether the writer should wait (no shard is past a threshold).
 fn may_gather(peer: &Peer, link: &LinkShared, mine: &[usize]) -> bool {
-    link.state.store(GATHERING, Ordering::SeqCst);
+    link.state.gather();
     let ready = mine
         .iter()
         .any(|&s| peer.shards[s].backlog().worth_writing());
     if ready {
-        link.state.store(AWAKE, Ordering::Relaxed);
+        link.state.awake();
     }
     !ready
 }

@@ -1,0 +1,17 @@
+//! The synchronisation types of the protocols that loom checks (the
+//! writer's state, `link/state.rs`, and the byte budget, `budget.rs`):
+//! std's, or loom's (a dev-dependency) in the crate's tests built with the
+//! `loom` feature, whose model tests (`cargo test --release -p ecall_dist
+//! --features loom --lib loom`) run every interleaving of those protocols;
+//! the feature does nothing outside tests. Nothing else in the crate uses
+//! these types.
+
+#[cfg(not(all(test, feature = "loom")))]
+pub(crate) use std::sync::atomic::{AtomicU8, AtomicUsize};
+#[cfg(not(all(test, feature = "loom")))]
+pub(crate) use std::sync::Mutex;
+
+#[cfg(all(test, feature = "loom"))]
+pub(crate) use loom::sync::atomic::{AtomicU8, AtomicUsize};
+#[cfg(all(test, feature = "loom"))]
+pub(crate) use loom::sync::Mutex;
