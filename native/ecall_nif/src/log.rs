@@ -7,8 +7,10 @@
 //! nothing in the C-node uses them. Events below the level given with the
 //! target, and all events while no target is set, cost one atomic load.
 
+use crate::atoms;
+use crate::runtime::runtime;
 use rustler::env::OwnedEnv;
-use rustler::{Encoder, LocalPid};
+use rustler::{Atom, Encoder, LocalPid};
 use std::fmt::Write;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::RwLock;
@@ -32,9 +34,24 @@ fn rank(level: &Level) -> u8 {
 
 /// Sets (or clears, with `max == 0`) where events go and the most verbose
 /// level forwarded.
-pub fn set_target(pid: Option<LocalPid>, max: u8) {
+fn set_target(pid: Option<LocalPid>, max: u8) {
     *TARGET.write().unwrap_or_else(|p| p.into_inner()) = pid;
     MAX.store(if pid.is_some() { max } else { 0 }, Ordering::Release);
+}
+
+/// Sends Rust `tracing` events up to `max` (1 error .. 5 trace; 0 stops)
+/// to `pid` as `{ecall_log, Level, Target, Text}`.
+#[rustler::nif]
+fn log_target(pid: LocalPid, max: u8) -> Atom {
+    set_target(Some(pid), max);
+    atoms::ok()
+}
+
+/// Stops forwarding `tracing` events.
+#[rustler::nif]
+fn log_off() -> Atom {
+    set_target(None, 0);
+    atoms::ok()
 }
 
 /// Installs the subscriber (once per OS process; later calls do nothing).
@@ -98,9 +115,9 @@ impl Subscriber for Forward {
         let send = move || {
             let mut env = OwnedEnv::new();
             let _ = env.send_and_clear(&pid, |env| {
-                let level = rustler::Atom::from_str(env, level).map(|a| a.encode(env));
+                let level = Atom::from_str(env, level).map(|a| a.encode(env));
                 (
-                    crate::atoms::ecall_log(),
+                    atoms::ecall_log(),
                     level.unwrap_or_else(|_| "info".encode(env)),
                     target,
                     line,
@@ -110,7 +127,7 @@ impl Subscriber for Forward {
         };
         // An OwnedEnv cannot send from a scheduler thread.
         if rustler::thread::is_scheduler_thread() {
-            crate::runtime().spawn(async move { send() });
+            runtime().spawn(async move { send() });
         } else {
             send();
         }

@@ -1,0 +1,174 @@
+//! C-node identities: `cnode_start/4` and `cnode_info/1`.
+
+use crate::events::map_of;
+use crate::runtime::runtime;
+use crate::{atoms, encode, CNode};
+use ecall_dist::{Identity, IdentityConfig, Listen};
+use rustler::env::OwnedEnv;
+use rustler::{Atom, Encoder, Env, NifResult, ResourceArc, Term};
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::Duration;
+
+/// Options of `cnode_start/4`, all required (the Erlang side fills them).
+#[derive(rustler::NifMap)]
+struct CNodeOpts {
+    tick_ms: u64,
+    handshake_ms: u64,
+    epmd_port: u16,
+    /// Address to listen on, as text (`"0.0.0.0"`, `"::"`, `"127.0.0.1"`).
+    listen_addr: String,
+    /// Port range to listen on; `0, 0`: any.
+    listen_min: u16,
+    listen_max: u16,
+    /// TLS on the links (the node runs TLS distribution), with the node's
+    /// client options (`ssl_dist_optfile`); the files are read on a
+    /// runtime thread, not here.
+    tls: bool,
+    tls_certfile: String,
+    tls_keyfile: String,
+    tls_cacertfile: String,
+    tls_sni: bool,
+    /// The node's server files for the identities' listener (empty: the
+    /// client's).
+    tls_server_certfile: String,
+    tls_server_keyfile: String,
+    tls_server_cacertfile: String,
+    /// How long a name epmd refuses is asked for again (ms) before the
+    /// answer is `{name_taken, Node}`.
+    register_retry_ms: u64,
+}
+
+/// Starts identities `nodes` (full names) registered with the epmd on
+/// `epmd_port`, listening where `opts` says; answers the caller with
+/// `{ecall_cnode, Ref, {ok, CNode} | {error, Reason}}`.
+#[rustler::nif]
+fn cnode_start(
+    env: Env<'_>,
+    nodes: Vec<String>,
+    cookie: String,
+    opts: CNodeOpts,
+    reference: Term<'_>,
+) -> NifResult<Atom> {
+    // This node may have a new name or creation: local pids encode anew.
+    encode::new_epoch();
+    let CNodeOpts {
+        tick_ms,
+        handshake_ms,
+        epmd_port,
+        listen_addr,
+        listen_min,
+        listen_max,
+        tls,
+        tls_certfile,
+        tls_keyfile,
+        tls_cacertfile,
+        tls_sni,
+        tls_server_certfile,
+        tls_server_keyfile,
+        tls_server_cacertfile,
+        register_retry_ms,
+    } = opts;
+    let tls = tls.then_some(ecall_dist::TlsOptions {
+        certfile: tls_certfile,
+        keyfile: tls_keyfile,
+        cacertfile: tls_cacertfile,
+        sni: tls_sni,
+        server_certfile: tls_server_certfile,
+        server_keyfile: tls_server_keyfile,
+        server_cacertfile: tls_server_cacertfile,
+    });
+    let addr = listen_addr.parse().map_err(|_| rustler::Error::BadArg)?;
+    if nodes.is_empty()
+        || tick_ms == 0
+        || handshake_ms == 0
+        || (listen_min == 0) != (listen_max == 0)
+        || listen_min > listen_max
+    {
+        return Err(rustler::Error::BadArg);
+    }
+    let listen = Listen {
+        addr,
+        ports: (listen_min, listen_max),
+    };
+    let caller = env.pid();
+    let mut owned = OwnedEnv::new();
+    let saved = owned.save(reference);
+    runtime().spawn(async move {
+        let mut ids = Vec::with_capacity(nodes.len());
+        let mut failure = None;
+        let tls = match tls.as_ref().map(ecall_dist::TlsClient::new).transpose() {
+            Ok(tls) => tls,
+            Err(e) => {
+                failure = Some(e);
+                None
+            }
+        };
+        for node in nodes.into_iter().filter(|_| failure.is_none()) {
+            let cfg = IdentityConfig {
+                node,
+                cookie: cookie.clone(),
+                tick: Duration::from_millis(tick_ms),
+                handshake_timeout: Duration::from_millis(handshake_ms),
+                epmd_port,
+                listen: listen.clone(),
+                tls: tls.clone(),
+                register_retry: Duration::from_millis(register_retry_ms),
+            };
+            match Identity::start(cfg).await {
+                Ok(id) => ids.push(id),
+                Err(e) => {
+                    failure = Some(e);
+                    break;
+                }
+            }
+        }
+        let _ = owned.send_and_clear(&caller, |env| {
+            let r = saved.load(env);
+            let result = match failure {
+                None => (atoms::ok(), ResourceArc::new(CNode { ids })).encode(env),
+                // A taken name is the one failure the Erlang side retries
+                // by name (and says what to do about); the others are text.
+                Some(ecall_dist::Error::NameTaken(node)) => {
+                    (atoms::error(), (atoms::name_taken(), node)).encode(env)
+                }
+                Some(e) => (atoms::error(), e.to_string()).encode(env),
+            };
+            (atoms::ecall_cnode(), r, result).encode(env)
+        });
+    });
+    Ok(atoms::ok())
+}
+
+/// One map per identity: `node` (binary), `creation`, `port`, incoming
+/// connections `accepted` and `refused`, and what they sent
+/// (`inbound_frames`, `inbound_answered`, `inbound_ignored`, and
+/// `inbound_malformed`: connections closed on a malformed frame).
+#[rustler::nif]
+fn cnode_info<'a>(env: Env<'a>, cnode: ResourceArc<CNode>) -> NifResult<Vec<Term<'a>>> {
+    cnode
+        .ids
+        .iter()
+        .map(|i| {
+            let mut pairs = vec![
+                (atoms::creation(), u64::from(i.creation().get())),
+                (atoms::port(), u64::from(i.port())),
+                (atoms::accepted(), i.accepted.load(Relaxed)),
+                (atoms::refused(), i.refused.load(Relaxed)),
+                (atoms::handshakes_shed(), i.shed.load(Relaxed)),
+                (atoms::accept_errors(), i.accept_errors.load(Relaxed)),
+            ];
+            pairs.extend(inbound_counters(&i.inbound));
+            map_of(env, &pairs)?.map_put(atoms::node().encode(env), i.node().encode(env))
+        })
+        .collect()
+}
+
+/// What an identity's incoming connections sent, as `cnode_info/1` names it.
+fn inbound_counters(s: &ecall_dist::inbound::InboundStats) -> [(Atom, u64); 4] {
+    [
+        (atoms::inbound_frames(), s.frames.load(Relaxed)),
+        (atoms::inbound_answered(), s.answered.load(Relaxed)),
+        (atoms::inbound_ignored(), s.ignored.load(Relaxed)),
+        (atoms::inbound_malformed(), s.malformed.load(Relaxed)),
+    ]
+}

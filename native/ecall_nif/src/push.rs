@@ -1,0 +1,195 @@
+//! The pushes: one request encoded once on the caller's scheduler
+//! ([`encode`]) and queued on the caller's shard (`send/4`, `push/4`), or
+//! encoded by `term_to_iovec` and queued from a dirty scheduler
+//! (`push_iovec/3`); what a push answers; and the encode as Erlang sees it
+//! (`encode/1`, `encoded_size/1`, for tests and the benchmark).
+
+use crate::{atoms, encode, PeerRes, RoomRes};
+use ecall_dist::{Peer, Push};
+use rustler::{Atom, Binary, Encoder, Env, NifResult, ResourceArc, Term};
+use std::sync::Arc;
+
+/// The room a push to `peer` may use: `false` (none), or a room from
+/// `wait_room/3` on that same peer. A room of another peer is not taken
+/// (it goes back to its own peer when collected): used here, it would
+/// charge this peer too little and keep the other's room for good.
+fn reserved(room: Term<'_>, peer: &Arc<Peer>) -> usize {
+    room.decode::<ResourceArc<RoomRes>>()
+        .ok()
+        .filter(|r| std::ptr::eq(r.peer.as_ptr(), Arc::as_ptr(peer)))
+        .map_or(0, |r| r.take())
+}
+
+/// The shard of the calling process: a stable hash of its pid.
+fn caller_shard(env: Env<'_>) -> usize {
+    // A local pid is an immediate: its term word names the process for its
+    // whole life, which is all per-caller order needs. Mixed here (the
+    // finaliser of splitmix64: processes spawned one after the other get
+    // unrelated shards; a single multiply gave them runs of the same
+    // link), not by `enif_hash`, a call into the VM on every push.
+    let mut x = encode::word(env.pid().encode(env).as_c_arg());
+    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    (x ^ (x >> 31)) as usize
+}
+
+/// Encodes `{send, To, Msg}` once and queues it on the caller's shard.
+/// Returns `ok`, `{full, Size}` (nothing queued: see `wait_room/3`),
+/// `closed`, or `large` (nothing queued: the encoding passed
+/// [`encode::INLINE_MAX`]; the caller pushes it with `push_iovec/3`).
+/// `urgent`: see [`ecall_dist::shard::Element::urgent`].
+#[rustler::nif]
+fn send<'a>(
+    env: Env<'a>,
+    peer: ResourceArc<PeerRes>,
+    to: Term<'a>,
+    msg: Term<'a>,
+    urgent: bool,
+) -> Term<'a> {
+    let shard = caller_shard(env);
+    let req = [atoms::send().to_term(env), to, msg];
+    encode::tuple_with(env, &req, encode::INLINE_MAX, |e| {
+        push_encoded(env, &peer, shard, &e, None, urgent)
+    })
+}
+
+/// Queues any request term (`{send, ...}`, `{cast, ...}`, `{call, ...}`)
+/// on the caller's shard; same results as `send/4`. `room` is `false`, or
+/// the room `wait_room/3` set aside for this caller (used up by a push
+/// that queues; kept by one that answers `large`).
+#[rustler::nif(name = "push")]
+fn push_request<'a>(
+    env: Env<'a>,
+    peer: ResourceArc<PeerRes>,
+    req: Term<'a>,
+    room: Term<'a>,
+    urgent: bool,
+) -> Term<'a> {
+    let shard = caller_shard(env);
+    encode::term_with(env, req, encode::INLINE_MAX, |e| {
+        push_encoded(env, &peer, shard, &e, Some(room), urgent)
+    })
+}
+
+/// Queues a large request encoded by `erlang:term_to_iovec/1` (big
+/// binaries referenced, not copied) as a batch of its own. Runs on a
+/// dirty scheduler: copying megabytes there holds no normal scheduler.
+/// Same results as `send/4`, but never `large`.
+#[rustler::nif(schedule = "DirtyCpu")]
+fn push_iovec<'a>(
+    env: Env<'a>,
+    peer: ResourceArc<PeerRes>,
+    iovec: Vec<Binary<'a>>,
+    room: Term<'a>,
+) -> NifResult<Term<'a>> {
+    let mut parts: Vec<&[u8]> = iovec
+        .iter()
+        .map(|b| b.as_slice())
+        .filter(|p| !p.is_empty())
+        .collect();
+    let Some(first) = parts.first_mut() else {
+        return Err(rustler::Error::BadArg);
+    };
+    let body = ecall_dist::etf::element_body(first).ok_or(rustler::Error::BadArg)?;
+    let len: usize = body.len() + parts[1..].iter().map(|p| p.len()).sum::<usize>();
+    parts[0] = body;
+    let pushed = peer
+        .peer
+        .push_alone(caller_shard(env), &parts, reserved(room, &peer.peer));
+    Ok(answer(env, &peer, pushed, len))
+}
+
+/// How a push encodes `term`: `{Bytes, Text, Refs}` (the size, whether an
+/// atom stays text, atoms written as id references), or `large` if a push
+/// would give it to `term_to_iovec`. For tests and the benchmark's timing
+/// of the encode alone.
+#[rustler::nif]
+fn encoded_size<'a>(env: Env<'a>, term: Term<'a>) -> Term<'a> {
+    encode::term_with(env, term, encode::INLINE_MAX, |e| {
+        if e.large {
+            atoms::large().encode(env)
+        } else {
+            (e.bytes.len(), e.text, e.refs).encode(env)
+        }
+    })
+}
+
+/// The link (0-based) that carries the calling process's requests.
+#[rustler::nif]
+fn caller_link(env: Env<'_>, peer: ResourceArc<PeerRes>) -> usize {
+    peer.peer.link_of_shard(caller_shard(env))
+}
+
+/// Queues encoded element `e` on `shard` and answers as [`answer`] does,
+/// or `large` (nothing queued: the encode gave up, the caller goes by
+/// `term_to_iovec`, and `room` is left for that push).
+fn push_encoded<'a>(
+    env: Env<'a>,
+    peer: &PeerRes,
+    shard: usize,
+    e: &encode::Encoded<'_>,
+    room: Option<Term<'a>>,
+    urgent: bool,
+) -> Term<'a> {
+    if e.large {
+        return atoms::large().encode(env);
+    }
+    let reserved = room.map_or(0, |r| reserved(r, &peer.peer));
+    answer(
+        env,
+        peer,
+        peer.peer.push_element(shard, e.element(urgent), reserved),
+        e.bytes.len(),
+    )
+}
+
+/// What a push of `size` bytes answers: `ok`, `{full, Size}` (nothing
+/// queued: see `wait_room/3`) or `closed`. A push queued behind a sleeping
+/// writer that asks for a flush (`Push::Flush`) sends `{ecall_flush, K}`
+/// to the peer's flusher, which calls `flush/2`; it runs after the
+/// processes already waiting to run, whose pushes go in the same write.
+fn answer<'a>(env: Env<'a>, peer: &PeerRes, pushed: Push, size: usize) -> Term<'a> {
+    match pushed {
+        Push::Queued => atoms::ok().encode(env),
+        Push::Flush(k) => {
+            let sent = peer
+                .flusher
+                .get()
+                .is_some_and(|f| env.send(f, (atoms::ecall_flush(), k)).is_ok());
+            if !sent {
+                // No flusher (not set yet, or gone): the writer writes it.
+                peer.peer.wake_writer(k);
+            }
+            atoms::ok().encode(env)
+        }
+        Push::Full => (atoms::full(), size).encode(env),
+        Push::Closed => atoms::closed().encode(env),
+    }
+}
+
+/// `term` in external format as a push encodes it, its id references
+/// written back as text (for tests and the benchmark: `binary_to_term/1`
+/// of it must give `term` back).
+#[rustler::nif]
+fn encode<'a>(env: Env<'a>, term: Term<'a>) -> NifResult<Binary<'a>> {
+    encode::term_with(env, term, usize::MAX, |e| {
+        let mut bytes = Vec::with_capacity(e.bytes.len() + 8);
+        bytes.push(131);
+        if e.refs == 0 {
+            bytes.extend_from_slice(e.bytes);
+        } else if !ecall_dist::atom_cache::expand_term(e.bytes, &mut bytes) {
+            return Err(rustler::Error::BadArg);
+        }
+        let mut bin = rustler::NewBinary::new(env, bytes.len());
+        bin.as_mut_slice().copy_from_slice(&bytes);
+        Ok(bin.into())
+    })
+}
+
+/// Counts a request dropped by the overflow policy (`drop`, or `error` for
+/// sends).
+#[rustler::nif]
+fn overflow_drop(peer: ResourceArc<PeerRes>) -> Atom {
+    peer.peer.note_overflow_drop();
+    atoms::ok()
+}
