@@ -14,11 +14,10 @@
 //! has the table).
 
 // --- Gathering: a busy link's writer waits for a batch worth a write ---
-// Wins: nothing beyond the run-to-run spread on the default path, where
-// flushes make the batches (switched off, paced sends and calls at 20,000
-// writers ran 12-13 % faster, within a 13-16 % spread); kept for links that
-// cannot flush (TLS, `flusher` false), where it made batches of 80-90
-// instead of 15 on paced calls. The first candidate for removal.
+// Wins: on links that cannot flush (TLS, `flusher` false), paced calls
+// 43-46 % and sends 17-23 % more per second at 10,000 and 20,000 writers
+// (`bench/run.sh tls`); nothing beyond the spread on the default path,
+// where flushes make the batches.
 
 /// Requests in one shard that end a gathering wait.
 pub const GATHER_REQUESTS: u32 = 128;
