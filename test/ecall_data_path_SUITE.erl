@@ -203,7 +203,7 @@ link_loss_is_reported_and_healed(Config) ->
     erlang:trace(Conn, true, ['receive']),
     [Id1 | _] = ecall:nodes(),
     T0 = erlang:monotonic_time(millisecond),
-    true = erpc:call(B, erlang, disconnect_node, [Id1]),
+    ok = erpc:call(B, ecall_test_nodes, drop_connection, [Id1]),
     Down = receive {trace, Conn, 'receive', {ecall_link, 0, {down, R, _}}} -> R
            after 5000 -> ct:fail(no_down_event)
            end,

@@ -138,7 +138,7 @@ link_loss_fails_its_callers_only(Config) ->
     [C ! go || C <- Callers],
     Blocked = [receive {blocked, P, B} -> P after 5000 -> ct:fail(not_blocked) end || _ <- Callers],
     [Id1 | _] = ecall:nodes(),
-    true = erpc:call(B, erlang, disconnect_node, [Id1]),
+    ok = erpc:call(B, ecall_test_nodes, drop_connection, [Id1]),
     %% Link 0 (Id1) callers fail ...
     [receive
          {result, C, R} -> ?assertMatch({error, {badrpc, {link_down, _}}}, R)

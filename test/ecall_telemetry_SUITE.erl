@@ -171,7 +171,7 @@ link_down_and_back(_Config) ->
     {Peer, C} = peer_node(),
     ok = connect(C),
     [Id1 | _] = ecall:nodes(),
-    true = erpc:call(C, erlang, disconnect_node, [Id1]),
+    ok = erpc:call(C, ecall_test_nodes, drop_connection, [Id1]),
     {_, #{link := 1, reason := Reason, retry := false}} = event([ecall, link, down], C),
     ?assert(Reason =:= peer_closed orelse element(1, Reason) =:= read),
     {_, #{link := 1}} = event([ecall, link, up], C),
@@ -334,7 +334,7 @@ absent_telemetry_is_harmless(_Config) ->
     _ = erpc:call(C, erlang, spawn, [?MODULE, forward_link_events, [Self, ConnPid]]),
     receive {tracing, ConnPid} -> ok after ?WAIT -> ct:fail(no_tracer) end,
     [Id1 | _] = erpc:call(C, ecall, nodes, []),
-    true = erlang:disconnect_node(Id1),
+    ok = ecall_test_nodes:drop_connection(Id1),
     receive {ecall_link, 0, {down, _, _}} -> ok after ?WAIT -> ct:fail(no_link_down) end,
     receive {ecall_link, 0, up} -> ok after ?WAIT -> ct:fail(no_link_up) end,
     %% Answered after both events: they were handled.

@@ -19,7 +19,7 @@
 -export([log/2]).
 -export([kill_transport_process/2]).
 %% Run on peers.
--export([collector/2, echo/1, echo_loop/0, ecall_echo_loop/0, fail/2, tell/2, whoami/0,
+-export([drop_connection/1, collector/2, echo/1, echo_loop/0, ecall_echo_loop/0, fail/2, tell/2, whoami/0,
          block/1, error_on/1]).
 
 %% ecall on this node (the suites' init_per_suite): distributed, with its
@@ -193,6 +193,20 @@ flush_links(Mod, State, Echo, Wanted) ->
                              Self ! {flushed, self(), K}
                      end),
     receive {flushed, Pid, K} -> flush_links(Mod, State, Echo, Wanted -- [K]) end.
+
+%% On the node that holds the connection from C-node identity `Id' (one
+%% link of a peer): drops it, once this node has it. The link's side counts
+%% a connection up at the handshake's last message, a moment before this
+%% node's net_kernel records it; a disconnect in between finds nothing
+%% (`false'), which failed cases that drop a link right after connecting.
+drop_connection(Id) ->
+    ok = net_kernel:monitor_nodes(true, [{node_type, hidden}]),
+    Known = lists:member(Id, nodes(hidden))
+        orelse receive {nodeup, Id, _} -> true after 10000 -> false end,
+    ok = net_kernel:monitor_nodes(false, [{node_type, hidden}]),
+    true = Known orelse erlang:error({not_connected, Id}),
+    true = erlang:disconnect_node(Id),
+    ok.
 
 %% On the peer: echoes markers.
 echo_loop() ->
