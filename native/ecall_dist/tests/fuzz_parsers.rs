@@ -9,7 +9,7 @@
 //! relatives) gets the verdict its name states. Inputs are random bytes and
 //! mutations of the corpus. The number of cases is proptest's default (256
 //! per property) so that CI stays short; `PROPTEST_CASES=100000` runs a long
-//! session.
+//! search.
 
 mod common;
 
