@@ -13,7 +13,7 @@
          unreachable_node/1, multi_node_patterns/1, rpc_bad_arguments/1,
          call_from_a_long_mailbox/1]).
 
--import(ecall_test_nodes, [start_node/1, stop_node/1, start_peer/1, flush_traces/0, connect_back/1]).
+-import(ecall_test_nodes, [start_peer/1, flush_traces/0, connect_back/1]).
 
 suite() ->
     [{timetrap, {minutes, 5}}].
@@ -24,15 +24,10 @@ all() ->
      multi_node_patterns, rpc_bad_arguments, call_from_a_long_mailbox].
 
 init_per_suite(Config) ->
-    ok = ecall_test_nodes:start_ecall(),
-    {Node, _} = NodeRef = start_node(os:find_executable("erl")),
-    ok = ecall:connect(Node),
-    [{b, Node}, {b_node, NodeRef} | Config].
+    ecall_test_nodes:start_b(Config).
 
 end_per_suite(Config) ->
-    _ = ecall:disconnect(?config(b, Config)),
-    stop_node(?config(b_node, Config)),
-    ok = application:stop(ecall).
+    ecall_test_nodes:stop_b(Config).
 
 %% A caller with a long mailbox: its calls through the links answer
 %% right and leave its other messages where they were, in order. And the

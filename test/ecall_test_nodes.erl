@@ -9,7 +9,7 @@
 -include_lib("stdlib/include/assert.hrl").
 -include("ecall_test.hrl").
 
--export([start_ecall/0, start_node/1, stop_node/1,
+-export([start_ecall/0, start_node/1, stop_node/1, start_b/1, stop_b/1,
          start_peer/0, start_peer/1, start_peer/2, node_args/0, code_paths/0, node_exec/0,
          node_exec/1,
          node_wrapper/0,
@@ -29,6 +29,20 @@ start_ecall() ->
     {ok, _} = application:ensure_all_started(ecall),
     ?assertMatch({ok, _}, ecall_cnode:cnode()),
     ok.
+
+%% A suite's peer B: ecall on this node, a node B running ecall from this
+%% `erl', connected; `b' (its name) and `b_node' (for stop_b/1) in Config.
+start_b(Config) ->
+    ok = start_ecall(),
+    {Node, _} = NodeRef = start_node(os:find_executable("erl")),
+    ok = ecall:connect(Node),
+    [{b, Node}, {b_node, NodeRef} | Config].
+
+%% Undoes start_b/1.
+stop_b(Config) ->
+    _ = ecall:disconnect(proplists:get_value(b, Config)),
+    stop_node(proplists:get_value(b_node, Config)),
+    ok = application:stop(ecall).
 
 %% A node running ecall, started from the `erl' given, that outlives the
 %% process that starts it (the group's cases run in other processes). OTP's

@@ -11,7 +11,7 @@
 -export([erlang_transport_data_path/1, nif_missing_falls_back_to_erlang/1,
          proxy_exit_closes_connection/1]).
 
--import(ecall_test_nodes, [start_node/1, stop_node/1, many_callers_exactly_once/1, connect_back/1]).
+-import(ecall_test_nodes, [start_node/1, many_callers_exactly_once/1, connect_back/1]).
 
 suite() ->
     [{timetrap, {minutes, 5}}].
@@ -31,9 +31,7 @@ init_per_suite(Config) ->
     end.
 
 end_per_suite(Config) ->
-    _ = ecall:disconnect(?config(b, Config)),
-    stop_node(?config(b_node, Config)),
-    ok = application:stop(ecall).
+    ecall_test_nodes:stop_b(Config).
 
 %% The same guarantees through proxies over plain distribution: exactly
 %% once, per-caller order, batches, and cast and call with the same

@@ -21,7 +21,7 @@
          flushes_in_a_closed_loop/1, flusher_off/1, flusher_exit_closes_connection/1,
          gather_off_writes_at_once/1]).
 
--import(ecall_test_nodes, [start_node/1, stop_node/1, connect_back/1,
+-import(ecall_test_nodes, [connect_back/1,
                            many_callers_exactly_once/1]).
 
 suite() ->
@@ -34,15 +34,10 @@ all() ->
      gather_off_writes_at_once].
 
 init_per_suite(Config) ->
-    ok = ecall_test_nodes:start_ecall(),
-    {Node, _} = NodeRef = start_node(os:find_executable("erl")),
-    ok = ecall:connect(Node),
-    [{b, Node}, {b_node, NodeRef} | Config].
+    ecall_test_nodes:start_b(Config).
 
 end_per_suite(Config) ->
-    _ = ecall:disconnect(?config(b, Config)),
-    stop_node(?config(b_node, Config)),
-    ok = application:stop(ecall).
+    ecall_test_nodes:stop_b(Config).
 
 %% A caller in a closed loop (each call right after the last one returned)
 %% sends its calls urgent, so that neither node's link holds them back

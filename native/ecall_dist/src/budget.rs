@@ -263,18 +263,10 @@ pub(crate) mod tests {
 #[cfg(all(test, feature = "loom"))]
 mod loom_tests {
     use super::*;
+    use crate::sync::model;
     use loom::sync::atomic::AtomicBool;
     use loom::sync::{Arc, Notify};
     use loom::thread;
-
-    /// Every interleaving with at most three preemptions (loom's advice:
-    /// bugs of this kind need few, and unbounded runs of these loops take
-    /// minutes).
-    fn model(f: impl Fn() + Sync + Send + 'static) {
-        let mut b = loom::model::Builder::new();
-        b.preemption_bound = Some(3);
-        b.check(f);
-    }
 
     /// The budget is full; a caller is refused and waits for room while a
     /// writer gives everything back. The caller is woken with its room set

@@ -15,3 +15,13 @@ pub(crate) use std::sync::Mutex;
 pub(crate) use loom::sync::atomic::{AtomicU8, AtomicUsize};
 #[cfg(all(test, feature = "loom"))]
 pub(crate) use loom::sync::Mutex;
+
+/// Runs a loom model: every interleaving with at most three preemptions
+/// (loom's advice: bugs of this kind need few, and unbounded runs of the
+/// models' loops take minutes).
+#[cfg(all(test, feature = "loom"))]
+pub(crate) fn model(f: impl Fn() + Sync + Send + 'static) {
+    let mut b = loom::model::Builder::new();
+    b.preemption_bound = Some(3);
+    b.check(f);
+}

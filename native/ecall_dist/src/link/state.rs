@@ -220,18 +220,10 @@ mod tests {
 #[cfg(all(test, feature = "loom"))]
 mod loom_tests {
     use super::*;
+    use crate::sync::model;
     use loom::sync::atomic::{AtomicBool, AtomicUsize};
     use loom::sync::{Arc, Mutex, Notify};
     use loom::thread;
-
-    /// Every interleaving with at most three preemptions (loom's advice:
-    /// bugs of this kind need few, and unbounded runs of these loops take
-    /// minutes).
-    fn model(f: impl Fn() + Sync + Send + 'static) {
-        let mut b = loom::model::Builder::new();
-        b.preemption_bound = Some(3);
-        b.check(f);
-    }
 
     /// One link with one shard, its writer's socket and its wake-up.
     struct Link {
