@@ -844,7 +844,7 @@ micro() ->
               [per_call(fun() -> ecall_nif:encoded_size(T) end, 200000)
                || T <- [Payload, AsTuple, AsList]]),
     %% Atoms that share a set of the encoder's table (ecall_dist's
-    %% word_cache): which atoms do depends on the order the VM made them
+    %% two_way.rs): which atoms do depends on the order the VM made them
     %% in. In 30 sets of 15 atoms (10 fresh ones and 5 of the payload's),
     %% each pair encoded alone: a pair that pushes each other out of the
     %% table goes to the VM on every encode and takes several times the
@@ -1097,7 +1097,7 @@ payload("map_past_ids") ->
        || G <- ["a", "b", "c"]]).
 
 %% Has this node's encoder meet 250 atoms of its own, so that the ids
-%% (the first 200 atoms met get one, ecall_dist's atom_ids) are all given
+%% (the first 200 atoms met get one, ecall_dist's fixed_atom_ids) are all given
 %% and atoms made after this go as text. Without the NIF: nothing to do.
 use_up_ids() ->
     _ = (catch ecall_nif:encoded_size(

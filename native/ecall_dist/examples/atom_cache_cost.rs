@@ -10,8 +10,8 @@
 //! target/release/examples/atom_cache_cost` counts them (compare the
 //! `Ir` of two builds).
 
-use ecall_dist::atom_cache::OutCache;
-use ecall_dist::etf::{element_body, BatchHeader};
+use ecall_dist::wire::conn_atom_cache::OutCache;
+use ecall_dist::wire::etf::{element_body, BatchHeader};
 use eetf::{Atom, Map, Pid, Term, Tuple};
 use std::time::Instant;
 

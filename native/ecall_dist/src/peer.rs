@@ -1,69 +1,27 @@
-//! A peer: the shards that hold requests for one remote node, the byte
-//! budget that bounds them, and the callers waiting for room.
+//! A peer: where callers push requests for one remote node.
 //!
-//! A peer owns one link ([`crate::link`]) per C-node identity; each link
-//! carries every `links`-th shard (shard `s` goes on link `s % links`).
+//! A [`Peer`] is the handle of one peer's [`Core`] (`link/core.rs`): its
+//! shards, byte budget and links, one link ([`crate::link`]) per C-node
+//! identity, each carrying every `links`-th shard (shard `s` goes on link
+//! `s % links`). Dropping the handle closes the peer.
 //!
 //! - A push appends to the caller's shard and wakes the shard's link writer
 //!   only if that writer is asleep; a busy writer finds the request on its
-//!   next pass (the sleeping-writer protocol: `may_sleep` in
-//!   `link/writer.rs`).
+//!   next pass (the wake rules: `link/state.rs`).
 //! - Memory: the element bytes queued for the peer are accounted in one
 //!   budget. Past it, a push is refused with [`Push::Full`]; the caller may
 //!   then wait for room ([`Peer::wait_room`]), and is woken in arrival order
 //!   as writes free room.
-//! - A link reaped as stalled gives back what its shards hold
-//!   (`Peer::drop_link_queue`); other links' shards are untouched.
 //! - [`Peer::close`] stops the links, drops what is queued (counted in
 //!   `dropped`) and releases every caller waiting for room.
 
-use crate::budget::Budget;
-use crate::cnode::Identity;
-use crate::etf::BatchHeader;
+use crate::error::Error;
 use crate::link::state::Writer;
-use crate::link::{self, LinkEvents, LinkShared, LinkStats};
-use crate::shard::{Backlog, BatchCaps, Element, Shard};
-use crate::Error;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use crate::link::{self, Core, LinkEvents, LinkShared, LinkStats, PeerConfig, PeerStats};
+use crate::net::cnode::Identity;
+use crate::queue::shard::{Backlog, Element, Shard};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Duration;
-use tokio_util::sync::CancellationToken;
-
-/// Settings of one peer.
-#[derive(Debug, Clone)]
-pub struct PeerConfig {
-    /// Remote node name, `b@host`.
-    pub node: String,
-    /// Cookie for that node.
-    pub cookie: String,
-    /// Registered names of the receiver pool on the peer.
-    pub receivers: Vec<String>,
-    /// Number of shards.
-    pub shards: usize,
-    /// Batch caps.
-    pub caps: BatchCaps,
-    /// Byte budget for everything queued for the peer.
-    pub max_queue_bytes: usize,
-    /// Deadline of one socket write; `None` disables it.
-    pub stall_timeout: Option<Duration>,
-    /// First reconnect delay; doubles up to `backoff_max`.
-    pub backoff_min: Duration,
-    /// Longest reconnect delay.
-    pub backoff_max: Duration,
-    /// Whether a busy link's writer gathers (waits up to
-    /// [`GATHER_WAIT`](crate::link::GATHER_WAIT) for company before it
-    /// writes). Off, it writes what its shards hold as soon as it looks:
-    /// for callers that each wait for an answer before their next request,
-    /// whom gathering makes wait 1-2 ms per request.
-    pub gather: bool,
-    /// Whether lulls start trials of not gathering (see
-    /// [`LULL_FOR`](crate::link::LULL_FOR)). Off, pushes do not note when
-    /// they came, and a link gathers whenever it is busy.
-    pub lulls: bool,
-    /// Whether a push that finds its link's writer asleep asks for a flush
-    /// on the caller's side ([`Push::Flush`]) instead of waking the writer.
-    pub flusher: bool,
-}
 
 /// Result of a push.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -82,51 +40,15 @@ pub enum Push {
     Flush(usize),
 }
 
-/// Counters of one peer (per-link counters are in [`LinkStats`]; see
-/// [`Peer::link_stats`]). All monotonic except the gauges noted.
-#[derive(Debug, Default)]
-pub struct PeerStats {
-    /// Requests accepted by [`Peer::push`].
-    pub pushed: AtomicU64,
-    /// Requests dropped when the peer closed.
-    pub dropped: AtomicU64,
-    /// Pushes refused for want of room.
-    pub full: AtomicU64,
-    /// Callers that waited for room ([`Peer::wait_room`]).
-    pub waits: AtomicU64,
-    /// Pushes that had to wake a sleeping link writer.
-    pub wakes: AtomicU64,
-    /// Requests dropped by the overflow policy (counted by the caller
-    /// through [`Peer::note_overflow_drop`]).
-    pub overflow_drops: AtomicU64,
-    /// Atoms sent as atom cache references instead of text.
-    pub cached_atoms: AtomicU64,
-    /// Gauge: links connected now.
-    pub links_up: AtomicUsize,
-}
-
 /// See the module docs.
 pub struct Peer {
-    pub(crate) config: PeerConfig,
-    pub(crate) shards: Box<[Shard]>,
-    pub(crate) links: Box<[LinkShared]>,
-    /// The bytes queued, bounded, and the callers waiting for room.
-    budget: Budget,
-    pub(crate) cancel: CancellationToken,
-    /// Set by [`Peer::close`] before the token is cancelled: the push path
-    /// reads this plain flag (one atomic load) instead of the token, whose
-    /// check costs more.
-    closed: AtomicBool,
-    /// Creation of the peer at the first connection (0 until then).
-    creation: AtomicU32,
-    /// Counters.
-    pub stats: PeerStats,
+    core: Arc<Core>,
 }
 
 impl std::fmt::Debug for Peer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Peer")
-            .field("node", &self.config.node)
+            .field("node", &self.core.config.node)
             .finish()
     }
 }
@@ -148,89 +70,89 @@ impl Peer {
             .iter()
             .map(|id| (id.node().to_string(), id.creation().get()))
             .collect();
-        let peer = Arc::new(Peer::new(config, &from));
+        let peer = Peer::new(config, &from);
         for (k, id) in identities.iter().enumerate() {
-            rt.spawn(link::link_task(peer.clone(), k, id.clone(), events.clone()));
+            let core = Arc::clone(&peer.core);
+            rt.spawn(link::link_task(core, k, id.clone(), events.clone()));
         }
-        Ok(peer)
+        Ok(Arc::new(peer))
     }
 
-    /// The shards and links of a peer, with no link task running: batches
-    /// of link `k` come from node `from[k]` (name, creation).
+    /// A peer with no link task running (see [`Core::new`]).
     fn new(config: PeerConfig, from: &[(String, u32)]) -> Peer {
-        let nlinks = from.len();
-        let shards = (0..config.shards)
-            .map(|s| {
-                let (node, creation) = &from[s % nlinks];
-                let to = &config.receivers[s % config.receivers.len()];
-                Shard::new(&BatchHeader::new(node, *creation, to), config.caps)
-            })
-            .collect();
-        let links = (0..nlinks).map(|_| LinkShared::default()).collect();
         Peer {
-            budget: Budget::new(config.max_queue_bytes),
-            config,
-            shards,
-            links,
-            cancel: CancellationToken::new(),
-            closed: AtomicBool::new(false),
-            creation: AtomicU32::new(0),
-            stats: PeerStats::default(),
+            core: Arc::new(Core::new(config, from)),
         }
     }
 
     /// Remote node name.
     pub fn node(&self) -> &str {
-        &self.config.node
+        self.core.node()
+    }
+
+    /// Counters of the peer (per link: [`Peer::link_stats`]).
+    pub fn stats(&self) -> &PeerStats {
+        &self.core.stats
     }
 
     /// Number of shards.
     pub fn shard_count(&self) -> usize {
-        self.shards.len()
+        self.core.shards.len()
     }
 
     /// Number of links.
     pub fn link_count(&self) -> usize {
-        self.links.len()
+        self.core.links.len()
     }
 
     /// The link that carries shard `shard % shard_count`.
     pub fn link_of_shard(&self, shard: usize) -> usize {
-        (shard % self.shards.len()) % self.links.len()
-    }
-
-    /// The shards that link `k` carries, in order.
-    pub(crate) fn shards_of_link(&self, k: usize) -> impl Iterator<Item = usize> + Clone {
-        (k..self.shards.len()).step_by(self.links.len())
+        self.core.link_of_shard(shard)
     }
 
     /// Counters of link `k`.
     pub fn link_stats(&self, k: usize) -> Option<&LinkStats> {
-        self.links.get(k).map(|l| &l.stats)
+        self.core.links.get(k).map(|l| &l.stats)
     }
 
     /// Counts a request that the caller's overflow policy dropped.
     pub fn note_overflow_drop(&self) {
-        self.stats.overflow_drops.fetch_add(1, Ordering::Relaxed);
+        (self.core.stats.overflow_drops).fetch_add(1, Ordering::Relaxed);
     }
 
     /// Whether link `k` is connected now.
     pub fn link_up(&self, k: usize) -> bool {
-        self.links
-            .get(k)
-            .is_some_and(|l| l.stats.up.load(Ordering::Relaxed))
+        (self.core.links.get(k)).is_some_and(|l| l.stats.up.load(Ordering::Relaxed))
     }
 
     /// Whether a small push to link `k` would now be written by its caller
     /// (a lone write: the writer sleeps and the link has been quiet for
-    /// [`LONE_GAP`](crate::link::LONE_GAP); see `link/side.rs`).
+    /// [`LONE_GAP`](crate::link::tuning::LONE_GAP); see `link/side.rs`).
     pub fn would_write_lone(&self, k: usize) -> bool {
-        self.links.get(k).is_some_and(LinkShared::lone_ready)
+        self.core.links.get(k).is_some_and(LinkShared::lone_ready)
     }
 
     /// Whether [`Peer::close`] was called.
     pub fn is_closed(&self) -> bool {
-        self.closed.load(Ordering::Acquire)
+        self.core.is_closed()
+    }
+
+    /// Gives `bytes` back to the budget (set aside by [`Peer::wait_room`]
+    /// and not used: the caller is gone) and wakes, in order, the waiters
+    /// that now fit. 0 does nothing.
+    pub fn release(&self, bytes: usize) {
+        self.core.release(bytes);
+    }
+
+    /// Element bytes queued now (a gauge), room set aside for woken
+    /// callers included.
+    pub fn queued_bytes(&self) -> usize {
+        self.core.budget.queued()
+    }
+
+    /// Stops the links, drops what is queued and releases every waiter.
+    pub fn close(&self) {
+        self.core.close();
     }
 
     /// Queues one element (external format without the version byte) on
@@ -244,7 +166,7 @@ impl Peer {
     }
 
     /// [`Peer::push`] of an element that says what its atoms are: one whose
-    /// atoms are all id references ([`crate::atom_ids`]) is written without
+    /// atoms are all id references ([`crate::wire::fixed_atom_ids`]) is written without
     /// a pass over its bytes.
     pub fn push_element(&self, shard: usize, element: Element<'_>, reserved: usize) -> Push {
         self.push_with(
@@ -272,19 +194,19 @@ impl Peer {
     /// wake-up of the writer when the load is its. Returns whether it
     /// should be called again (more came meanwhile). Never blocks.
     pub fn flush(&self, k: usize) -> bool {
-        let Some(link) = self.links.get(k) else {
+        let Some(link) = self.core.links.get(k) else {
             return false;
         };
         let taken = link.flush(
-            &self.shards,
-            self.shards_of_link(k),
-            &self.stats.cached_atoms,
+            &self.core.shards,
+            self.core.shards_of_link(k),
+            &self.core.stats.cached_atoms,
         );
         let payload = taken.iter().map(|(_, f)| f.payload).sum();
         for (s, f) in taken {
-            self.shards[s].recycle(f.bytes);
+            self.core.shards[s].recycle(f.bytes);
         }
-        self.release(payload);
+        self.core.release(payload);
         // The push side's protocol again (`may_sleep` in link/writer.rs): the
         // writer sleeps once more, then every shard is looked at; a push
         // that came after the look sees the writer sleeping and asks for a
@@ -292,14 +214,17 @@ impl Peer {
         if !link.state.flushed() {
             return false;
         }
-        self.shards_of_link(k).any(|s| !self.shards[s].is_empty()) && link.state.ask_flush()
+        self.core
+            .shards_of_link(k)
+            .any(|s| !self.core.shards[s].is_empty())
+            && link.state.ask_flush()
     }
 
     /// Wakes link `k`'s writer (after [`Push::Flush`], when no flush
     /// can be arranged).
     pub fn wake_writer(&self, k: usize) {
-        if self.links.get(k).is_some_and(LinkShared::wake_writer) {
-            self.stats.wakes.fetch_add(1, Ordering::Relaxed);
+        if self.core.links.get(k).is_some_and(LinkShared::wake_writer) {
+            self.core.stats.wakes.fetch_add(1, Ordering::Relaxed);
         }
     }
 
@@ -312,26 +237,26 @@ impl Peer {
         push: impl FnOnce(&Shard, &dyn Fn(Backlog) -> bool) -> Option<bool>,
     ) -> Push {
         if self.is_closed() {
-            self.release(reserved);
+            self.core.release(reserved);
             return Push::Closed;
         }
         let admitted = reserved > 0;
-        let st = &self.stats;
+        let st = &self.core.stats;
         if admitted {
             // The room was set aside when this caller was let in: a request
             // that encodes longer than the size it waited for (it is the
             // same request, so only by a byte or two, if ever) takes the
             // difference, a shorter one gives the rest back.
-            self.budget.settle(reserved, len);
-        } else if !self.budget.admit(len) {
+            self.core.budget.settle(reserved, len);
+        } else if !self.core.budget.admit(len) {
             // Callers already waiting for room go first (no barging); an
             // oversized request is refused here too, and let through alone
             // by `wait_room` when nothing is queued.
             st.full.fetch_add(1, Ordering::Relaxed);
             return Push::Full;
         }
-        let shard = shard % self.shards.len();
-        let link = &self.links[self.link_of_shard(shard)];
+        let shard = shard % self.core.shards.len();
+        let link = &self.core.links[self.core.link_of_shard(shard)];
         if lone.is_some_and(|e| e.urgent) {
             link.stats.urgent.fetch_add(1, Ordering::Relaxed);
         }
@@ -340,18 +265,18 @@ impl Peer {
         // callers still waiting for room are woken by the writer's
         // releases, and only queued requests make the writer release.
         if let Some(element) = lone.filter(|_| !admitted) {
-            if link.write_lone(&self.shards[shard], element, &st.cached_atoms) {
+            if link.write_lone(&self.core.shards[shard], element, &st.cached_atoms) {
                 // Written, not queued: its room goes back, waking whoever
                 // the reservation made wait meanwhile.
-                self.release(len);
+                self.core.release(len);
                 st.pushed.fetch_add(1, Ordering::Relaxed);
                 return Push::Queued;
             }
         }
         // The push side of the sleeping-writer protocol: `may_sleep` in link/writer.rs.
-        let Some(wake) = push(&self.shards[shard], &|b| link.wants_wake(b)) else {
+        let Some(wake) = push(&self.core.shards[shard], &|b| link.wants_wake(b)) else {
             // Closed since the check above (close() runs concurrently).
-            self.budget.forget(len);
+            self.core.budget.forget(len);
             return Push::Closed;
         };
         if wake {
@@ -359,7 +284,7 @@ impl Peer {
             // the link takes one.
             if link.flushable.load(Ordering::Relaxed) && link.state.ask_flush() {
                 st.pushed.fetch_add(1, Ordering::Relaxed);
-                return Push::Flush(self.link_of_shard(shard));
+                return Push::Flush(self.core.link_of_shard(shard));
             }
             // Else a sleeping or gathering writer is woken. An awake one,
             // or a flush asked for already, looks at the shards after this
@@ -368,7 +293,7 @@ impl Peer {
                 st.wakes.fetch_add(1, Ordering::Relaxed);
                 link.notify.notify_one();
             }
-        } else if self.config.lulls && link.state.get() == Writer::Gathering {
+        } else if self.core.config.lulls && link.state.get() == Writer::Gathering {
             // When company came, for the writer's pacing (link::LULL_FOR).
             link.note_gathering_push();
         }
@@ -385,93 +310,40 @@ impl Peer {
     ///
     /// The room set aside is the caller's: its next push passes it as
     /// `reserved`, or it goes back with [`Peer::release`]. See
-    /// `budget.rs`.
+    /// `queue/budget.rs`.
     pub fn wait_room(&self, size: usize, wake: Box<dyn FnOnce(bool) + Send>) -> bool {
         if self.is_closed() {
             wake(false);
             return true;
         }
-        let listed = self.budget.wait_room(size, wake);
+        let listed = self.core.budget.wait_room(size, wake);
         if listed {
-            self.stats.waits.fetch_add(1, Ordering::Relaxed);
+            self.core.stats.waits.fetch_add(1, Ordering::Relaxed);
             // Closed while it registered: `close` may have taken the list
             // before this caller was on it.
             if self.is_closed() {
-                for f in self.budget.close() {
+                for f in self.core.budget.close() {
                     f(false);
                 }
             }
         }
         listed
     }
-
-    /// Gives `bytes` back to the budget (written by a link, or set aside by
-    /// [`Peer::wait_room`] and not used: the caller is gone) and wakes, in
-    /// order, the waiters that now fit. 0 does nothing.
-    pub fn release(&self, bytes: usize) {
-        self.budget.release(bytes);
-    }
-
-    /// Element bytes queued now (a gauge), room set aside for woken
-    /// callers included.
-    pub fn queued_bytes(&self) -> usize {
-        self.budget.queued()
-    }
-
-    /// Records the peer's creation at the first connection; refuses a
-    /// different one later.
-    pub(crate) fn same_incarnation(&self, creation: u32) -> Result<(), Error> {
-        match self
-            .creation
-            .compare_exchange(0, creation, Ordering::AcqRel, Ordering::Acquire)
-        {
-            Ok(_) => Ok(()),
-            Err(known) if known == creation || creation == 0 => Ok(()),
-            Err(_) => Err(Error::Restarted),
-        }
-    }
-
-    /// Drops what the shards of link `k` hold (counted in `dropped`) and
-    /// gives its bytes back to the budget, waking callers waiting for room.
-    pub(crate) fn drop_link_queue(&self, k: usize) {
-        let (mut n, mut b) = (0u64, 0usize);
-        for s in self.shards_of_link(k) {
-            let (sn, sb) = self.shards[s].clear();
-            n += sn;
-            b += sb as usize;
-        }
-        self.links[k].stats.dropped.fetch_add(n, Ordering::Relaxed);
-        self.release(b);
-    }
-
-    /// Stops the links, drops what is queued and releases every waiter.
-    pub fn close(&self) {
-        if self.closed.swap(true, Ordering::AcqRel) {
-            return;
-        }
-        self.cancel.cancel();
-        for s in self.shards.iter() {
-            let (n, b) = s.close();
-            self.stats.dropped.fetch_add(n, Ordering::Relaxed);
-            self.budget.forget(b as usize);
-        }
-        for f in self.budget.close() {
-            f(false);
-        }
-    }
 }
 
 impl Drop for Peer {
     fn drop(&mut self) {
-        self.close();
+        self.core.close();
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::etf::{BINARY_EXT, SMALL_INTEGER_EXT};
+    use crate::queue::shard::BatchCaps;
+    use crate::wire::etf::{BINARY_EXT, SMALL_INTEGER_EXT};
     use std::sync::Mutex;
+    use std::time::Duration;
 
     fn test_peer(budget: usize) -> Peer {
         Peer::new(
@@ -501,8 +373,8 @@ mod tests {
     fn pushes_wake_a_sleeping_writer_at_once_and_a_gathering_one_at_the_threshold() {
         use crate::link::GATHER_REQUESTS;
         let peer = test_peer(1 << 20);
-        let link = &peer.links[0];
-        let wakes = || peer.stats.wakes.load(Ordering::Relaxed);
+        let link = &peer.core.links[0];
+        let wakes = || peer.core.stats.wakes.load(Ordering::Relaxed);
         assert_eq!(peer.push(0, &[97, 1], 0), Push::Queued);
         assert_eq!(wakes(), 0, "a busy writer is not woken");
         link.state.sleep();
@@ -518,7 +390,7 @@ mod tests {
         }
         peer.push(0, &[97, 0], 0);
         assert_eq!((wakes(), link.state.get()), (2, Writer::Awake));
-        assert_eq!(peer.shards[0].backlog().requests, GATHER_REQUESTS);
+        assert_eq!(peer.core.shards[0].backlog().requests, GATHER_REQUESTS);
     }
 
     /// An urgent request (its caller waits for the answer before its next
@@ -528,8 +400,8 @@ mod tests {
     #[test]
     fn an_urgent_push_ends_gathering() {
         let peer = test_peer(1 << 20);
-        let link = &peer.links[0];
-        let wakes = || peer.stats.wakes.load(Ordering::Relaxed);
+        let link = &peer.core.links[0];
+        let wakes = || peer.core.stats.wakes.load(Ordering::Relaxed);
         let urgent = |b: &'static [u8]| Element {
             urgent: true,
             ..Element::text(b)
@@ -537,16 +409,16 @@ mod tests {
         link.state.gather();
         peer.push(0, &[97, 1], 0);
         assert_eq!(wakes(), 0, "an ordinary push waits for company");
-        assert!(!peer.shards[0].backlog().urgent);
+        assert!(!peer.core.shards[0].backlog().urgent);
         assert_eq!(peer.push_element(0, urgent(&[97, 2]), 0), Push::Queued);
         assert_eq!((wakes(), link.state.get()), (1, Writer::Awake));
         assert_eq!(link.stats.urgent.load(Ordering::Relaxed), 1);
-        assert!(peer.shards[0].backlog().worth_writing());
-        assert_eq!(peer.shards[0].take().map(|f| f.count), Some(2));
+        assert!(link::worth_writing(peer.core.shards[0].backlog()));
+        assert_eq!(peer.core.shards[0].take().map(|f| f.count), Some(2));
         link.state.gather();
         peer.push(0, &[97, 3], 0);
         assert_eq!(wakes(), 1);
-        assert!(!peer.shards[0].backlog().worth_writing());
+        assert!(!link::worth_writing(peer.core.shards[0].backlog()));
     }
 
     /// Pushes racing for the last room never take the queue past the
@@ -608,18 +480,18 @@ mod tests {
         assert_eq!(peer.push(0, &[SMALL_INTEGER_EXT, 1], 0), Push::Full);
         // The writer writes the queued batch: the whole budget is free,
         // room for two waiters of 500, not three.
-        let frame = peer.shards[0].take().unwrap();
+        let frame = peer.core.shards[0].take().unwrap();
         peer.release(frame.payload);
         assert_eq!(seen(&woken), [("first", true), ("second", true)]);
         assert_eq!(peer.push(0, &element[..500], 500), Push::Queued);
         assert_eq!(peer.push(0, &element[..500], 500), Push::Queued);
-        let frame = peer.shards[0].take().unwrap();
+        let frame = peer.core.shards[0].take().unwrap();
         peer.release(frame.payload);
         assert_eq!(
             seen(&woken),
             [("first", true), ("second", true), ("third", true)]
         );
-        assert_eq!(peer.stats.waits.load(Ordering::Relaxed), 3);
+        assert_eq!(peer.core.stats.waits.load(Ordering::Relaxed), 3);
     }
 
     /// The room of a caller let in is set aside when it is woken, before
@@ -647,7 +519,7 @@ mod tests {
             });
             assert!(peer.wait_room(500, wake));
         }
-        let frame = peer.shards[0].take().unwrap();
+        let frame = peer.core.shards[0].take().unwrap();
         peer.release(frame.payload);
         assert_eq!(queued(), 1000, "the two woken callers' room is set aside");
         assert_eq!(peer.push(0, &[SMALL_INTEGER_EXT, 1], 0), Push::Full);
@@ -661,7 +533,7 @@ mod tests {
             [("first", true), ("second", true), ("third", true)]
         );
         // Room taken at once (nobody waits, it fits) is set aside too.
-        let frame = peer.shards[0].take().unwrap();
+        let frame = peer.core.shards[0].take().unwrap();
         peer.release(frame.payload);
         assert_eq!(queued(), 500, "the third one's room");
         assert!(!peer.wait_room(400, Box::new(|_| ())));
@@ -694,7 +566,7 @@ mod tests {
                     // budget, however the pushes interleave.
                     let queued = peer.queued_bytes();
                     assert!(queued <= 1000, "{queued} bytes queued of 1000");
-                    match peer.shards[0].take() {
+                    match peer.core.shards[0].take() {
                         Some(frame) => {
                             taken += frame.count as usize;
                             peer.release(frame.payload);
@@ -704,11 +576,11 @@ mod tests {
                     assert!(
                         std::time::Instant::now() < deadline,
                         "callers still blocked: {} waiting, {} bytes queued",
-                        peer.budget.waiting(),
+                        peer.core.budget.waiting(),
                         peer.queued_bytes()
                     );
                 }
-                while let Some(frame) = peer.shards[0].take() {
+                while let Some(frame) = peer.core.shards[0].take() {
                     taken += frame.count as usize;
                 }
                 taken
@@ -742,7 +614,7 @@ mod tests {
         }
         assert_eq!(taken, CALLERS * EACH);
         assert_eq!(
-            peer.stats.pushed.load(Ordering::Relaxed),
+            peer.core.stats.pushed.load(Ordering::Relaxed),
             (CALLERS * EACH) as u64
         );
     }

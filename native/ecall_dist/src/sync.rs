@@ -1,5 +1,5 @@
 //! The synchronisation types of the protocols that loom checks (the
-//! writer's state, `link/state.rs`, and the byte budget, `budget.rs`):
+//! writer's state, `link/state.rs`, and the byte budget, `queue/budget.rs`):
 //! std's, or loom's (a dev-dependency) in the crate's tests built with the
 //! `loom` feature, whose model tests (`cargo test --release -p ecall_dist
 //! --features loom --lib loom`) run every interleaving of those protocols;

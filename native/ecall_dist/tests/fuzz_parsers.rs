@@ -14,8 +14,10 @@
 mod common;
 
 use common::corpus;
-use ecall_dist::atom_cache::{Decoded, InCache};
-use ecall_dist::inbound::{self, Inbound, Malformed, Verdict, MAX_DECODED, MAX_INCOMING_FRAME};
+use ecall_dist::internals::inbound::{
+    self, Inbound, Malformed, Verdict, MAX_DECODED, MAX_INCOMING_FRAME,
+};
+use ecall_dist::wire::conn_atom_cache::{Decoded, InCache};
 use proptest::prelude::*;
 use std::path::PathBuf;
 use std::time::Duration;

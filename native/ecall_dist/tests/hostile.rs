@@ -9,7 +9,7 @@
 mod common;
 
 use common::{corpus, identity, unique, Epmd, COOKIE, WAIT};
-use ecall_dist::inbound::{self, MAX_INCOMING_FRAME};
+use ecall_dist::internals::inbound::{self, MAX_INCOMING_FRAME};
 use ecall_dist::Identity;
 use erl_dist::handshake::{ClientSideHandshake, HandshakeStatus};
 use erl_dist::node::{Creation, LocalNode};
@@ -28,7 +28,7 @@ async fn connect(id: &Identity, cookie: &str) -> TcpStream {
         format!("{}@localhost", unique("evil")).parse().unwrap(),
         Creation::new(1),
     );
-    local.flags = ecall_dist::cnode::flags();
+    local.flags = ecall_dist::internals::cnode::flags();
     let mut hs = ClientSideHandshake::new(stream.compat(), local, cookie);
     let status = hs
         .execute_send_name(erl_dist::LOWEST_DISTRIBUTION_PROTOCOL_VERSION)
@@ -191,7 +191,7 @@ async fn random_handshakes_are_refused() {
 /// are served again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pending_handshakes_are_bounded() {
-    use ecall_dist::cnode::MAX_PENDING_HANDSHAKES;
+    use ecall_dist::internals::cnode::MAX_PENDING_HANDSHAKES;
     let epmd = Epmd::start().await;
     let id = identity(&epmd, COOKIE, Duration::from_secs(1)).await;
     let mut idle = Vec::new();
@@ -224,7 +224,7 @@ async fn pending_handshakes_are_bounded() {
 /// offering everything else.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_peer_lacking_a_needed_flag_is_refused_by_name() {
-    use ecall_dist::cnode::{self, DIGEST_25, UTF8_ATOMS};
+    use ecall_dist::internals::cnode::{self, DIGEST_25, UTF8_ATOMS};
     use erl_dist::epmd::{EpmdClient, NodeEntry};
     use erl_dist::handshake::ServerSideHandshake;
     use erl_dist::DistributionFlags;

@@ -8,7 +8,7 @@
 mod common;
 
 use common::{epmd_names, host, identity, unique, Epmd, COOKIE, WAIT};
-use ecall_dist::etf::element_body;
+use ecall_dist::wire::etf::element_body;
 use ecall_dist::{BatchCaps, Identity, LinkDown, LinkEvents, Peer, PeerConfig, Push};
 use eetf::{Atom, FixInteger, Term, Tuple};
 use std::process::Stdio;
@@ -326,7 +326,7 @@ async fn registers_with_epmd_and_delivers_spliced_batches() {
     assert_eq!(erl.line().await, "[a,-5]");
     // OTP took the atom cache: atoms went as references.
     assert!(
-        peer.stats
+        peer.stats()
             .cached_atoms
             .load(std::sync::atomic::Ordering::Relaxed)
             > 0
@@ -351,18 +351,23 @@ async fn registers_with_epmd_and_delivers_spliced_batches() {
     peer.close();
 }
 
-/// Elements whose atoms the encoder made id references (`atom_ids`, as the
+/// Elements whose atoms the encoder made id references (`fixed_atom_ids`, as the
 /// NIF does) reach a real node: the first time declared by the header, then
 /// by slot only, in a lone write and in batches, in a message large enough
 /// to go in fragments (its first fragment declares the ids), and beside an
 /// atom as text in one element.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn encode_time_atom_ids_reach_erl() {
-    use ecall_dist::atom_ids;
-    use ecall_dist::etf::{put_atom, ATOM_CACHE_REF, BINARY_EXT, SMALL_TUPLE_EXT};
-    use ecall_dist::shard::Element;
+    use ecall_dist::internals::shard::Element;
+    use ecall_dist::wire::etf::{put_atom, ATOM_CACHE_REF, BINARY_EXT, SMALL_TUPLE_EXT};
+    use ecall_dist::wire::fixed_atom_ids;
     let (_epmd, _id, mut erl, peer, _events) = sink_link(&sink_eval(5)).await;
-    let r = |name: &str| [ATOM_CACHE_REF, atom_ids::id_of(name.as_bytes()).unwrap()];
+    let r = |name: &str| {
+        [
+            ATOM_CACHE_REF,
+            fixed_atom_ids::id_of(name.as_bytes()).unwrap(),
+        ]
+    };
     let pair = |a: &[u8], b: &[u8]| [&[SMALL_TUPLE_EXT, 2][..], a, b].concat();
 
     // Elements as the NIF hands them over: `text` and the ids they use.
@@ -420,8 +425,8 @@ async fn encode_time_atom_ids_reach_erl() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn spliced_payload_is_what_binary_to_term_reads() {
-    use ecall_dist::etf::BatchHeader;
-    use ecall_dist::shard::{Element, Shard};
+    use ecall_dist::internals::shard::{Element, Shard};
+    use ecall_dist::wire::etf::BatchHeader;
     let header = BatchHeader::new("a_ecall_1@h", 3, "ecall_rx_1");
     let shard = Shard::new(&header, BatchCaps::default());
     let terms = [
@@ -435,11 +440,14 @@ async fn spliced_payload_is_what_binary_to_term_reads() {
         shard.push(Element::text(element_body(&encode(t)).unwrap()), |_| ());
     }
     let frame = shard.take().unwrap();
-    // The header's atoms are id references (atom_ids), declared by the
+    // The header's atoms are id references (fixed_atom_ids), declared by the
     // distribution header a link puts in front; written back as text, the
     // frame is plain external format.
     let mut bytes = Vec::new();
-    assert!(ecall_dist::atom_cache::expand_ids(&frame.bytes, &mut bytes));
+    assert!(ecall_dist::wire::conn_atom_cache::expand_ids(
+        &frame.bytes,
+        &mut bytes
+    ));
     // Frame: length, pass-through, control, payload.
     let len = u32::from_be_bytes(bytes[..4].try_into().unwrap()) as usize;
     assert_eq!(len, bytes.len() - 4);
@@ -491,7 +499,7 @@ async fn ping_from_erl_and_cookie_checks() {
     // Outgoing, with the wrong cookie: the peer refuses the handshake.
     let mut sink = Erl::start(&epmd, COOKIE, &[], &sink_eval(1));
     assert_eq!(sink.line().await, "ready");
-    let err = ecall_dist::cnode::connect(&id, &sink.node, "wrong")
+    let err = ecall_dist::internals::cnode::connect(&id, &sink.node, "wrong")
         .await
         .unwrap_err();
     assert!(matches!(err, ecall_dist::Error::Handshake(_)), "{err}");
@@ -628,12 +636,12 @@ async fn alive_peer_is_declined_then_reconnects() {
                 receive never -> ok end.";
     let mut erl = Erl::start(&epmd, COOKIE, &[], eval);
     assert_eq!(erl.line().await, "ready");
-    let first = ecall_dist::cnode::connect(&id, &erl.node, COOKIE)
+    let first = ecall_dist::internals::cnode::connect(&id, &erl.node, COOKIE)
         .await
         .expect("first connection");
     assert_eq!(erl.line().await, "up");
     let t0 = std::time::Instant::now();
-    let err = ecall_dist::cnode::connect(&id, &erl.node, COOKIE)
+    let err = ecall_dist::internals::cnode::connect(&id, &erl.node, COOKIE)
         .await
         .unwrap_err();
     assert!(matches!(err, ecall_dist::Error::Alive), "{err}");
@@ -644,7 +652,7 @@ async fn alive_peer_is_declined_then_reconnects() {
     );
     drop(first);
     assert_eq!(erl.line().await, "down");
-    ecall_dist::cnode::connect(&id, &erl.node, COOKIE)
+    ecall_dist::internals::cnode::connect(&id, &erl.node, COOKIE)
         .await
         .expect("reconnects");
 }
@@ -732,7 +740,9 @@ async fn idle_requests_are_written_by_their_caller_in_order() {
     // (`requests` is counted by the writer after its write returns, which
     // may be after the node printed its line: counted at push time here.)
     assert_eq!(
-        peer.stats.pushed.load(std::sync::atomic::Ordering::Relaxed),
+        peer.stats()
+            .pushed
+            .load(std::sync::atomic::Ordering::Relaxed),
         201
     );
     peer.close();
@@ -777,7 +787,11 @@ async fn flushes_write_from_the_caller_in_order() {
     let ls = peer.link_stats(0).unwrap();
     assert!(asked > 0, "no push asked for a flush");
     assert!(ls.flushes.load(Relaxed) > 0, "no flush wrote");
-    assert_eq!(peer.stats.wakes.load(Relaxed), 0, "a push woke the writer");
+    assert_eq!(
+        peer.stats().wakes.load(Relaxed),
+        0,
+        "a push woke the writer"
+    );
     peer.close();
     drop(epmd);
 }
@@ -791,7 +805,7 @@ async fn flushes_write_from_the_caller_in_order() {
 /// through it, hence "at least half".
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn urgent_requests_are_written_alone_on_a_busy_link() {
-    use ecall_dist::shard::Element;
+    use ecall_dist::internals::shard::Element;
     use std::sync::atomic::Ordering::Relaxed;
     let (_epmd, _id, mut erl, peer) = seq_link().await;
     writer_asleep(&peer).await;
@@ -872,7 +886,7 @@ async fn a_partial_lone_write_is_finished_by_the_writer_first() {
 /// and "some flush" are asserted.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn urgent_requests_share_flushes_on_a_busy_link() {
-    use ecall_dist::shard::Element;
+    use ecall_dist::internals::shard::Element;
     use std::sync::atomic::Ordering::Relaxed;
     let (epmd, _id, mut erl, peer) = flush_link().await;
     writer_asleep(&peer).await;

@@ -3,7 +3,7 @@
 //! `peer_stats/1`.
 
 use crate::{atoms, PeerRes};
-use ecall_dist::link::{posix_name, LinkStats};
+use ecall_dist::{posix_name, LinkStats};
 use ecall_dist::{LinkDown, LinkEvents};
 use rustler::env::OwnedEnv;
 use rustler::{Atom, Encoder, Env, LocalPid, NifResult, ResourceArc, Term};
@@ -102,7 +102,7 @@ pub fn map_of<'a>(env: Env<'a>, pairs: &[(Atom, u64)]) -> NifResult<Term<'a>> {
 #[rustler::nif]
 fn peer_stats<'a>(env: Env<'a>, peer: ResourceArc<PeerRes>) -> NifResult<Term<'a>> {
     let p = &peer.peer;
-    let s = &p.stats;
+    let s = p.stats();
     let links: Vec<&LinkStats> = (0..p.link_count())
         .filter_map(|k| p.link_stats(k))
         .collect();

@@ -164,7 +164,7 @@ fn cnode_info<'a>(env: Env<'a>, cnode: ResourceArc<CNode>) -> NifResult<Vec<Term
 }
 
 /// What an identity's incoming connections sent, as `cnode_info/1` names it.
-fn inbound_counters(s: &ecall_dist::inbound::InboundStats) -> [(Atom, u64); 4] {
+fn inbound_counters(s: &ecall_dist::InboundStats) -> [(Atom, u64); 4] {
     [
         (atoms::inbound_frames(), s.frames.load(Relaxed)),
         (atoms::inbound_answered(), s.answered.load(Relaxed)),

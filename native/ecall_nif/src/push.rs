@@ -37,7 +37,7 @@ fn caller_shard(env: Env<'_>) -> usize {
 /// Returns `ok`, `{full, Size}` (nothing queued: see `wait_room/3`),
 /// `closed`, or `large` (nothing queued: the encoding passed
 /// [`encode::INLINE_MAX`]; the caller pushes it with `push_iovec/3`).
-/// `urgent`: see [`ecall_dist::shard::Element::urgent`].
+/// `urgent`: see [`ecall_dist::Element::urgent`].
 #[rustler::nif]
 fn send<'a>(
     env: Env<'a>,
@@ -90,7 +90,7 @@ fn push_iovec<'a>(
     let Some(first) = parts.first_mut() else {
         return Err(rustler::Error::BadArg);
     };
-    let body = ecall_dist::etf::element_body(first).ok_or(rustler::Error::BadArg)?;
+    let body = ecall_dist::wire::etf::element_body(first).ok_or(rustler::Error::BadArg)?;
     let len: usize = body.len() + parts[1..].iter().map(|p| p.len()).sum::<usize>();
     parts[0] = body;
     let pushed = peer
@@ -177,7 +177,7 @@ fn encode<'a>(env: Env<'a>, term: Term<'a>) -> NifResult<Binary<'a>> {
         bytes.push(131);
         if e.refs == 0 {
             bytes.extend_from_slice(e.bytes);
-        } else if !ecall_dist::atom_cache::expand_term(e.bytes, &mut bytes) {
+        } else if !ecall_dist::wire::conn_atom_cache::expand_term(e.bytes, &mut bytes) {
             return Err(rustler::Error::BadArg);
         }
         let mut bin = rustler::NewBinary::new(env, bytes.len());

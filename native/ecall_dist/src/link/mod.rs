@@ -1,4 +1,4 @@
-//! Links: one TCP connection per C-node identity to a [peer](crate::peer),
+//! Links: one TCP connection per C-node identity to a peer,
 //! carrying the batches of that link's shards.
 //!
 //! A link is a task that lives as long as its peer. It connects, writes
@@ -21,20 +21,20 @@
 //! # Write
 //!
 //! Once connected, a reader task reads what the peer sends (ticks, `is_auth`
-//! calls: see [`crate::inbound`]) and hands answers to the writer. The writer
+//! calls: see [`crate::net::inbound`]) and hands answers to the writer. The writer
 //! takes one batch from each of its shards per pass and writes them with one
 //! vectored write, the atom cache applied if the connection negotiated it
 //! ([`frame_out`]: a batch whose atoms the encoder made id references goes
 //! out as it is, behind a header; others are rewritten).
-//! A single message larger than [`FRAGMENT`](crate::fragment::FRAGMENT) goes
+//! A single message larger than [`FRAGMENT`](crate::wire::fragment::FRAGMENT) goes
 //! out one fragment per pass, so that other shards are not held up behind
 //! it. When nothing is queued the writer sleeps; a push wakes it only then
 //! (the sleeping-writer protocol is written down at `may_sleep` in
 //! `link/writer.rs`), or, if it is small, writes itself to the socket
 //! without a thread hop (a lone write: `link/side.rs`). With
-//! [`PeerConfig::flusher`](crate::PeerConfig::flusher) a push that would
-//! wake the writer asks for a *flush* instead ([`Push::Flush`](crate::Push::Flush)): the
-//! caller has [`Peer::flush`](crate::Peer::flush) run soon on a thread of
+//! [`PeerConfig::flusher`] a push that would
+//! wake the writer asks for a *flush* instead (`Push::Flush`): the
+//! caller has `Peer::flush` run soon on a thread of
 //! its own (on the BEAM, by a process, after those already waiting to run,
 //! whose pushes go in the same write), which writes what the link's shards
 //! hold with one non-blocking `send`, or wakes the writer when the load is
@@ -47,7 +47,7 @@
 //! [`GATHER_BYTES`], or [`GATHER_WAIT`] has passed (`may_gather`), so that
 //! batches are worth a write and the peer a message. An urgent request (its
 //! caller waits for the answer before its next one: see
-//! [`Element::urgent`](crate::shard::Element::urgent)) ends that wait, or
+//! [`Element::urgent`](crate::queue::shard::Element::urgent)) ends that wait, or
 //! keeps the writer from starting it: company would not come from such a
 //! caller, and the wait would be added to each of its requests. A wait
 //! that brought almost no company makes the link sparse for a while
@@ -65,7 +65,7 @@
 //! # Stall reap
 //!
 //! Every socket write has a deadline (`stall_timeout`) per bounded piece
-//! ([`STALL_PIECE`](crate::io::STALL_PIECE)); a write that does not make
+//! ([`STALL_PIECE`](crate::net::io::STALL_PIECE)); a write that does not make
 //! that much progress in time reaps the link: the socket is closed, what
 //! the link's shards hold is dropped and counted, its bytes go back to the
 //! budget (waking callers waiting for room), and the link reconnects.
@@ -85,81 +85,34 @@
 //!
 //! # Shutdown
 //!
-//! [`Peer::close`](crate::Peer::close) cancels every link: a connected
+//! `Peer::close` cancels every link: a connected
 //! writer stops before its next pass (a write under way ends first, or
 //! misses its deadline) and shuts its socket down, a link waiting for a
 //! connection or a backoff stops at once, and no further event is
 //! reported. During a backoff the link task holds its peer only weakly, so
 //! a peer that nobody else holds is dropped then, which closes it.
 
-use crate::inbound::{InboundStats, Malformed, ReadEnd};
-use crate::io::STALL_PIECE;
-use crate::Error;
+use crate::error::Error;
+use crate::net::inbound::{InboundStats, Malformed, ReadEnd};
+use crate::net::io::STALL_PIECE;
+use crate::queue::shard::Backlog;
 use state::WriterState;
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use tokio::sync::Notify;
 
+mod core;
 mod pacing;
 mod sent;
 mod side;
 pub(crate) mod state;
 mod task;
 pub mod tuning;
+mod write;
 mod writer;
 
-use crate::atom_cache::{self, OutCache};
-use crate::etf::{PLAIN_TERMS, VERSION};
-
-/// Appends plain frame `frame` (`<len:32> 112 131 control 131 payload`) to
-/// `out` as it goes out on a connection with atom cache `cache`:
-/// - every atom an id reference (`text` false, see [`crate::atom_ids`]):
-///   the header that lists the ids, then the terms as they are, without a
-///   pass over them (only the short control term is walked, to find where
-///   it ends);
-/// - some atom as text: rewritten through the cache, one pass;
-/// - no cache (the peer did not take it): ids written back as text.
-///
-/// Returns how many atoms went as cache references (for `cached_atoms`):
-/// the frame's `refs` id references when it goes as it is, or what the
-/// rewrite counted (ids included).
-pub(crate) fn frame_out(
-    cache: Option<&mut OutCache>,
-    frame: &[u8],
-    text: bool,
-    refs: u64,
-    out: &mut Vec<u8>,
-) -> u64 {
-    let Some(cache) = cache else {
-        if !atom_cache::expand_ids(frame, out) {
-            // Nothing we build fails to walk; sent as it is, the peer
-            // would refuse it and close the connection, which is counted.
-            tracing::error!("a frame did not walk: written as it is");
-            out.extend_from_slice(frame);
-        }
-        return 0;
-    };
-    let control = PLAIN_TERMS + 1;
-    let control_end = (!text)
-        .then(|| atom_cache::own_term_end(frame, control))
-        .flatten()
-        .filter(|&e| frame.get(e) == Some(&VERSION));
-    match control_end {
-        Some(end) => {
-            let (ctl, payload) = (&frame[control..end], &frame[end + 1..]);
-            cache.ids_header(ctl.len() + payload.len(), out);
-            out.extend_from_slice(ctl);
-            out.extend_from_slice(payload);
-            refs
-        }
-        None => {
-            let hits = cache.hits;
-            cache.encode(&frame[PLAIN_TERMS..], out);
-            cache.hits - hits
-        }
-    }
-}
-
+pub(crate) use self::core::Core;
+pub use self::core::{PeerConfig, PeerStats};
 pub(crate) use sent::SentLog;
 use side::clock;
 pub(crate) use side::WriteSide;
@@ -234,12 +187,18 @@ pub struct LinkStats {
     /// Urgent requests pushed ([`Element::urgent`]): each ends or
     /// forestalls a gathering wait.
     ///
-    /// [`Element::urgent`]: crate::shard::Element::urgent
+    /// [`Element::urgent`]: crate::queue::shard::Element::urgent
     pub urgent: AtomicU64,
     /// Gauge: connected now.
     pub up: AtomicBool,
     /// What the peer sent us on this link (ticks aside).
     pub inbound: InboundStats,
+}
+
+/// Whether a gathering writer should stop waiting for company: the shard
+/// holds [`GATHER_REQUESTS`] or [`GATHER_BYTES`], or an urgent request.
+pub(crate) fn worth_writing(b: Backlog) -> bool {
+    b.urgent || b.requests >= GATHER_REQUESTS || b.bytes >= GATHER_BYTES
 }
 
 /// What the push path and a link's writer share.
@@ -281,8 +240,8 @@ impl LinkShared {
 
     /// The push side of the protocol (`link/state.rs`): with the shard's
     /// lock held, whether this push should wake the writer.
-    pub(crate) fn wants_wake(&self, backlog: crate::shard::Backlog) -> bool {
-        self.state.push_wakes(|| backlog.worth_writing())
+    pub(crate) fn wants_wake(&self, backlog: Backlog) -> bool {
+        self.state.push_wakes(|| worth_writing(backlog))
     }
 
     /// Hands the link to its writer (`WriterState::hand_off`) and wakes it;
@@ -349,7 +308,7 @@ impl LinkDown {
         }
     }
 
-    /// Why an attempt ([`crate::cnode::connect`], then the creation check)
+    /// Why an attempt ([`crate::net::cnode::connect`], then the creation check)
     /// failed.
     pub(crate) fn from_attempt(e: Error) -> LinkDown {
         match e {

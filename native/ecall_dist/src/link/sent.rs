@@ -14,7 +14,7 @@
 //! The log keeps, for the writes of the last [`window`] bytes, where in the
 //! connection's byte stream each ended and how many requests it completed;
 //! the kernel says how many bytes at the end of the stream it still holds
-//! ([`crate::stream::unacked`]). Bounded: at most [`MARKS`] marks per
+//! ([`crate::net::stream::unacked`]). Bounded: at most [`MARKS`] marks per
 //! connection; past that the two oldest are merged, which can only count
 //! more (a merged mark is unconfirmed if its later part is).
 //!

@@ -55,11 +55,12 @@
 
 use super::state::Writer;
 use super::tuning::{LONE_GAP_NS, LONE_MAX, URGENT_GAP_NS};
+use super::write::write_with_deadline;
 use super::{LinkDown, LinkShared, LinkStats, SentLog};
-use crate::atom_cache::OutCache;
-use crate::io::write_with_deadline;
-use crate::shard::{Element, Frame, Shard};
-use crate::stream::LinkWrite;
+use crate::net::stream::LinkWrite;
+use crate::queue::shard::{Element, Shard};
+use crate::wire::conn_atom_cache::OutCache;
+use crate::wire::frame::Frame;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -110,7 +111,7 @@ impl WriteSide {
     /// Requests on this connection that the peer may not have received:
     /// those with bytes the kernel still holds (`None`: it does not say).
     pub(super) fn unconfirmed(&self) -> Option<u64> {
-        crate::stream::unacked(self.fd).map(|n| self.sent.unconfirmed(n))
+        crate::net::stream::unacked(self.fd).map(|n| self.sent.unconfirmed(n))
     }
 
     /// Writes `bufs` to the socket with the write deadline, and logs what
@@ -246,7 +247,7 @@ impl LinkShared {
         }
         let text = shard.lone_frame(element.bytes, &mut side.plain) || element.text;
         side.scratch.clear();
-        let hits = super::frame_out(
+        let hits = crate::wire::frame::frame_out(
             side.cache.as_mut(),
             &side.plain,
             text,
@@ -315,7 +316,7 @@ impl LinkShared {
         let mut frames = Vec::new();
         for s in mine {
             if let Some(f) = shards[s].take() {
-                hits += super::frame_out(
+                hits += crate::wire::frame::frame_out(
                     side.cache.as_mut(),
                     &f.bytes,
                     f.text,

@@ -1,11 +1,11 @@
 //! The task of one link: connect, run, report, back off, again.
 
 use super::writer::LinkWriter;
+use super::Core;
 use super::{LinkDown, LinkEvents};
-use crate::cnode::{self, Identity};
-use crate::inbound;
-use crate::peer::Peer;
-use crate::Error;
+use crate::error::Error;
+use crate::net::cnode::{self, Identity};
+use crate::net::inbound;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -13,7 +13,7 @@ use std::sync::Arc;
 /// is dropped) or the peer node turns out to have restarted; then says so
 /// ([`LinkEvents::stopped`]).
 pub(crate) async fn link_task(
-    peer: Arc<Peer>,
+    peer: Arc<Core>,
     k: usize,
     id: Arc<Identity>,
     events: Arc<dyn LinkEvents>,
@@ -22,7 +22,7 @@ pub(crate) async fn link_task(
     events.stopped(k);
 }
 
-async fn run_link(peer: Arc<Peer>, k: usize, id: Arc<Identity>, events: Arc<dyn LinkEvents>) {
+async fn run_link(peer: Arc<Core>, k: usize, id: Arc<Identity>, events: Arc<dyn LinkEvents>) {
     let mut backoff = peer.config.backoff_min;
     let cancel = peer.cancel.clone();
     // Only the weak side is kept across waits so that a peer nobody holds
@@ -106,7 +106,7 @@ async fn run_link(peer: Arc<Peer>, k: usize, id: Arc<Identity>, events: Arc<dyn 
 /// Runs one connected link until it fails or the peer closes; returns why,
 /// and the requests its end left unconfirmed.
 async fn connected(
-    peer: &Arc<Peer>,
+    peer: &Arc<Core>,
     k: usize,
     id: &Identity,
     conn: cnode::Connected,

@@ -122,7 +122,7 @@ pub const LULL_SAMPLE: std::time::Duration = std::time::Duration::from_millis(10
 /// kept (batches of 7-8).
 pub const LULL_BARRED: std::time::Duration = std::time::Duration::from_millis(250);
 
-/// How precisely [`LinkShared::gathering_push`] is kept.
+/// How precisely `LinkShared::gathering_push` is kept.
 pub const PUSH_NOTE_GRAIN: std::time::Duration = std::time::Duration::from_micros(20);
 pub(crate) const PUSH_NOTE_GRAIN_NS: u64 = PUSH_NOTE_GRAIN.as_nanos() as u64;
 

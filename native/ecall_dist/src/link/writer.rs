@@ -1,12 +1,12 @@
 //! The writing half of a connected link.
 
 use super::pacing::{Pacing, Wait};
+use super::write::write_with_deadline;
+use super::Core;
 use super::{LinkDown, LinkShared, WriteSide, GATHER_WAIT};
-use crate::fragment::{InFlight, FRAGMENT};
-use crate::inbound;
-use crate::io::write_with_deadline;
-use crate::peer::Peer;
-use crate::shard::Frame;
+use crate::net::inbound;
+use crate::wire::fragment::{InFlight, FRAGMENT};
+use crate::wire::frame::Frame;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
@@ -14,7 +14,7 @@ use std::time::Duration;
 /// How long a closed link waits for the peer to close its side after ours
 /// (see [`LinkWriter::run`]).
 pub const LINGER: Duration = Duration::from_secs(2);
-use crate::stream::LinkWrite;
+use crate::net::stream::LinkWrite;
 use tokio::io::AsyncWriteExt;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
@@ -26,7 +26,7 @@ use tokio::time::Instant;
 /// How frames leave: as built, or rewritten for the connection's atom
 /// cache, large ones in fragments.
 pub(super) struct LinkWriter {
-    peer: Arc<Peer>,
+    peer: Arc<Core>,
     k: usize,
     /// The socket, atom cache and buffers: always here, except while the
     /// writer waits in [`LinkWriter::wait`] (then in
@@ -34,7 +34,7 @@ pub(super) struct LinkWriter {
     side: Option<WriteSide>,
     /// Write at least this often.
     tick: Duration,
-    /// Deadline of one socket write ([`crate::io::STALL_PIECE`]).
+    /// Deadline of one socket write ([`crate::net::io::STALL_PIECE`]).
     deadline: Option<Duration>,
     /// Whether large messages go in fragments.
     fragments: bool,
@@ -49,7 +49,7 @@ pub(super) struct LinkWriter {
 impl LinkWriter {
     /// The writer of link `k` on a connection whose write half is `wr`.
     pub(super) fn new(
-        peer: Arc<Peer>,
+        peer: Arc<Core>,
         k: usize,
         wr: LinkWrite,
         fd: std::os::fd::RawFd,
@@ -303,7 +303,9 @@ impl LinkWriter {
         // Answers and ticks: atoms as text.
         let hits: u64 = frames
             .iter()
-            .map(|f| super::frame_out(Some(&mut *cache), f, true, 0, &mut side.scratch))
+            .map(|f| {
+                crate::wire::frame::frame_out(Some(&mut *cache), f, true, 0, &mut side.scratch)
+            })
             .sum();
         self.peer
             .stats
@@ -368,7 +370,7 @@ impl LinkWriter {
             // No atom cache: ids written back as text.
             side.scratch.clear();
             for (_, f) in frames.iter() {
-                super::frame_out(None, &f.bytes, f.text, f.refs, &mut side.scratch);
+                crate::wire::frame::frame_out(None, &f.bytes, f.text, f.refs, &mut side.scratch);
             }
             let r = side.write_scratch(ls, self.deadline).await;
             if r.is_ok() {
@@ -395,7 +397,7 @@ impl LinkWriter {
                     continue;
                 }
             }
-            hits += super::frame_out(
+            hits += crate::wire::frame::frame_out(
                 Some(&mut *cache),
                 &frame.bytes,
                 frame.text,
@@ -473,9 +475,9 @@ impl LinkWriter {
 /// spurious wake-up (a permit left by a push whose element the writer had
 /// already taken) only costs an empty pass.
 ///
-/// [`Shard::is_empty`]: crate::shard::Shard::is_empty
-/// [`Shard::push`]: crate::shard::Shard::push
-fn may_sleep(peer: &Peer, link: &LinkShared, mine: &[usize]) -> bool {
+/// [`Shard::is_empty`]: crate::queue::shard::Shard::is_empty
+/// [`Shard::push`]: crate::queue::shard::Shard::push
+fn may_sleep(peer: &Core, link: &LinkShared, mine: &[usize]) -> bool {
     link.state.sleep();
     if mine.iter().any(|&s| !peer.shards[s].is_empty()) {
         link.state.awake();
@@ -499,11 +501,11 @@ fn may_sleep(peer: &Peer, link: &LinkShared, mine: &[usize]) -> bool {
 /// `BUSY_SLEEP` (or the request was written alone: `link/side.rs`).
 ///
 /// Returns whether the writer should wait (no shard is past a threshold).
-fn may_gather(peer: &Peer, link: &LinkShared, mine: &[usize]) -> bool {
+fn may_gather(peer: &Core, link: &LinkShared, mine: &[usize]) -> bool {
     link.state.gather();
     let ready = mine
         .iter()
-        .any(|&s| peer.shards[s].backlog().worth_writing());
+        .any(|&s| super::worth_writing(peer.shards[s].backlog()));
     if ready {
         link.state.awake();
     }

@@ -5,7 +5,7 @@
 //! of every atom every time; here an atom's encoding is looked up in a
 //! small per-thread memo of atom encodings keyed by the atom's term word
 //! (atoms never move or die, so the word names the atom for the life of
-//! the VM), and so is a local pid's ([`memo`]); another node's pid or port
+//! the VM), and so is a local pid's ([`atom_memo`]); another node's pid or port
 //! is cached by hash and checked against a copy of it ([`remote`]). The
 //! bytes go straight into a per-thread buffer that the shard copies from,
 //! instead of a fresh refc binary per push. `bench/run.sh micro` has the
@@ -20,15 +20,15 @@
 //! an equal term (`ecall_data_path_SUITE:every_term_kind_arrives_equal`).
 //!
 //! Atoms as id references: an atom gets a process-wide id the first time
-//! the encoder meets it (`ecall_dist::atom_ids`, the encode-time atom ids:
+//! the encoder meets it (`ecall_dist::wire::fixed_atom_ids`, the encode-time atom ids:
 //! the first 200 atoms), and is written as `ATOM_CACHE_REF id` from then
 //! on, a reference into the distribution atom cache of the connection
-//! (`ecall_dist::atom_cache`), whose slot `id` every connection declares
+//! (`ecall_dist::wire::conn_atom_cache`), whose slot `id` every connection declares
 //! for that atom. So the link writer puts a header in front of the batch
 //! instead of passing over its bytes. The node atom in a pid, port or
 //! reference is rewritten the same way. An element that keeps some atom as
 //! text (past the 200, or inside a fun) says so (`Encoded::text`), and the
-//! writer passes over its bytes (`ecall_dist::atom_cache::OutCache::encode`).
+//! writer passes over its bytes (`ecall_dist::wire::conn_atom_cache::OutCache::encode`).
 //!
 //! Depth costs no stack: the walk ([`walk`]) keeps the terms still to
 //! write on a vector, so a deeply nested term cannot overflow a
@@ -37,21 +37,22 @@
 //! and the Erlang side takes the `term_to_iovec` path, which yields and
 //! copies on a dirty scheduler.
 //!
-//! Tests: [`memo`] and [`write`] never call into the VM, and are unit
+//! Tests: [`atom_memo`], [`two_way`] and [`write`] never call into the VM, and are unit
 //! tested without it (`pure_tests.rs`, a test target of their own: a test
 //! binary of the NIF library could not link the VM's `enif_*` symbols).
 //! The walk and [`remote`] are tested through Common Test
 //! (`ecall_data_path_SUITE`: every kind of term, through `encode/1`).
 
-mod memo;
+mod atom_memo;
 mod remote;
+mod two_way;
 mod walk;
 mod write;
 
-pub use memo::new_epoch;
+pub use atom_memo::new_epoch;
 pub use walk::{term_with, tuple_with, word};
 
-use ecall_dist::shard::Element;
+use ecall_dist::Element;
 
 /// A push gives up encoding a request whose encoding passes this many
 /// bytes (or that holds a binary, a tuple or a map that would take it past

@@ -9,5 +9,6 @@
 //! this crate but through `super::` (here, as in `encode/mod.rs`, the
 //! module that holds them both), so they compile alike in both.
 
-mod memo;
+mod atom_memo;
+mod two_way;
 mod write;

@@ -1,8 +1,8 @@
 //! The walker's table of other nodes' pids and ports ([`Remote`]), by
 //! hash, each checked against a copy of its term.
 
-use super::memo::{Entry, ENTRY_MAX};
-use ecall_dist::word_cache::WordCache;
+use super::atom_memo::{Entry, ENTRY_MAX};
+use super::two_way::TwoWayTable;
 use rustler::sys::{enif_alloc_env, enif_clear_env, enif_is_identical, enif_make_copy};
 use rustler::sys::{ErlNifEnv, ErlNifTerm};
 
@@ -26,7 +26,7 @@ const REMOTE_COPIES: usize = 4 * REMOTE_SLOTS;
 /// hash collision costs a miss, never a wrong encoding. The encoding of a
 /// remote pid or port never changes: its node, number, serial and
 /// creation are all in the term, and the node's atom id is permanent
-/// (`ecall_dist::atom_ids`).
+/// (`ecall_dist::wire::fixed_atom_ids`).
 ///
 /// Bounded: a replaced entry's copy stays in the env until [`REMOTE_COPIES`]
 /// copies were made, when the env and every entry are emptied. The env is
@@ -36,7 +36,7 @@ pub struct Remote {
     /// Made on the first copy (null until then).
     env: *mut ErlNifEnv,
     /// By hash: the copy of the term in `env`, and its encoding.
-    entries: WordCache<(Option<ErlNifTerm>, Entry), REMOTE_SLOTS>,
+    entries: TwoWayTable<(Option<ErlNifTerm>, Entry), REMOTE_SLOTS>,
     /// Copies made into `env` since it was last emptied.
     copies: usize,
     /// The word of the term last found or kept, and its entry: the same
@@ -51,7 +51,7 @@ impl Remote {
     pub fn new() -> Self {
         Remote {
             env: std::ptr::null_mut(),
-            entries: WordCache::new(),
+            entries: TwoWayTable::new(),
             copies: 0,
             last: (ErlNifTerm::default(), 0),
         }

@@ -5,7 +5,7 @@
 //! ports, and the VM (`enif_term_to_binary`) for whatever it does not
 //! write itself.
 
-use super::memo::{count, put_bytes, AtomMemo, ENTRY_MAX};
+use super::atom_memo::{count, put_bytes, AtomMemo, ENTRY_MAX};
 use super::remote::Remote;
 use super::write::{self, passes};
 use super::Encoded;

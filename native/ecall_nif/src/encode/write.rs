@@ -1,9 +1,9 @@
 //! The bytes the walker writes itself, in external format without the
-//! version byte (tags: `ecall_dist::etf`), and the arithmetic of its
+//! version byte (tags: `ecall_dist::wire::etf`), and the arithmetic of its
 //! limit. Nothing here calls into the VM: tested on its own (see
 //! `pure_tests.rs`).
 
-use ecall_dist::etf::{
+use ecall_dist::wire::etf::{
     BINARY_EXT, INTEGER_EXT, LARGE_TUPLE_EXT, LIST_EXT, MAP_EXT, NEW_FLOAT_EXT, NIL_EXT,
     SMALL_BIG_EXT, SMALL_INTEGER_EXT, SMALL_TUPLE_EXT,
 };
@@ -94,7 +94,7 @@ pub fn passes(used: usize, more: usize, limit: usize) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ecall_dist::atom_cache::term_end;
+    use ecall_dist::wire::conn_atom_cache::term_end;
 
     /// What `write` appends after bytes already there, checked to be one
     /// whole term.

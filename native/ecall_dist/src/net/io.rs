@@ -1,12 +1,10 @@
 //! Socket writes with a stall deadline.
 //!
-//! A link writes with `write_with_deadline`: every buffer, in order, in as
-//! few vectored writes as the socket allows, and a deadline that reaps a
-//! peer that stopped draining without cutting off one that is merely slow.
+//! [`write_all_vectored`]: every buffer, in order, in as few vectored
+//! writes as the socket allows, and a deadline that reaps a peer that
+//! stopped draining without cutting off one that is merely slow.
 
-use crate::link::{LinkDown, LinkStats, SentLog};
 use std::io::IoSlice;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 use tokio::time::Instant;
@@ -21,39 +19,12 @@ pub const STALL_PIECE: usize = 256 * 1024;
 /// a few dozen already fill any socket buffer).
 const MAX_SLICES: usize = 64;
 
-/// Writes `bufs` with [`write_all_vectored`] and counts the write in `ls`;
-/// a missed deadline is counted as a stall and ends the link as
-/// [`LinkDown::Stalled`]. What the socket took, all or part, goes to `log`.
-pub(crate) async fn write_with_deadline<W: AsyncWrite + Unpin>(
-    ls: &LinkStats,
-    wr: &mut W,
-    bufs: &[&[u8]],
-    deadline: Option<Duration>,
-    log: &mut SentLog,
-) -> Result<(), LinkDown> {
-    let total: usize = bufs.iter().map(|b| b.len()).sum();
-    let mut taken = 0;
-    let r = write_all_vectored(wr, bufs, deadline, &mut taken).await;
-    log.bytes(taken);
-    match r {
-        Ok(()) => {}
-        Err(None) => {
-            ls.stalls.fetch_add(1, Ordering::Relaxed);
-            return Err(LinkDown::Stalled);
-        }
-        Err(Some(e)) => return Err(LinkDown::Write(e.kind())),
-    }
-    ls.writes.fetch_add(1, Ordering::Relaxed);
-    ls.bytes.fetch_add(total as u64, Ordering::Relaxed);
-    Ok(())
-}
-
 /// Writes every buffer, in order, with as few syscalls as the socket
 /// allows. With a `stall` deadline, every [`STALL_PIECE`] bytes must be
 /// taken within it (the timer is armed per syscall and dropped when it
 /// returns: nothing sweeps). `Err(None)`: stalled. `taken` adds the bytes
 /// the socket took, also when it fails part way.
-pub(crate) async fn write_all_vectored<W: AsyncWrite + Unpin>(
+pub async fn write_all_vectored<W: AsyncWrite + Unpin>(
     wr: &mut W,
     bufs: &[&[u8]],
     stall: Option<Duration>,
@@ -118,7 +89,7 @@ pub(crate) async fn write_all_vectored<W: AsyncWrite + Unpin>(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use std::io;
     use std::pin::Pin;
@@ -128,13 +99,13 @@ mod tests {
     /// every third call (waking itself, as a socket that becomes writable
     /// again would), or never takes anything at all.
     #[derive(Default)]
-    struct Trickle {
-        got: Vec<u8>,
+    pub(crate) struct Trickle {
+        pub(crate) got: Vec<u8>,
         calls: usize,
         pendings: usize,
         /// Most slices seen in one call.
         widest: usize,
-        never: bool,
+        pub(crate) never: bool,
         zero: bool,
     }
 
@@ -216,20 +187,6 @@ mod tests {
             assert!(w.pendings > 0 && w.calls > bufs.len() / 2);
             assert!(w.widest <= MAX_SLICES);
         }
-        // And through the counting wrapper.
-        let (ls, mut w) = (LinkStats::default(), Trickle::default());
-        let mut log = SentLog::default();
-        write_with_deadline(&ls, &mut w, &bufs, Some(Duration::from_secs(10)), &mut log)
-            .await
-            .unwrap();
-        // Every byte is in the log: the last one of the stream is the
-        // write's, and the bytes before it too.
-        log.requests(1);
-        assert_eq!(log.unconfirmed(want.len() as u64), 1);
-        assert_eq!(w.got, want);
-        assert_eq!(ls.writes.load(Ordering::Relaxed), 1);
-        assert_eq!(ls.bytes.load(Ordering::Relaxed), want.len() as u64);
-        assert_eq!(ls.stalls.load(Ordering::Relaxed), 0);
     }
 
     /// A socket that never takes a byte: the write ends at the deadline,
@@ -248,13 +205,6 @@ mod tests {
         assert_eq!(taken, 0);
         assert!(t0.elapsed() >= deadline);
         assert!(w.got.is_empty());
-
-        let ls = LinkStats::default();
-        let mut log = SentLog::default();
-        let r = write_with_deadline(&ls, &mut w, &[b"abc"], Some(deadline), &mut log).await;
-        assert_eq!(r, Err(LinkDown::Stalled));
-        assert_eq!(ls.stalls.load(Ordering::Relaxed), 1);
-        assert_eq!(ls.writes.load(Ordering::Relaxed), 0);
 
         // A socket that takes zero bytes fails at once instead.
         let mut w = Trickle {

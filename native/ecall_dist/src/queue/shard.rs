@@ -13,7 +13,8 @@
 //! receiver, and every stage is FIFO: that is the per-caller order
 //! guarantee.
 
-use crate::etf::BatchHeader;
+use crate::wire::etf::BatchHeader;
+use crate::wire::frame::Frame;
 use std::collections::VecDeque;
 use std::sync::Mutex;
 
@@ -43,7 +44,7 @@ pub struct Element<'a> {
     /// External format without the version byte.
     pub bytes: &'a [u8],
     /// Whether some atom in it is text (the writer then rewrites it);
-    /// otherwise every atom is an id reference ([`crate::atom_ids`]).
+    /// otherwise every atom is an id reference ([`crate::wire::fixed_atom_ids`]).
     pub text: bool,
     /// Atoms written as id references (for `cached_atoms`, counted when
     /// the element is written).
@@ -65,23 +66,6 @@ impl<'a> Element<'a> {
             urgent: false,
         }
     }
-}
-
-/// A complete frame, ready for the socket.
-#[derive(Debug)]
-pub struct Frame {
-    /// Frame bytes, length prefix included.
-    pub bytes: Vec<u8>,
-    /// Requests in it.
-    pub count: u32,
-    /// Element bytes in it (what the byte budget accounts for).
-    pub payload: usize,
-    /// Whether some atom in it is text: the writer then rewrites it
-    /// through the connection's atom cache. Otherwise every atom is an id
-    /// reference ([`crate::atom_ids`]) and it is written as it is.
-    pub text: bool,
-    /// Atoms its elements wrote as id references.
-    pub refs: u64,
 }
 
 #[derive(Debug, Default)]
@@ -122,18 +106,6 @@ impl Backlog {
         bytes: usize::MAX,
         urgent: true,
     };
-
-    /// Whether a gathering writer should stop waiting for company: the
-    /// shard holds [`GATHER_REQUESTS`] or [`GATHER_BYTES`], or an urgent
-    /// request.
-    ///
-    /// [`GATHER_REQUESTS`]: crate::link::GATHER_REQUESTS
-    /// [`GATHER_BYTES`]: crate::link::GATHER_BYTES
-    pub fn worth_writing(&self) -> bool {
-        self.urgent
-            || self.requests >= crate::link::GATHER_REQUESTS
-            || self.bytes >= crate::link::GATHER_BYTES
-    }
 }
 
 /// One shard: the queue of one group of callers towards one peer.

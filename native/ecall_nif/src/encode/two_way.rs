@@ -15,20 +15,20 @@
 //! a pair that took 3-5 times the median pair (366-658 ns against 85-121),
 //! in two runs; with two ways none did (slowest 187-271 ns).
 //!
-//! [`WordBytes`] keeps byte strings of any length by key the same way, in
+//! [`TwoWayBytes`] keeps byte strings of any length by key the same way, in
 //! an arena: the encodings of atoms too long for the table's entries.
 //!
-//! Why here: neither has anything of the BEAM, so they are tested on their
+//! Neither has anything of the BEAM, so both are unit tested on their
 //! own. The key 0 marks an empty entry: it is never kept and never found.
 
 /// The table: `N` entries (a power of two, 2 or more) in sets of two, each
 /// a key and its value. `N` is a constant, so that finding a key's set is
 /// a multiply and a shift, with no bounds check.
-pub struct WordCache<V, const N: usize> {
+pub struct TwoWayTable<V, const N: usize> {
     entries: Box<[(u64, V); N]>,
 }
 
-impl<V: Copy + Default, const N: usize> WordCache<V, N> {
+impl<V: Copy + Default, const N: usize> TwoWayTable<V, N> {
     /// log2 of the number of sets (`N` is checked in [`new`](Self::new)).
     const SET_BITS: u32 = (N / 2).trailing_zeros();
 
@@ -38,9 +38,9 @@ impl<V: Copy + Default, const N: usize> WordCache<V, N> {
     ///
     /// If `N` is not a power of two of 2 or more (a constant of the caller).
     pub fn new() -> Self {
-        assert!(N.is_power_of_two() && N >= 2, "WordCache: {N} entries");
+        assert!(N.is_power_of_two() && N >= 2, "TwoWayTable: {N} entries");
         let entries: Box<[(u64, V)]> = vec![(0, V::default()); N].into_boxed_slice();
-        WordCache {
+        TwoWayTable {
             entries: entries.try_into().unwrap_or_else(|_| unreachable!()),
         }
     }
@@ -108,28 +108,28 @@ impl<V: Copy + Default, const N: usize> WordCache<V, N> {
     }
 }
 
-impl<V: Copy + Default, const N: usize> Default for WordCache<V, N> {
+impl<V: Copy + Default, const N: usize> Default for TwoWayTable<V, N> {
     fn default() -> Self {
         Self::new()
     }
 }
 
-/// Byte strings kept by key: a [`WordCache`] of `N` entries that says
+/// Byte strings kept by key: a [`TwoWayTable`] of `N` entries that says
 /// where each lies in an arena of at most `BYTES` bytes. When a string
 /// would take the arena past that, the arena and its index are emptied
 /// first (what is met again is kept again). Strings longer than `BYTES`,
 /// or than 65,535 bytes, are not kept.
-pub struct WordBytes<const N: usize, const BYTES: usize> {
+pub struct TwoWayBytes<const N: usize, const BYTES: usize> {
     /// Where each key's bytes lie in `bytes`, and how many.
-    index: WordCache<(u32, u16), N>,
+    index: TwoWayTable<(u32, u16), N>,
     bytes: Vec<u8>,
 }
 
-impl<const N: usize, const BYTES: usize> WordBytes<N, BYTES> {
+impl<const N: usize, const BYTES: usize> TwoWayBytes<N, BYTES> {
     /// Empty (the arena grows as strings are kept).
     pub fn new() -> Self {
-        WordBytes {
-            index: WordCache::new(),
+        TwoWayBytes {
+            index: TwoWayTable::new(),
             bytes: Vec::new(),
         }
     }
@@ -159,7 +159,7 @@ impl<const N: usize, const BYTES: usize> WordBytes<N, BYTES> {
     }
 }
 
-impl<const N: usize, const BYTES: usize> Default for WordBytes<N, BYTES> {
+impl<const N: usize, const BYTES: usize> Default for TwoWayBytes<N, BYTES> {
     fn default() -> Self {
         Self::new()
     }
@@ -167,17 +167,17 @@ impl<const N: usize, const BYTES: usize> Default for WordBytes<N, BYTES> {
 
 #[cfg(test)]
 mod tests {
-    use super::{WordBytes, WordCache};
+    use super::{TwoWayBytes, TwoWayTable};
 
     /// The first `n` keys (counting from 1) that share key 1's set.
-    fn same_set(t: &WordCache<u32, 1024>, n: usize) -> Vec<u64> {
+    fn same_set(t: &TwoWayTable<u32, 1024>, n: usize) -> Vec<u64> {
         let want = t.set(1);
         (1u64..).filter(|&k| t.set(k) == want).take(n).collect()
     }
 
     #[test]
     fn two_keys_of_one_set_both_stay() {
-        let mut t = WordCache::<u32, 1024>::new();
+        let mut t = TwoWayTable::<u32, 1024>::new();
         let ks = same_set(&t, 2);
         t.keep(ks[0], 10);
         t.keep(ks[1], 11);
@@ -190,7 +190,7 @@ mod tests {
 
     #[test]
     fn a_third_key_drops_the_one_kept_longer_ago() {
-        let mut t = WordCache::<u32, 1024>::new();
+        let mut t = TwoWayTable::<u32, 1024>::new();
         let ks = same_set(&t, 3);
         t.keep(ks[0], 10);
         t.keep(ks[1], 11);
@@ -207,7 +207,7 @@ mod tests {
 
     #[test]
     fn a_key_kept_again_replaces_itself() {
-        let mut t = WordCache::<u32, 1024>::new();
+        let mut t = TwoWayTable::<u32, 1024>::new();
         let ks = same_set(&t, 2);
         t.keep(ks[0], 10);
         t.keep(ks[1], 11);
@@ -224,7 +224,7 @@ mod tests {
 
     #[test]
     fn keys_of_other_sets_do_not_disturb() {
-        let mut t = WordCache::<u32, 1024>::new();
+        let mut t = TwoWayTable::<u32, 1024>::new();
         let keys: Vec<u64> = (1..=200).map(|k| k * 0x1_0000_0040 + 0xb).collect();
         for &k in &keys {
             t.keep(k, k as u32);
@@ -245,7 +245,7 @@ mod tests {
 
     #[test]
     fn zero_is_never_a_key_and_clear_empties() {
-        let mut t = WordCache::<u32, 2>::new();
+        let mut t = TwoWayTable::<u32, 2>::new();
         assert_eq!(t.keep(0, 5), None);
         assert_eq!(t.get(0), None);
         t.keep(7, 1);
@@ -257,7 +257,7 @@ mod tests {
 
     #[test]
     fn bytes_come_back_as_kept() {
-        let mut b = WordBytes::<256, 1024>::new();
+        let mut b = TwoWayBytes::<256, 1024>::new();
         let texts: Vec<Vec<u8>> = (1..=20u8).map(|n| vec![n; usize::from(n) * 3]).collect();
         for (k, t) in (1u64..).zip(&texts) {
             b.keep(k, t);
@@ -271,7 +271,7 @@ mod tests {
 
     #[test]
     fn a_full_arena_is_emptied_before_the_next() {
-        let mut b = WordBytes::<256, 100>::new();
+        let mut b = TwoWayBytes::<256, 100>::new();
         b.keep(1, &[1; 60]);
         b.keep(2, &[2; 30]);
         // 90 + 20 would pass 100: the arena starts again.
@@ -286,7 +286,7 @@ mod tests {
 
     #[test]
     fn too_long_or_key_zero_is_not_kept() {
-        let mut b = WordBytes::<256, 100>::new();
+        let mut b = TwoWayBytes::<256, 100>::new();
         b.keep(5, &[5; 10]);
         b.keep(1, &[1; 101]);
         b.keep(0, &[0; 10]);
@@ -294,15 +294,15 @@ mod tests {
         assert_eq!(b.get(0), None);
         // And nothing kept before was dropped for them.
         assert_eq!(b.get(5), Some(&[5u8; 10][..]));
-        let mut big = WordBytes::<256, 100_000>::new();
+        let mut big = TwoWayBytes::<256, 100_000>::new();
         big.keep(7, &vec![7; 70_000]);
         assert_eq!(big.get(7), None);
     }
 
     #[test]
     fn a_key_pushed_out_of_its_set_is_not_found() {
-        let mut b = WordBytes::<1024, 4096>::new();
-        let t = WordCache::<u32, 1024>::new();
+        let mut b = TwoWayBytes::<1024, 4096>::new();
+        let t = TwoWayTable::<u32, 1024>::new();
         let ks = same_set(&t, 3);
         for (n, &k) in ks.iter().enumerate() {
             b.keep(k, &[n as u8 + 1; 8]);
@@ -313,8 +313,8 @@ mod tests {
     }
 
     #[test]
-    #[should_panic(expected = "WordCache: 1000 entries")]
+    #[should_panic(expected = "TwoWayTable: 1000 entries")]
     fn a_size_that_is_no_power_of_two_is_refused() {
-        let _ = WordCache::<u32, 1000>::new();
+        let _ = TwoWayTable::<u32, 1000>::new();
     }
 }

@@ -12,7 +12,7 @@
 //! cache slot `i` (segment 0). A connection declares each id with its text
 //! the first time a header lists it (`OutCache::declared`), and refers to
 //! it by slot afterwards; a new connection starts with nothing declared.
-//! The per-connection cache of [`crate::atom_cache`] (for atoms without an
+//! The per-connection cache of [`crate::wire::conn_atom_cache`] (for atoms without an
 //! id) keeps to slots 256 and up, so the two never overwrite each other.
 //!
 //! Ids are never reused or taken back (atoms live as long as the VM), so

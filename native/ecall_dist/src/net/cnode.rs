@@ -6,8 +6,8 @@
 //! incoming connection it serves, and closes the epmd connection, which
 //! unregisters the name.
 
-use crate::inbound::{self, InboundStats};
-use crate::Error;
+use crate::error::Error;
+use crate::net::inbound::{self, InboundStats};
 use erl_dist::epmd::{EpmdClient, EpmdError, NodeEntry};
 use erl_dist::handshake::{HandshakeStatus, ServerSideHandshake};
 use erl_dist::node::{Creation, LocalNode, NodeName};
@@ -40,7 +40,7 @@ pub const BIT_BINARIES: u64 = 0x400;
 /// `DFLAG_NEW_FLOATS`: `NEW_FLOAT_EXT`.
 pub const NEW_FLOATS: u64 = 0x800;
 /// `DFLAG_DIST_HDR_ATOM_CACHE`: the distribution header and its atom
-/// cache ([`crate::atom_cache`]).
+/// cache ([`crate::wire::conn_atom_cache`]).
 pub const DIST_HDR_ATOM_CACHE: u64 = 0x2000;
 /// `DFLAG_UTF8_ATOMS`: UTF-8 atoms.
 pub const UTF8_ATOMS: u64 = 0x1_0000;
@@ -48,7 +48,7 @@ pub const UTF8_ATOMS: u64 = 0x1_0000;
 pub const MAP_TAG: u64 = 0x2_0000;
 /// `DFLAG_BIG_CREATION`: 32-bit creations (`NEW_PID_EXT` and the like).
 pub const BIG_CREATION: u64 = 0x4_0000;
-/// `DFLAG_FRAGMENTS`: large messages in fragments ([`crate::fragment`]).
+/// `DFLAG_FRAGMENTS`: large messages in fragments ([`crate::wire::fragment`]).
 pub const FRAGMENTS: u64 = 0x80_0000;
 /// `DFLAG_HANDSHAKE_23`: the OTP 23 handshake.
 pub const HANDSHAKE_23: u64 = 0x100_0000;
@@ -61,7 +61,7 @@ pub const MANDATORY_25_DIGEST: u64 = 0x400_0000;
 pub const V4_NC: u64 = 1 << 34;
 
 /// Distribution flags offered on links we open: the base set, the atom
-/// cache (see [`crate::atom_cache`]) and fragments (large messages go out
+/// cache (see [`crate::wire::conn_atom_cache`]) and fragments (large messages go out
 /// in pieces, interleaved with others).
 pub fn link_flags() -> DistributionFlags {
     DistributionFlags::from_bits_truncate(flags().bits() | DIST_HDR_ATOM_CACHE | FRAGMENTS)
@@ -141,7 +141,7 @@ pub struct IdentityConfig {
     /// Where the listener for incoming connections binds.
     pub listen: Listen,
     /// TLS for the links (the node runs TLS distribution), or plain TCP.
-    pub tls: Option<crate::stream::TlsClient>,
+    pub tls: Option<crate::net::stream::TlsClient>,
     /// How long a name epmd refuses is asked for again before
     /// [`Identity::start`] gives up with [`Error::NameTaken`] (zero: asked
     /// once). See `register`.
@@ -373,7 +373,7 @@ async fn accept_loop(
             let _ = stream.set_nodelay(true);
             let hs = tokio::time::timeout(me.handshake_timeout(), async {
                 let stream = match &me.config.tls {
-                    None => crate::stream::LinkStream::Tcp(stream),
+                    None => crate::net::stream::LinkStream::Tcp(stream),
                     Some(tls) => tls.accept(stream).await?,
                 };
                 server_handshake(&me, stream).await
@@ -411,11 +411,11 @@ async fn accept_loop(
 
 async fn server_handshake(
     me: &Identity,
-    stream: crate::stream::LinkStream,
-) -> Result<(crate::stream::LinkStream, String), String> {
+    stream: crate::net::stream::LinkStream,
+) -> Result<(crate::net::stream::LinkStream, String), String> {
     // OTP's TLS distribution frames handshake messages with 4 bytes.
-    let tls = matches!(stream, crate::stream::LinkStream::Tls(_));
-    let stream = crate::stream::Packet4::new(stream, tls);
+    let tls = matches!(stream, crate::net::stream::LinkStream::Tls(_));
+    let stream = crate::net::stream::Packet4::new(stream, tls);
     let mut hs = ServerSideHandshake::new(stream.compat(), me.local_node(), &me.config.cookie);
     match hs.execute_recv_name().await.map_err(|e| e.to_string())? {
         Some(_) => {}
@@ -431,7 +431,7 @@ async fn server_handshake(
 /// Serves a connection on which we send nothing of our own: answers
 /// `is_auth`, ticks, and returns why it ended.
 async fn serve_passive(
-    stream: crate::stream::LinkStream,
+    stream: crate::net::stream::LinkStream,
     tick: Duration,
     stats: &InboundStats,
     cancel: CancellationToken,
@@ -471,7 +471,7 @@ async fn serve_passive(
 #[derive(Debug)]
 pub struct Connected {
     /// The socket (TLS when the identity has it), handshake done.
-    pub stream: crate::stream::LinkStream,
+    pub stream: crate::net::stream::LinkStream,
     /// The peer's creation (its incarnation; 0 if it did not say).
     pub creation: u32,
     /// Whether both sides use the atom cache on this connection.
@@ -508,15 +508,15 @@ pub async fn connect(me: &Identity, peer: &str, cookie: &str) -> Result<Connecte
         .map_err(Error::io("connect to the peer"))?;
     let _ = stream.set_nodelay(true);
     let stream = match &me.config.tls {
-        None => crate::stream::LinkStream::Tcp(stream),
+        None => crate::net::stream::LinkStream::Tcp(stream),
         Some(tls) => tls.connect(name.host(), stream).await?,
     };
     let mut local = me.local_node();
     local.flags = link_flags();
     let offered = local.flags.bits();
     // OTP's TLS distribution frames handshake messages with 4 bytes.
-    let tls = matches!(stream, crate::stream::LinkStream::Tls(_));
-    let stream = crate::stream::Packet4::new(stream, tls);
+    let tls = matches!(stream, crate::net::stream::LinkStream::Tls(_));
+    let stream = crate::net::stream::Packet4::new(stream, tls);
     let mut hs = erl_dist::handshake::ClientSideHandshake::new(stream.compat(), local, cookie);
     let status = hs
         .execute_send_name(erl_dist::LOWEST_DISTRIBUTION_PROTOCOL_VERSION)

@@ -8,7 +8,7 @@
 //! reference into a cache the receiver keeps for that connection.
 //!
 //! How: most atoms never reach this module as text. The NIF's encoder
-//! writes an atom that has an encode-time id ([`crate::atom_ids`]) as a
+//! writes an atom that has an encode-time id ([`crate::wire::fixed_atom_ids`]) as a
 //! reference already, and a batch made only of such atoms goes out behind
 //! a header that lists the ids ([`OutCache::ids_header`]): no pass over its
 //! bytes. A frame with atoms as text (ticks and answers, messages past the
@@ -37,7 +37,7 @@ pub const SLOTS: usize = 2048;
 /// Most references one header can declare.
 pub const MAX_REFS: usize = 255;
 
-use crate::etf::*;
+use crate::wire::etf::*;
 
 /// What a walk does with each atom it meets.
 trait Atoms {
@@ -169,7 +169,7 @@ pub struct OutCache {
     in_msg: Vec<u8>,
     refs: Vec<Ref>,
     terms: Vec<u8>,
-    /// Ids ([`crate::atom_ids`]) listed in the header being built: the
+    /// Ids ([`crate::wire::fixed_atom_ids`]) listed in the header being built: the
     /// header lists ids `0..ids` first, so that reference `i` is id `i`.
     ids: usize,
     /// Ids declared on this connection (with their text, once).
@@ -198,7 +198,7 @@ impl Default for OutCache {
 }
 
 /// The per-connection cache keeps to the slots from here on: segment 0
-/// belongs to the encode-time ids ([`crate::atom_ids`]).
+/// belongs to the encode-time ids ([`crate::wire::fixed_atom_ids`]).
 const DYNAMIC_FROM: usize = 256;
 
 fn slot_of(text: &[u8]) -> u16 {
@@ -271,7 +271,7 @@ impl OutCache {
     /// a plain frame: the control term and the optional payload term, each
     /// with its version byte. Appends the complete frame (length, header,
     /// terms) to `out` and returns the length of its header (from the
-    /// `131 68` on), which [`fragments`] needs.
+    /// `131 68` on), which fragments ([`crate::wire::fragment`]) need.
     pub fn encode(&mut self, body: &[u8], out: &mut Vec<u8>) -> usize {
         let mut terms = std::mem::take(&mut self.terms);
         terms.clear();
@@ -307,7 +307,7 @@ impl OutCache {
         if self.no_ids {
             return 0;
         }
-        crate::atom_ids::count()
+        crate::wire::fixed_atom_ids::count()
     }
 
     /// A cache whose headers list no ids, for tests of the per-connection
@@ -375,7 +375,7 @@ impl OutCache {
             out.push(id as u8);
             if id >= declared {
                 // Given before `count()` was read: always set.
-                let text = crate::atom_ids::text(id as u8).unwrap_or(b"");
+                let text = crate::wire::fixed_atom_ids::text(id as u8).unwrap_or(b"");
                 if long {
                     out.extend_from_slice(&(text.len() as u16).to_be_bytes());
                 } else {
@@ -403,7 +403,7 @@ impl OutCache {
 }
 
 /// Rewrites a plain frame (`<len:32> 112 131 control 131 payload`) whose
-/// terms may hold id references ([`crate::atom_ids`]) with every id as
+/// terms may hold id references ([`crate::wire::fixed_atom_ids`]) with every id as
 /// text, for a connection without the atom cache; appends it to `out`.
 /// False, with nothing appended, if a term does not walk.
 pub fn expand_ids(frame: &[u8], out: &mut Vec<u8>) -> bool {
@@ -442,8 +442,8 @@ impl Atoms for ExpandIds {
         if inp.get(pos) != Some(&ATOM_CACHE_REF) {
             return Plain.atom(inp, pos, out);
         }
-        let text = crate::atom_ids::text(*inp.get(pos + 1)?)?;
-        crate::etf::put_atom(out, std::str::from_utf8(text).ok()?);
+        let text = crate::wire::fixed_atom_ids::text(*inp.get(pos + 1)?)?;
+        crate::wire::etf::put_atom(out, std::str::from_utf8(text).ok()?);
         Some(pos + 2)
     }
 }
@@ -457,7 +457,7 @@ pub fn term_end(inp: &[u8], pos: usize) -> Option<usize> {
 }
 
 /// [`term_end`] of a term we built, whose atoms may be id references
-/// ([`crate::atom_ids`]).
+/// ([`crate::wire::fixed_atom_ids`]).
 pub(crate) fn own_term_end(inp: &[u8], pos: usize) -> Option<usize> {
     walk(&mut Skip { ids: true }, inp, pos, &mut Vec::new())
 }
@@ -569,7 +569,7 @@ impl Atoms for Decoding<'_> {
         if out.len() + text.len() + 3 > self.limit {
             return None;
         }
-        crate::etf::put_atom(out, std::str::from_utf8(text).ok()?);
+        crate::wire::etf::put_atom(out, std::str::from_utf8(text).ok()?);
         Some(pos + 2)
     }
 }
@@ -731,7 +731,7 @@ mod tests {
         let r = |name: &str| {
             [
                 ATOM_CACHE_REF,
-                crate::atom_ids::id_of(name.as_bytes()).unwrap(),
+                crate::wire::fixed_atom_ids::id_of(name.as_bytes()).unwrap(),
             ]
         };
         // {ids_one, [ids_two, ids_one]} with ids.
@@ -771,7 +771,7 @@ mod tests {
         // Ids and a text atom in one term, through the cache's rewrite.
         let mut mixed = vec![VERSION, SMALL_TUPLE_EXT, 2];
         mixed.extend_from_slice(&r("ids_two"));
-        crate::etf::put_atom(&mut mixed, "beside_ids");
+        crate::wire::etf::put_atom(&mut mixed, "beside_ids");
         let mut frame = Vec::new();
         out.encode(&mixed, &mut frame);
         let Some(Decoded::Body(body)) = inn.decode(&frame[4..], 1 << 20) else {

@@ -8,19 +8,19 @@
 //! own (see `pure_tests.rs`).
 //!
 //! Not to be confused with the other tables atoms go through: the
-//! process-wide encode-time atom ids (`ecall_dist::atom_ids`), which this
+//! process-wide encode-time atom ids (`ecall_dist::wire::fixed_atom_ids`), which this
 //! memo asks once per atom, and the distribution atom cache of each
-//! connection (`ecall_dist::atom_cache`), which the link writer keeps.
+//! connection (`ecall_dist::wire::conn_atom_cache`), which the link writer keeps.
 
-use ecall_dist::atom_cache::atom_text;
-use ecall_dist::atom_ids;
-use ecall_dist::etf::{ATOM_CACHE_REF, NEWER_REFERENCE_EXT, NEW_REFERENCE_EXT};
-use ecall_dist::word_cache::{WordBytes, WordCache};
+use super::two_way::{TwoWayBytes, TwoWayTable};
+use ecall_dist::wire::conn_atom_cache::atom_text;
+use ecall_dist::wire::etf::{ATOM_CACHE_REF, NEWER_REFERENCE_EXT, NEW_REFERENCE_EXT};
+use ecall_dist::wire::fixed_atom_ids;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Entries of the memo per thread (a two-way set-associative table,
-/// `ecall_dist::word_cache::WordCache`: see there for why). 32 KiB: small
+/// `super::two_way::TwoWayTable`: see there for why). 32 KiB: small
 /// enough to stay in a core's caches between pushes. The first version
 /// had 4,096 entries of 48 bytes, each pointing at its bytes elsewhere on
 /// the heap, and looked every subterm up: under load (20,000 writers,
@@ -42,7 +42,7 @@ const NODES: usize = 4096;
 /// One thread's memo of atom and local pid encodings.
 pub struct AtomMemo {
     /// Atoms and local pids, by term word.
-    entries: WordCache<Entry, MEMO_SLOTS>,
+    entries: TwoWayTable<Entry, MEMO_SLOTS>,
     /// Encodings of atoms too long for an entry (see [`Long`]).
     long: Long,
     /// Node names met in pids, ports and references, with their ids (this
@@ -57,7 +57,7 @@ pub struct AtomMemo {
 /// 1,148-1,365 ns against 107 for 10 of 9 bytes, and take 138-163 ns kept
 /// here (`bench/run.sh micro`, "atoms past the ids"). By term word (an
 /// atom's text never changes), in an arena of at most [`LONG_BYTES`].
-type Long = WordBytes<LONG_SLOTS, LONG_BYTES>;
+type Long = TwoWayBytes<LONG_SLOTS, LONG_BYTES>;
 
 /// One memoized atom, or local pid (or, in the walker's table of other
 /// nodes' pids and ports, one of those): 24 bytes (32 with its key in the
@@ -123,7 +123,7 @@ impl AtomMemo {
     /// An empty memo.
     pub fn new() -> Self {
         AtomMemo {
-            entries: WordCache::new(),
+            entries: TwoWayTable::new(),
             long: Long::new(),
             nodes: HashMap::new(),
         }
@@ -216,13 +216,13 @@ impl AtomMemo {
     }
 }
 
-/// The id (`ecall_dist::atom_ids`) of an atom with this text, if it can
+/// The id (`ecall_dist::wire::fixed_atom_ids`) of an atom with this text, if it can
 /// have one: UTF-8, or Latin-1 that is ASCII.
 fn id_of(utf8: bool, text: &[u8]) -> Option<u8> {
     if !utf8 && !text.is_ascii() {
         return None;
     }
-    atom_ids::id_of(text)
+    fixed_atom_ids::id_of(text)
 }
 
 /// Appends the bytes of entry `e` (`len` not 0) and counts its atom.
@@ -253,8 +253,8 @@ pub fn count(id: bool, text: &mut bool, refs: &mut u64) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ecall_dist::atom_cache::expand_term;
-    use ecall_dist::etf::{
+    use ecall_dist::wire::conn_atom_cache::expand_term;
+    use ecall_dist::wire::etf::{
         ATOM_EXT, NEW_PID_EXT, NEW_PORT_EXT, SMALL_ATOM_EXT, SMALL_ATOM_UTF8_EXT, V4_PORT_EXT,
     };
 
@@ -293,7 +293,7 @@ mod tests {
         let mut out = vec![SMALL_ATOM_UTF8_EXT, 1, b'x'];
         let start = out.len();
         out.extend_from_slice(&text);
-        let id = atom_ids::id_of(b"memo_test_with_id").expect("the table has room");
+        let id = fixed_atom_ids::id_of(b"memo_test_with_id").expect("the table has room");
         assert!(memo.keep_atom(word, &mut out, start));
         assert_eq!(out[start..], [ATOM_CACHE_REF, id]);
         assert_eq!(
@@ -325,7 +325,7 @@ mod tests {
     fn an_ascii_latin1_atom_gets_an_id() {
         let mut memo = AtomMemo::new();
         let mut out = latin1_atom(b"memo_test_latin1_ascii");
-        let id = atom_ids::id_of(b"memo_test_latin1_ascii").expect("the table has room");
+        let id = fixed_atom_ids::id_of(b"memo_test_latin1_ascii").expect("the table has room");
         assert!(memo.keep_atom(immediate(3), &mut out, 0));
         assert_eq!(out, [ATOM_CACHE_REF, id]);
     }
@@ -426,7 +426,7 @@ mod tests {
     fn a_node_atom_goes_as_its_id() {
         let mut memo = AtomMemo::new();
         let node = utf8_atom("memo_test@host");
-        let id = atom_ids::id_of(b"memo_test@host").expect("the table has room");
+        let id = fixed_atom_ids::id_of(b"memo_test@host").expect("the table has room");
         for (at, term) in node_terms(&node) {
             let mut out = vec![0xAA];
             out.extend_from_slice(&term);

@@ -11,7 +11,7 @@
 //! understood ([`TlsOptions`]); the Erlang side refuses the others before
 //! it starts any identity.
 
-use crate::Error;
+use crate::error::Error;
 use std::io;
 use std::pin::Pin;
 use std::sync::Arc;

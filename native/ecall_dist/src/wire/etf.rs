@@ -35,7 +35,7 @@
 //! # The distribution-header form
 //!
 //! On a connection that negotiated the atom cache, the writer rewrites each
-//! plain frame ([`crate::atom_cache`]): the pass-through byte and the
+//! plain frame ([`crate::wire::conn_atom_cache`]): the pass-through byte and the
 //! version bytes go, a distribution header declares the atom cache
 //! references, and atoms in the terms become two-byte references.
 //!
@@ -51,7 +51,7 @@
 //! (N = 0: no flags, no refs)
 //! ```
 //!
-//! A single large message may instead go in fragments ([`crate::fragment`]),
+//! A single large message may instead go in fragments ([`crate::wire::fragment`]),
 //! the first with a header of its own ([`DIST_FRAG_HEADER`]), the others
 //! with [`DIST_FRAG_CONT`]; `frag id` counts down to 1:
 //!
@@ -176,7 +176,7 @@ pub fn put_atom(out: &mut Vec<u8>, name: &str) {
 /// Layout: `<len:32> 112 <131 {6, From, '', To}> <131 {batch, [` `<count:32>`.
 /// The length and the count are placeholders that [`BatchHeader::seal`]
 /// fills in once the batch is complete. Its atoms are id references
-/// ([`crate::atom_ids`]) when they have ids, else text.
+/// ([`crate::wire::fixed_atom_ids`]) when they have ids, else text.
 #[derive(Debug, Clone)]
 pub struct BatchHeader {
     bytes: Vec<u8>,
@@ -189,13 +189,15 @@ impl BatchHeader {
     pub fn new(from_node: &str, creation: u32, to_name: &str) -> Self {
         let mut b = Vec::with_capacity(64 + from_node.len() + to_name.len());
         let mut text = false;
-        let mut atom = |b: &mut Vec<u8>, name: &str| match crate::atom_ids::id_of(name.as_bytes()) {
-            Some(id) => b.extend_from_slice(&[ATOM_CACHE_REF, id]),
-            None => {
-                text = true;
-                put_atom(b, name);
-            }
-        };
+        let mut atom =
+            |b: &mut Vec<u8>, name: &str| match crate::wire::fixed_atom_ids::id_of(name.as_bytes())
+            {
+                Some(id) => b.extend_from_slice(&[ATOM_CACHE_REF, id]),
+                None => {
+                    text = true;
+                    put_atom(b, name);
+                }
+            };
         b.extend_from_slice(&[0, 0, 0, 0, PASS_THROUGH, VERSION, SMALL_TUPLE_EXT, 4]);
         b.extend_from_slice(&[SMALL_INTEGER_EXT, REG_SEND]);
         b.push(NEW_PID_EXT);

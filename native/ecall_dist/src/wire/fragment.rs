@@ -6,9 +6,9 @@
 //! from the message's batch buffer (no copy): fragment headers are written
 //! in front of slices of it.
 
-use crate::atom_cache::{self, OutCache};
-use crate::etf::{self, FRAG_HEADER, FRAME_LEN, PLAIN_TERMS};
-use crate::shard::Frame;
+use crate::wire::conn_atom_cache::{self, OutCache};
+use crate::wire::etf::{self, FRAG_HEADER, FRAME_LEN, PLAIN_TERMS};
+use crate::wire::frame::Frame;
 use std::ops::Range;
 
 /// A single message larger than this goes out in fragments of this size,
@@ -17,7 +17,7 @@ use std::ops::Range;
 pub const FRAGMENT: usize = 64 * 1024;
 
 /// A large message going out one fragment per writer pass. Its terms are
-/// sent as they are: atoms as text, or id references ([`crate::atom_ids`])
+/// sent as they are: atoms as text, or id references ([`crate::wire::fixed_atom_ids`])
 /// that its first fragment's header declares.
 pub(crate) struct InFlight {
     /// The shard it came from (whose next batches wait: per-caller order).
@@ -42,7 +42,7 @@ impl InFlight {
             return None;
         }
         let control = PLAIN_TERMS + 1;
-        let control_end = atom_cache::own_term_end(bytes, control)?;
+        let control_end = conn_atom_cache::own_term_end(bytes, control)?;
         if bytes.get(control_end) != Some(&etf::VERSION) {
             return None;
         }
@@ -115,19 +115,27 @@ impl InFlight {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::etf::BatchHeader;
-    use crate::shard::{BatchCaps, Element, Shard};
+    use crate::wire::etf::BatchHeader;
+    use crate::wire::frame::Frame;
 
     #[test]
     fn fragments_cover_the_terms_and_count_down() {
         let header = BatchHeader::new("a_ecall_1@h", 1, "ecall_rx_1");
-        let shard = Shard::new(&header, BatchCaps::default());
         let big = vec![7u8; 3 * FRAGMENT + 5];
-        let mut element = vec![etf::BINARY_EXT];
-        element.extend_from_slice(&(big.len() as u32).to_be_bytes());
-        element.extend_from_slice(&big);
-        shard.push(Element::text(&element), |_| ());
-        let frame = shard.take().unwrap();
+        // A batch of one binary, as a shard builds it.
+        let mut bytes = header.as_bytes().to_vec();
+        bytes.push(etf::BINARY_EXT);
+        bytes.extend_from_slice(&(big.len() as u32).to_be_bytes());
+        bytes.extend_from_slice(&big);
+        BatchHeader::seal(&mut bytes, header.as_bytes().len(), 1);
+        let payload = bytes.len() - header.as_bytes().len();
+        let frame = Frame {
+            bytes,
+            count: 1,
+            payload,
+            text: true,
+            refs: 0,
+        };
         let ranges = InFlight::ranges(&frame.bytes).unwrap();
         let expect: Vec<u8> = ranges
             .iter()

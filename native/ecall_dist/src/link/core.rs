@@ -1,0 +1,190 @@
+//! What one peer's links share with the callers that push to it: the
+//! shards, the byte budget, each link's shared half, the settings and the
+//! counters. The push path (`crate::peer`) and the link tasks each hold it;
+//! neither owns the other.
+//!
+//! - A link reaped as stalled gives back what its shards hold
+//!   ([`Core::drop_link_queue`]); other links' shards are untouched.
+//! - [`Core::close`] stops the links, drops what is queued (counted in
+//!   `dropped`) and releases every caller waiting for room.
+
+use super::LinkShared;
+use crate::error::Error;
+use crate::queue::budget::Budget;
+use crate::queue::shard::{BatchCaps, Shard};
+use crate::wire::etf::BatchHeader;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+/// Settings of one peer.
+#[derive(Debug, Clone)]
+pub struct PeerConfig {
+    /// Remote node name, `b@host`.
+    pub node: String,
+    /// Cookie for that node.
+    pub cookie: String,
+    /// Registered names of the receiver pool on the peer.
+    pub receivers: Vec<String>,
+    /// Number of shards.
+    pub shards: usize,
+    /// Batch caps.
+    pub caps: BatchCaps,
+    /// Byte budget for everything queued for the peer.
+    pub max_queue_bytes: usize,
+    /// Deadline of one socket write; `None` disables it.
+    pub stall_timeout: Option<Duration>,
+    /// First reconnect delay; doubles up to `backoff_max`.
+    pub backoff_min: Duration,
+    /// Longest reconnect delay.
+    pub backoff_max: Duration,
+    /// Whether a busy link's writer gathers (waits up to
+    /// [`GATHER_WAIT`](super::GATHER_WAIT) for company before it
+    /// writes). Off, it writes what its shards hold as soon as it looks:
+    /// for callers that each wait for an answer before their next request,
+    /// whom gathering makes wait 1-2 ms per request.
+    pub gather: bool,
+    /// Whether lulls start trials of not gathering (see
+    /// [`LULL_FOR`](super::LULL_FOR)). Off, pushes do not note when
+    /// they came, and a link gathers whenever it is busy.
+    pub lulls: bool,
+    /// Whether a push that finds its link's writer asleep asks for a flush
+    /// on the caller's side (`Push::Flush`) instead of waking the writer.
+    pub flusher: bool,
+}
+
+/// Counters of one peer (per-link counters are in [`LinkStats`](super::LinkStats); see
+/// `Peer::link_stats`). All monotonic except the gauges noted.
+#[derive(Debug, Default)]
+pub struct PeerStats {
+    /// Requests accepted by `Peer::push`.
+    pub pushed: AtomicU64,
+    /// Requests dropped when the peer closed.
+    pub dropped: AtomicU64,
+    /// Pushes refused for want of room.
+    pub full: AtomicU64,
+    /// Callers that waited for room (`Peer::wait_room`).
+    pub waits: AtomicU64,
+    /// Pushes that had to wake a sleeping link writer.
+    pub wakes: AtomicU64,
+    /// Requests dropped by the overflow policy (counted by the caller
+    /// through `Peer::note_overflow_drop`).
+    pub overflow_drops: AtomicU64,
+    /// Atoms sent as atom cache references instead of text.
+    pub cached_atoms: AtomicU64,
+    /// Gauge: links connected now.
+    pub links_up: AtomicUsize,
+}
+
+/// See the module docs.
+pub(crate) struct Core {
+    pub(crate) config: PeerConfig,
+    pub(crate) shards: Box<[Shard]>,
+    pub(crate) links: Box<[LinkShared]>,
+    /// The bytes queued, bounded, and the callers waiting for room.
+    pub(crate) budget: Budget,
+    pub(crate) cancel: CancellationToken,
+    /// Set by [`Core::close`] before the token is cancelled: the push path
+    /// reads this plain flag (one atomic load) instead of the token, whose
+    /// check costs more.
+    pub(crate) closed: AtomicBool,
+    /// Creation of the peer at the first connection (0 until then).
+    creation: AtomicU32,
+    /// Counters.
+    pub(crate) stats: PeerStats,
+}
+
+impl Core {
+    /// The shards and links of a peer, with no link task running: batches
+    /// of link `k` come from node `from[k]` (name, creation).
+    pub(crate) fn new(config: PeerConfig, from: &[(String, u32)]) -> Core {
+        let nlinks = from.len();
+        let shards = (0..config.shards)
+            .map(|s| {
+                let (node, creation) = &from[s % nlinks];
+                let to = &config.receivers[s % config.receivers.len()];
+                Shard::new(&BatchHeader::new(node, *creation, to), config.caps)
+            })
+            .collect();
+        let links = (0..nlinks).map(|_| LinkShared::default()).collect();
+        Core {
+            budget: Budget::new(config.max_queue_bytes),
+            config,
+            shards,
+            links,
+            cancel: CancellationToken::new(),
+            closed: AtomicBool::new(false),
+            creation: AtomicU32::new(0),
+            stats: PeerStats::default(),
+        }
+    }
+
+    /// Remote node name.
+    pub(crate) fn node(&self) -> &str {
+        &self.config.node
+    }
+
+    /// The link that carries shard `shard % shard_count`.
+    pub(crate) fn link_of_shard(&self, shard: usize) -> usize {
+        (shard % self.shards.len()) % self.links.len()
+    }
+
+    /// The shards that link `k` carries, in order.
+    pub(crate) fn shards_of_link(&self, k: usize) -> impl Iterator<Item = usize> + Clone {
+        (k..self.shards.len()).step_by(self.links.len())
+    }
+
+    /// Whether `Peer::close` was called.
+    pub(crate) fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
+    }
+
+    /// Gives `bytes` back to the budget (written by a link, or set aside by
+    /// `Peer::wait_room` and not used: the caller is gone) and wakes, in
+    /// order, the waiters that now fit. 0 does nothing.
+    pub(crate) fn release(&self, bytes: usize) {
+        self.budget.release(bytes);
+    }
+
+    /// Records the peer's creation at the first connection; refuses a
+    /// different one later.
+    pub(crate) fn same_incarnation(&self, creation: u32) -> Result<(), Error> {
+        match self
+            .creation
+            .compare_exchange(0, creation, Ordering::AcqRel, Ordering::Acquire)
+        {
+            Ok(_) => Ok(()),
+            Err(known) if known == creation || creation == 0 => Ok(()),
+            Err(_) => Err(Error::Restarted),
+        }
+    }
+
+    /// Drops what the shards of link `k` hold (counted in `dropped`) and
+    /// gives its bytes back to the budget, waking callers waiting for room.
+    pub(crate) fn drop_link_queue(&self, k: usize) {
+        let (mut n, mut b) = (0u64, 0usize);
+        for s in self.shards_of_link(k) {
+            let (sn, sb) = self.shards[s].clear();
+            n += sn;
+            b += sb as usize;
+        }
+        self.links[k].stats.dropped.fetch_add(n, Ordering::Relaxed);
+        self.release(b);
+    }
+
+    /// Stops the links, drops what is queued and releases every waiter.
+    pub(crate) fn close(&self) {
+        if self.closed.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        self.cancel.cancel();
+        for s in self.shards.iter() {
+            let (n, b) = s.close();
+            self.stats.dropped.fetch_add(n, Ordering::Relaxed);
+            self.budget.forget(b as usize);
+        }
+        for f in self.budget.close() {
+            f(false);
+        }
+    }
+}

@@ -1,0 +1,14 @@
+//! The distribution wire format, as bytes: the external term format and
+//! the batch header ([`etf`]), the process-wide atom ids written at encode
+//! time ([`fixed_atom_ids`]), each connection's distribution atom cache
+//! ([`conn_atom_cache`]), frames ([`frame`]) and large messages in
+//! fragments ([`fragment`]).
+//!
+//! Pure functions over byte slices: nothing here touches a socket, a queue
+//! or a thread.
+
+pub mod conn_atom_cache;
+pub mod etf;
+pub mod fixed_atom_ids;
+pub mod fragment;
+pub mod frame;
