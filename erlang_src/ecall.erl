@@ -19,8 +19,10 @@
 -export([cast_one/4, cast_all/4,
          call_one/4, call_one/5, call_any/4, call_any/5,
          call_all/4, call_all/5, call_all_wait/4, call_all_wait/5]).
--export([connect/1, disconnect/1, connections/0, nodes/0, stats/0, stats/1, last_stats/1,
-         info/0, info/1]).
+-export([connect/1, disconnect/1, connections/0, identities/0, stats/0, stats/1,
+         last_stats/1, info/0, info/1, info_lines/0, info_lines/1]).
+-export([nodes/0]).
+-deprecated([{nodes, 0, "use ecall:identities/0"}]).
 
 -type dest() :: pid() | reference() | atom() | {atom(), node()}.
 
@@ -122,7 +124,11 @@ call(Node, M, F, A) ->
 %% <tr><td>returns `V' (not `{error, _}')</td><td>`{ok, V}'</td><td>`V'</td></tr>
 %% <tr><td>returns `{error, E}'</td><td>`{error, E}'</td><td>`{error, E}'</td></tr>
 %% <tr><td>throws `V'</td><td>as if it returned `V'</td><td>throws `V'</td></tr>
-%% <tr><td>raises an error or exit `R'</td><td>`{error, {exit, R}}'</td><td>raises</td></tr>
+%% <tr><td>raises error or exit `R' (also `undef' when the function is
+%%     not there on the peer)</td><td>`{error, {exception, Class, R,
+%%     Stack}}': `Class' is `error' or `exit', `Stack' the stack trace of
+%%     the called function for an error, `[]' for an exit</td><td>raises `{exception, R, Stack}' (error),
+%%     `{exception, R}' (exit)</td></tr>
 %% <tr><td>cannot be reached: node down, link down, no connection</td>
 %%     <td>`{error, {badrpc, R}}': `R' is `noconnection', `nodedown',
 %%     `{link_down, Why}' (the link carrying the call went down; the README,
@@ -172,13 +178,17 @@ call(Node, M, F, A, Timeout) ->
 cast_one([], _M, _F, _A) ->
     {error, none_is_available};
 cast_one(Nodes, M, F, A) when is_list(Nodes) ->
-    cast(pick_local(Nodes), M, F, A).
+    cast(pick_local(Nodes), M, F, A);
+cast_one(Nodes, M, F, A) ->
+    erlang:error(badarg, [Nodes, M, F, A]).
 
 %% @doc Casts to every node of `Nodes'.
 -spec cast_all([node()], module(), atom(), [term()]) -> ok.
 cast_all(Nodes, M, F, A) when is_list(Nodes) ->
     ok = check_request(Nodes, M, F, A, [Nodes, M, F, A]),
-    lists:foreach(fun(N) -> _ = cast(N, M, F, A) end, Nodes).
+    lists:foreach(fun(N) -> _ = cast(N, M, F, A) end, Nodes);
+cast_all(Nodes, M, F, A) ->
+    erlang:error(badarg, [Nodes, M, F, A]).
 
 %% @equiv call_one(Nodes, M, F, A, false)
 -spec call_one([node()], module(), atom(), [term()]) ->
@@ -195,7 +205,9 @@ call_one(Nodes, M, F, A) ->
 call_one(Nodes, M, F, A, RpcErr) when is_list(Nodes), is_boolean(RpcErr) ->
     Local = [node() || lists:member(node(), Nodes)],
     Others = [N || {_, N} <- lists:sort([{rand:uniform(), N} || N <- Nodes -- Local])],
-    call_one_loop(Local ++ Others, M, F, A, RpcErr, []).
+    call_one_loop(Local ++ Others, M, F, A, RpcErr, []);
+call_one(Nodes, M, F, A, RpcErr) ->
+    erlang:error(badarg, [Nodes, M, F, A, RpcErr]).
 
 -spec call_one_loop([node()], module(), atom(), [term()], boolean(), [{node(), term()}]) ->
           {ok, {node(), term()}} | {error, term()}.
@@ -225,7 +237,9 @@ call_any(Nodes, M, F, A, RpcErr) when is_list(Nodes), is_boolean(RpcErr) ->
     in_master(Nodes, fun(Urgent) ->
                              {Tag, Called} = parallel(Nodes, M, F, A, Urgent),
                              any_loop(Tag, length(Called), RpcErr, [])
-                     end).
+                     end);
+call_any(Nodes, M, F, A, RpcErr) ->
+    erlang:error(badarg, [Nodes, M, F, A, RpcErr]).
 
 -spec any_loop(reference(), non_neg_integer(), boolean(), [{node(), term()}]) ->
           {ok, {node(), term()}} | {error, term()}.
@@ -262,7 +276,9 @@ call_all(Nodes, M, F, A, RpcErr) when is_list(Nodes), is_boolean(RpcErr) ->
         {ok, Oks} when map_size(Oks) =:= 0 -> {error, none_is_available};
         {ok, Oks} -> {ok, [{N, maps:get(N, Oks)} || N <- Called, maps:is_key(N, Oks)]};
         Error -> Error
-    end.
+    end;
+call_all(Nodes, M, F, A, RpcErr) ->
+    erlang:error(badarg, [Nodes, M, F, A, RpcErr]).
 
 -spec all_loop(reference(), non_neg_integer(), boolean(), #{node() => term()}) ->
           {ok, #{node() => term()}} | {error, {node(), term()}}.
@@ -301,7 +317,9 @@ call_all_wait(Nodes, M, F, A, RpcErr) when is_list(Nodes), is_boolean(RpcErr) ->
     Replies = [{N, R} || N <- Called, {ok, R} <- [maps:get(N, Answers)]],
     Rejects = [{N, E} || N <- Called, {error, E} <- [maps:get(N, Answers)],
                          RpcErr orelse not is_badrpc(E)],
-    {Replies, Rejects}.
+    {Replies, Rejects};
+call_all_wait(Nodes, M, F, A, RpcErr) ->
+    erlang:error(badarg, [Nodes, M, F, A, RpcErr]).
 
 %% The checks of cast/4 and call/5, made before anything is sent: a
 %% parallel pattern's helper that raised `badarg' would never answer, and
@@ -441,10 +459,18 @@ disconnect(Node) ->
 connections() ->
     [catch ecall_conn:info(Pid) || Pid <- ecall_conn_sup:conns()].
 
-%% @doc This node's C-node names (they show in `nodes(hidden)' of peers).
+%% @doc This node's own C-node identities, such as `a_ecall_1@host': the
+%% hidden names its links connect from (they show in `nodes(hidden)' of
+%% peers). Not the peers: those are {@link connections/0}.
+-spec identities() -> [node()].
+identities() ->
+    ecall_cnode:nodes().
+
+%% @doc The old name of {@link identities/0}, which it calls.
+%% @deprecated Use {@link identities/0}.
 -spec nodes() -> [node()].
 nodes() ->
-    ecall_cnode:nodes().
+    identities().
 
 %% @doc Counters: per connected peer, and of this node's receiver pool.
 %%
@@ -459,10 +485,20 @@ nodes() ->
 %% `{registering, Why}': their registration with epmd failed (`Why' is
 %% `{name_taken, Name}' when another node holds a name) and is retried in
 %% the background, while connections use the pure-Erlang transport.
+%%
+%% `{error, not_started}' when the application is not started.
 -spec stats() -> #{peers := #{node() => map()}, receivers := map(), identities := [map()],
                    identities_state := registered | none | {registering, term()},
-                   closed_drops := non_neg_integer()}.
+                   closed_drops := non_neg_integer()}
+               | {error, not_started}.
 stats() ->
+    case started() of
+        true -> node_stats();
+        false -> {error, not_started}
+    end.
+
+-spec node_stats() -> #{atom() => term()}.
+node_stats() ->
     Peers = maps:from_list([{N, S} || #{node := N} <- connections(),
                                       {ok, S} <- [stats(N)]]),
     Ids = case ecall_cnode:cnode() of
@@ -480,12 +516,16 @@ stats() ->
       closed_drops => ecall_conn_sup:closed_drops(),
       receivers => ecall_receiver_sup:counts()}.
 
-%% @doc Counters of the connection to `Node'.
--spec stats(node()) -> {ok, map()} | {error, not_connected}.
+%% @doc Counters of the connection to `Node'. `{error, not_connected}'
+%% when this node has no ecall connection to it (traffic to it goes by
+%% plain distribution), `{error, not_started}' when the application is not
+%% started.
+-spec stats(node()) -> {ok, map()} | {error, not_connected | not_started}.
 stats(Node) when is_atom(Node) ->
-    case ecall_conn:peer(Node) of
-        undefined -> {error, not_connected};
-        {Mod, State} -> {ok, Mod:stats(State)}
+    case {started(), ecall_conn:peer(Node)} of
+        {false, _} -> {error, not_started};
+        {true, undefined} -> {error, not_connected};
+        {true, {Mod, State}} -> {ok, Mod:stats(State)}
     end;
 stats(Node) ->
     erlang:error(badarg, [Node]).
@@ -499,25 +539,52 @@ stats(Node) ->
 %% read after it. Kept until the next close of that peer (for the last
 %% 1,000 peers that closed), also while it is connected again.
 %% `{error, not_found}' when no connection to `Node' has closed.
--spec last_stats(node()) -> {ok, map()} | {error, not_found}.
+%% `{error, not_started}' when the application is not started.
+-spec last_stats(node()) -> {ok, map()} | {error, not_found | not_started}.
 last_stats(Node) when is_atom(Node) ->
-    ecall_conn_sup:last(Node);
+    case started() of
+        true -> ecall_conn_sup:last(Node);
+        false -> {error, not_started}
+    end;
 last_stats(Node) ->
     erlang:error(badarg, [Node]).
 
-%% @doc Prints a readable status: this node's transport, C-node identities
-%% and receiver pool, each peer with its links and counters, and the peers
-%% whose connection closed (from {@link last_stats/1}). The numbers are
-%% those of {@link stats/0}; this is for a person at a shell.
+%% @doc Prints a readable status on the caller's group leader: this
+%% node's transport, C-node identities and receiver pool, each peer with
+%% its links and counters, and the peers whose connection closed (from
+%% {@link last_stats/1}). The numbers are those of {@link stats/0}; this is
+%% for a person at a shell. Before the application is started it says so.
+%% From a release's `bin/app eval' or `bin/app rpc', whose output may go to
+%% the node's own console, use {@link info_lines/0}.
 -spec info() -> ok.
 info() ->
     ecall_info:print().
 
 %% @doc Prints the status of the connection to `Node' (its links and
 %% counters), or of its last closed connection. `{error, not_connected}'
-%% when there is neither.
--spec info(node()) -> ok | {error, not_connected}.
+%% when there is neither, `{error, not_started}' when the application is
+%% not started.
+-spec info(node()) -> ok | {error, not_connected | not_started}.
 info(Node) when is_atom(Node) ->
     ecall_info:print(Node);
 info(Node) ->
     erlang:error(badarg, [Node]).
+
+%% @doc What {@link info/0} prints, returned as a list of lines: for
+%% `bin/app eval "ecall:info_lines()."' and `bin/app rpc ecall info_lines',
+%% which show the value returned to the caller.
+-spec info_lines() -> [string()].
+info_lines() ->
+    ecall_info:lines().
+
+%% @doc What {@link info/1} prints, returned as a list of lines.
+-spec info_lines(node()) -> [string()] | {error, not_connected | not_started}.
+info_lines(Node) when is_atom(Node) ->
+    ecall_info:lines(Node);
+info_lines(Node) ->
+    erlang:error(badarg, [Node]).
+
+%% Whether the application runs here (its top supervisor is up).
+-spec started() -> boolean().
+started() ->
+    whereis(ecall_sup) =/= undefined.

@@ -180,8 +180,26 @@ open(Transport, Node, Timeout) ->
             end
     catch
         error:{erpc, noconnection} -> {error, noconnection};
-        Class:Reason -> {error, {no_ecall_on_peer, {Class, Reason}}}
+        Class:Reason ->
+            %% The peer answered, but its ecall did not: the code is not
+            %% there (undef) or the application is not started.
+            ?LOG_WARNING("ecall: ecall is not running on ~p (~p): start the ecall "
+                         "application there; until then traffic to it goes by plain "
+                         "distribution", [Node, not_running_why(Class, Reason)]),
+            {error, {ecall_not_running, Node}}
     end.
+
+%% A short reason for the log line, not the whole remote stack trace.
+-spec not_running_why(atom(), term()) -> term().
+not_running_why(error, {exception, undef, [{M, F, A, _} | _]}) ->
+    {undef, {M, F, length_or(A)}};
+not_running_why(error, {exception, Reason, _Stack}) -> Reason;
+not_running_why(error, {erpc, Reason}) -> Reason;
+not_running_why(_Class, Reason) -> Reason.
+
+-spec length_or(list() | arity()) -> arity().
+length_or(A) when is_list(A) -> length(A);
+length_or(A) -> A.
 
 %% A peer of the first releases has no hello/1: protocol 0.
 -spec hello(node(), timeout()) -> {ecall_transport:protocol(), [binary()]}.
@@ -345,7 +363,7 @@ drain(Node, Links) ->
     %% none: its batches came on the native connection, before the fence).
     Ids = case Links of
               0 -> [];
-              _ -> ecall:nodes()
+              _ -> ecall:identities()
           end,
     _ = (catch erpc:call(Node, ecall_receiver_sup, fence, [Ids, Left], Left + 500)),
     ok.

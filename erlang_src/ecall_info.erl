@@ -1,15 +1,65 @@
 %% @private
-%% What ecall:info/0,1 print: this node's identities and receiver pool,
+%% What ecall:info/0,1 print, and ecall:info_lines/0,1 return: this node's identities and receiver pool,
 %% each peer with its links and counters, and the peers whose connection
 %% closed (their last stats). Plain text for a person at a shell; the
 %% numbers themselves are ecall:stats/0,1 and ecall:last_stats/1.
 -module(ecall_info).
 
--export([print/0, print/1]).
+-export([print/0, print/1, lines/0, lines/1]).
 
 -spec print() -> ok.
 print() ->
-    #{peers := Peers, identities := Ids, receivers := Rx, closed_drops := CD} = ecall:stats(),
+    io:put_chars(lines()).
+
+-spec print(node()) -> ok | {error, not_connected | not_started}.
+print(Node) ->
+    case lines(Node) of
+        {error, _} = E -> E;
+        Lines -> io:put_chars(Lines)
+    end.
+
+%% The text, one string per line (each ends with a newline).
+-spec lines() -> [string()].
+lines() ->
+    case ecall:stats() of
+        {error, not_started} -> [not_started()];
+        Stats -> collect(fun() -> node_lines(Stats) end)
+    end.
+
+%% `{error, not_connected}' when there is nothing to say about `Node'.
+-spec lines(node()) -> [string()] | {error, not_connected | not_started}.
+lines(Node) ->
+    case ecall:stats(Node) of
+        {ok, S} -> collect(fun() -> peer(Node, S) end);
+        {error, not_started} = E -> E;
+        {error, not_connected} = E ->
+            case ecall:last_stats(Node) of
+                {ok, S} -> collect(fun() -> closed(Node, S) end);
+                _ -> E
+            end
+    end.
+
+-spec not_started() -> string().
+not_started() ->
+    lists:flatten(io_lib:format("ecall is not started on ~p: application:ensure_all_started(ecall)~n",
+                                [node()])).
+
+%% Runs `Fun', which writes its lines with out/2, and returns them.
+-spec collect(fun(() -> term())) -> [string()].
+collect(Fun) ->
+    Prev = put(?MODULE, []),
+    try
+        _ = Fun(),
+        lists:reverse(get(?MODULE))
+    after
+        case Prev of
+            undefined -> erase(?MODULE);
+            _ -> put(?MODULE, Prev)
+        end
+    end.
+
+-spec node_lines(map()) -> ok.
+node_lines(#{peers := Peers, identities := Ids, receivers := Rx, closed_drops := CD}) ->
     out("ecall on ~p: ~p transport~n", [node(), ecall_conn:transport()]),
     case ecall_cnode:state() of
         {registering, Why} ->
@@ -33,15 +83,6 @@ print() ->
     case map_size(Peers) + length(Opening) + length(Closed) of
         0 -> out("no peers~n", []);
         _ -> ok
-    end.
-
-%% `ok' when there was something to print about `Node'.
--spec print(node()) -> ok | {error, not_connected}.
-print(Node) ->
-    case {ecall:stats(Node), ecall:last_stats(Node)} of
-        {{ok, S}, _} -> peer(Node, S);
-        {_, {ok, S}} -> closed(Node, S);
-        {E, _} -> E
     end.
 
 -spec peer(node(), map()) -> ok.
@@ -92,4 +133,5 @@ link_line(L) ->
 
 -spec out(io:format(), [term()]) -> ok.
 out(Format, Args) ->
-    io:format(Format, Args).
+    put(?MODULE, [lists:flatten(io_lib:format(Format, Args)) | get(?MODULE)]),
+    ok.

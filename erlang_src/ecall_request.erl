@@ -171,7 +171,9 @@ wait_reply(Mref, Timeout) ->
 -spec result(ecall_transport:reply()) -> {ok, term()} | {error, term()}.
 result({value, {error, _} = Error}) -> Error;
 result({value, Value}) -> {ok, Value};
-result({exception, Reason}) -> {error, {exit, Reason}};
+result({exception, Class, Reason, Stack}) -> {error, {exception, Class, Reason, Stack}};
+%% From a peer of an earlier release, which sent the reason alone.
+result({exception, Reason}) -> {error, {exception, exit, Reason, []}};
 result({badrpc, Reason}) -> {error, {badrpc, Reason}}.
 
 -spec down_reason(term()) -> term().
@@ -188,9 +190,9 @@ erpc_call(Node, M, F, A, Timeout) ->
         %% erpc rethrows a thrown value; ecall counts it as returned.
         throw:Value -> result({value, Value});
         error:{erpc, Reason} -> {error, {badrpc, Reason}};
-        error:{exception, Reason, _Stack} -> {error, {exit, Reason}};
-        exit:{exception, Reason} -> {error, {exit, Reason}};
-        exit:{signal, Reason} -> {error, {exit, Reason}}
+        error:{exception, Reason, Stack} -> {error, {exception, error, Reason, Stack}};
+        exit:{exception, Reason} -> {error, {exception, exit, Reason, []}};
+        exit:{signal, Reason} -> {error, {exception, exit, Reason, []}}
     end.
 
 %% @doc On the receiving node: runs a linked call and sends the reply back
@@ -201,9 +203,19 @@ run_call(Alias, M, F, A, Urgent) ->
     Reply = try {value, apply(M, F, A)}
             catch
                 throw:Value -> {value, Value};
-                _Class:Reason -> {exception, Reason}
+                error:Reason:Stack -> {exception, error, Reason, callee_stack(Stack)};
+                %% No stack trace for an exit, as erpc gives none.
+                exit:Reason -> {exception, exit, Reason, []}
             end,
     ecall:send_reply(Alias, {Alias, Reply}, Urgent).
+
+%% The stack trace of the called function, without the frames of ecall
+%% that ran it (as erpc gives it).
+-spec callee_stack(list()) -> list().
+callee_stack(Stack) ->
+    lists:takewhile(fun({?MODULE, run_call, _, _}) -> false;
+                       (_) -> true
+                    end, Stack).
 
 %% @doc On the receiving node: runs a cast, as erpc:cast/4 would.
 -spec run_cast(module(), atom(), list()) -> term().

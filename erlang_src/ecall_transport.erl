@@ -29,7 +29,8 @@
                  | {call, Alias :: reference(), module(), atom(), [term()]}
                  | {call, Alias :: reference(), module(), atom(), [term()], urgent}.
 %% What a linked call's reply carries back to `Alias', as `{Alias, Reply}'.
--type reply() :: {value, term()} | {exception, term()} | {badrpc, term()}.
+-type reply() :: {value, term()} | {exception, error | exit, term(), list()}
+               | {exception, term()} | {badrpc, term()}.
 -type push_result() :: ok | closed | overload.
 -type t() :: {module(), term()}.
 %% What a peer's receivers accept, learnt when the connection opens

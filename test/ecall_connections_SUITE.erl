@@ -13,7 +13,10 @@
          bad_config_stops_start/1, links_follow_schedulers/1,
          receiver_answers_system_messages/1,
          spawn_failure_is_counted_and_answered/1, restart_cycles_start_first_time/1,
-         order_holds_across_reconnects/1, a_node_that_crashes_is_written_down/1]).
+         order_holds_across_reconnects/1, a_node_that_crashes_is_written_down/1,
+         a_peer_without_ecall_says_so/1, not_started_says_so/1]).
+%% logger handler.
+-export([log/2]).
 %% Run on peers.
 -export([not_distributed_check/0, hold/1, order_collector/2, load_loop/1]).
 
@@ -27,7 +30,8 @@ all() ->
      not_distributed, bad_arguments, bad_config_stops_start, links_follow_schedulers,
      receiver_answers_system_messages,
      spawn_failure_is_counted_and_answered, restart_cycles_start_first_time,
-     order_holds_across_reconnects, a_node_that_crashes_is_written_down].
+     order_holds_across_reconnects, a_node_that_crashes_is_written_down,
+     a_peer_without_ecall_says_so, not_started_says_so].
 
 init_per_suite(Config) ->
     ok = ecall_test_nodes:start_ecall(),
@@ -43,7 +47,7 @@ wrong_cookie_refused_incoming(_Config) ->
                                    name => peer:random_name(wrong_cookie),
                                    args => ["-setcookie", "not_the_cookie"],
                                    wait_boot => 60000}),
-    [Id | _] = ecall:nodes(),
+    [Id | _] = ecall:identities(),
     Refused0 = refused(Id),
     ?assertEqual(pang, peer:call(Peer, net_adm, ping, [Id], 30000)),
     ?assertEqual(Refused0 + 1, refused(Id)),
@@ -74,7 +78,7 @@ wrong_cookie_refused_outgoing(_Config) ->
     after 15000 -> ct:fail(no_refusal)
     end,
     ok = ecall_nif:peer_close(P),
-    ?assertEqual([], [N || N <- ecall:nodes(), lists:member(N, erpc:call(C, erlang, nodes, [hidden]))]),
+    ?assertEqual([], [N || N <- ecall:identities(), lists:member(N, erpc:call(C, erlang, nodes, [hidden]))]),
     peer:stop(Peer).
 
 %% When the peer node goes down, its connection closes promptly, and sends
@@ -101,7 +105,7 @@ not_distributed(_Config) ->
     peer:stop(Peer).
 
 not_distributed_check() ->
-    [] = ecall:nodes(),
+    [] = ecall:identities(),
     {error, local_node} = ecall:connect(node()),
     hi = ecall:send(self(), hi),
     receive hi -> ok after 1000 -> lost end.
@@ -112,6 +116,14 @@ bad_arguments(_Config) ->
     ?assertError(badarg, ecall:send({1, 2}, x)),
     ?assertError(badarg, ecall:connect("node")),
     ?assertError(badarg, ecall:stats(42)),
+    %% One node where a list of nodes is due.
+    ?assertError(badarg, ecall:call_any(node(), erlang, node, [])),
+    ?assertError(badarg, ecall:call_one(node(), erlang, node, [])),
+    ?assertError(badarg, ecall:call_all(node(), erlang, node, [])),
+    ?assertError(badarg, ecall:call_all_wait(node(), erlang, node, [])),
+    ?assertError(badarg, ecall:cast_one(node(), erlang, node, [])),
+    ?assertError(badarg, ecall:cast_all(node(), erlang, node, [])),
+    ?assertError(badarg, ecall:info_lines(42)),
     ?assertEqual({error, local_node}, ecall:connect(node())),
     ?assertEqual({error, not_connected}, ecall:disconnect('nobody@nowhere')).
 
@@ -396,3 +408,55 @@ a_node_that_crashes_is_written_down(Config) ->
     ?assertMatch([<<"signal 11 (exit status 139): ", _/binary>>,
                   <<"signal 7 (exit status 135): ", _/binary>>],
                  binary:split(Text, <<"\n">>, [global, trim])).
+
+%% A peer where ecall is not running, with its code but not started or
+%% without its code: connecting says so in a plain term and in one warning,
+%% and calls to it still go, by plain distribution.
+a_peer_without_ecall_says_so(_Config) ->
+    ok = logger:add_handler(?MODULE, ?MODULE, #{config => #{pid => self()}}),
+    try
+        Cookie = ["-setcookie", atom_to_list(erlang:get_cookie())],
+        [begin
+             {ok, Peer, Node} = peer:start_link(#{name => peer:random_name(no_ecall),
+                                                  exec => ecall_test_nodes:node_exec(),
+                                                  args => Cookie ++ Args,
+                                                  wait_boot => 60000}),
+             ?assertEqual({error, {ecall_not_running, Node}}, ecall:connect(Node)),
+             receive
+                 {log, warning, Text} ->
+                     ?assertNotEqual(nomatch, string:find(Text, "ecall is not running on")),
+                     ?assertNotEqual(nomatch, string:find(Text, atom_to_list(Node)))
+             after 5000 -> ct:fail(no_warning)
+             end,
+             ?assertEqual({error, not_connected}, ecall:stats(Node)),
+             ?assertEqual({ok, Node}, ecall:call(Node, erlang, node, [])),
+             peer:stop(Peer)
+         end || Args <- [node_args(), []]]
+    after
+        logger:remove_handler(?MODULE)
+    end.
+
+%% Before the application is started, info and stats say so.
+not_started_says_so(_Config) ->
+    {ok, Peer, Node} = peer:start_link(#{name => peer:random_name(not_started),
+                                         exec => ecall_test_nodes:node_exec(),
+                                         args => node_args(), wait_boot => 60000}),
+    ?assertEqual({error, not_started}, erpc:call(Node, ecall, stats, [])),
+    ?assertEqual({error, not_started}, erpc:call(Node, ecall, stats, [node()])),
+    ?assertEqual({error, not_started}, erpc:call(Node, ecall, info, [node()])),
+    ?assertEqual({error, not_started}, erpc:call(Node, ecall, last_stats, [node()])),
+    [Line] = erpc:call(Node, ecall, info_lines, []),
+    ?assertEqual(1, string:str(Line, "ecall is not started on")),
+    ?assertEqual(ok, erpc:call(Node, ecall, info, [])),
+    peer:stop(Peer),
+    %% Started, the lines reach the caller as a value.
+    [First | _] = ecall:info_lines(),
+    ?assertEqual(1, string:str(First, "ecall on " ++ atom_to_list(node()))).
+
+log(#{level := Level, msg := Msg}, #{config := #{pid := Pid}}) ->
+    Text = case Msg of
+               {report, R} -> io_lib:format("~0p", [R]);
+               {string, S} -> S;
+               {F, A} -> io_lib:format(F, A)
+           end,
+    Pid ! {log, Level, lists:flatten(Text)}.

@@ -120,7 +120,7 @@ large_messages_in_order(Config) ->
 %% The links are hidden C-nodes named after this node, one per link.
 links_are_hidden_cnodes(Config) ->
     B = ?config(b, Config),
-    Ids = ecall:nodes(),
+    Ids = ecall:identities(),
     ?assertEqual(ecall_config:links(), length(Ids)),
     [?assertMatch({match, _}, re:run(atom_to_list(Id), "_ecall_[0-9]+@")) || Id <- Ids],
     Hidden = erpc:call(B, erlang, nodes, [hidden]),
@@ -133,7 +133,7 @@ links_are_hidden_cnodes(Config) ->
 %% net_adm:ping/1 from the peer to a C-node answers pong.
 ping_cnode(Config) ->
     B = ?config(b, Config),
-    [?assertEqual(pong, erpc:call(B, net_adm, ping, [Id])) || Id <- ecall:nodes()].
+    [?assertEqual(pong, erpc:call(B, net_adm, ping, [Id])) || Id <- ecall:identities()].
 
 %% Without an ecall connection, send is plain `!': same result, and nothing
 %% goes through the NIF or the peer's receiver pool.
@@ -201,7 +201,7 @@ link_loss_is_reported_and_healed(Config) ->
     %% Rust's own log line reaches logger, at its level.
     ok = logger:add_handler(ecall_test_rust_log, ecall_test_nodes, #{config => #{pid => self()}}),
     erlang:trace(Conn, true, ['receive']),
-    [Id1 | _] = ecall:nodes(),
+    [Id1 | _] = ecall:identities(),
     T0 = erlang:monotonic_time(millisecond),
     ok = erpc:call(B, ecall_test_nodes, drop_connection, [Id1]),
     Down = receive {trace, Conn, 'receive', {ecall_link, 0, {down, R, _}}} -> R

@@ -60,7 +60,7 @@ start_peer(WithEcall) ->
 deep_terms_over_links(Config) ->
     B = ?config(b, Config),
     {ok, S0} = ecall:stats(B),
-    Ids = ecall:nodes(),
+    Ids = ecall:identities(),
     [begin
          _ = erpc:call(B, erlang, send, [{net_kernel, Id}, ?MODULE:deep_list(10000)]),
          _ = erpc:call(B, erlang, send, [{net_kernel, Id}, ?MODULE:deep_tuple(10000)]),
@@ -83,21 +83,21 @@ deep_terms_over_accepted_connections(Config) ->
          _ = erpc:call(C, erlang, send, [{net_kernel, Id}, ?MODULE:deep_list(10000)]),
          _ = erpc:call(C, erlang, send, [{net_kernel, Id}, ?MODULE:deep_tuple(10000)]),
          ?assertEqual(pong, erpc:call(C, net_adm, ping, [Id]))
-     end || Id <- ecall:nodes()],
+     end || Id <- ecall:identities()],
     I1 = identities(),
     [begin
          #{inbound_ignored := G0, inbound_malformed := M0} = maps:get(Id, I0),
          #{inbound_ignored := G1, inbound_malformed := M1} = maps:get(Id, I1),
          ?assertEqual(M0, M1),
          ?assert(G1 - G0 >= 2)
-     end || Id <- ecall:nodes()].
+     end || Id <- ecall:identities()].
 
 %% A message over the frame bound (1 MiB) on a connection without fragments
 %% closes that connection only, counted; C's next ping opens a new one.
 oversized_frame_closes_one_connection(Config) ->
     C = ?config(c, Config),
     B = ?config(b, Config),
-    [Id | _] = ecall:nodes(),
+    [Id | _] = ecall:identities(),
     pong = erpc:call(C, net_adm, ping, [Id]),
     #{inbound_malformed := M0} = maps:get(Id, identities()),
     Big = lists:seq(1, 300000),
@@ -117,7 +117,7 @@ large_message_over_link_in_fragments(Config) ->
     [begin
          _ = erpc:call(B, erlang, send, [{net_kernel, Id}, binary:copy(<<7>>, 3000000)]),
          ?assertEqual(pong, erpc:call(B, net_adm, ping, [Id]))
-     end || Id <- ecall:nodes()],
+     end || Id <- ecall:identities()],
     {ok, S1} = ecall:stats(B),
     ?assertEqual(maps:get(connects, S0), maps:get(connects, S1)),
     ?assertEqual(0, maps:get(inbound_malformed, S1)).

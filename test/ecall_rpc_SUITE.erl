@@ -84,15 +84,24 @@ call_results_match_fallback(Config) ->
              {echo, [{error, x}], {error, x}},
              {fail, [throw, thrown], {ok, thrown}},
              {fail, [throw, {error, t}], {error, t}},
-             {fail, [error, boom], {error, {exit, boom}}},
-             {fail, [exit, bye], {error, {exit, bye}}}],
+             {fail, [exit, bye], {error, {exception, exit, bye, []}}}],
     {ok, #{pushed := P0}} = ecall:stats(B),
     [begin
          ?assertEqual({F, Expected}, {F, ecall:call(B, ecall_test_nodes, F, A)}),
          ?assertEqual({F, Expected}, {F, ecall:call(C, ecall_test_nodes, F, A, 5000)})
      end || {F, A, Expected} <- Cases],
+    %% An error carries its class and the called function's stack trace,
+    %% the same on both paths; so does a function missing on the peer.
+    Raised = [{fail, [error, boom]}, {no_such_function, []}],
+    [begin
+         Via = ecall:call(B, ecall_test_nodes, F, A),
+         ?assertEqual(Via, ecall:call(C, ecall_test_nodes, F, A, 5000)),
+         ?assertMatch({error, {exception, error, _, [{ecall_test_nodes, F, _, _} | _]}}, Via)
+     end || {F, A} <- Raised],
+    ?assertMatch({error, {exception, error, boom, _}}, ecall:call(B, ecall_test_nodes, fail, [error, boom])),
+    ?assertMatch({error, {exception, error, undef, _}}, ecall:call(B, ecall_test_nodes, no_such_function, [])),
     {ok, #{pushed := P1}} = ecall:stats(B),
-    ?assertEqual(length(Cases), P1 - P0),
+    ?assertEqual(length(Cases) + 2 * length(Raised), P1 - P0),
     peer:stop(Peer).
 
 %% A call that times out returns {error, {badrpc, timeout}}, and its reply,
@@ -132,7 +141,7 @@ link_loss_fails_its_callers_only(Config) ->
     Callers = OnLink0 ++ OnLink1,
     [C ! go || C <- Callers],
     Blocked = [receive {blocked, P, B} -> P after 5000 -> ct:fail(not_blocked) end || _ <- Callers],
-    [Id1 | _] = ecall:nodes(),
+    [Id1 | _] = ecall:identities(),
     ok = erpc:call(B, ecall_test_nodes, drop_connection, [Id1]),
     %% Link 0 (Id1) callers fail ...
     [receive
@@ -261,7 +270,7 @@ rpc_bad_arguments(_Config) ->
     ?assertError(badarg, ecall:call(b, m, "f", [])),
     ?assertError(badarg, ecall:call(b, m, f, [], -1)),
     ?assertError(badarg, ecall:call(b, m, f, [], soon)),
-    ?assertError(function_clause, ecall:call_all(not_a_list, m, f, [])),
+    ?assertError(badarg, ecall:call_all(not_a_list, m, f, [])),
     %% The parallel patterns check before they start: a helper that raised
     %% would never answer, and the pattern would wait for it forever.
     ?assertError(badarg, ecall:call_all([b], m, "f", [])),

@@ -170,7 +170,7 @@ link_down_and_back(_Config) ->
     ok = sink(),
     {Peer, C} = peer_node(),
     ok = connect(C),
-    [Id1 | _] = ecall:nodes(),
+    [Id1 | _] = ecall:identities(),
     ok = erpc:call(C, ecall_test_nodes, drop_connection, [Id1]),
     {_, #{link := 1, reason := Reason, retry := false}} = event([ecall, link, down], C),
     ?assert(Reason =:= peer_closed orelse element(1, Reason) =:= read),

@@ -47,7 +47,8 @@ erlang_transport_data_path(Config) ->
     ?assertEqual(ok, ecall:cast(B, ecall_test_nodes, tell, [self(), {cast, erl}])),
     receive {cast, erl} -> ok after 5000 -> ct:fail(cast_lost) end,
     ?assertEqual({ok, 42}, ecall:call(B, ecall_test_nodes, echo, [42])),
-    ?assertEqual({error, {exit, boom}}, ecall:call(B, ecall_test_nodes, fail, [error, boom])),
+    ?assertMatch({error, {exception, error, boom, [{ecall_test_nodes, fail, 2, _} | _]}},
+                 ecall:call(B, ecall_test_nodes, fail, [error, boom])),
     ?assertEqual({error, {badrpc, timeout}}, ecall:call(B, ecall_test_nodes, block, [self()], 100)),
     receive {blocked, P, B} -> P ! go after 5000 -> ct:fail(not_blocked) end.
 
