@@ -6,7 +6,7 @@ SHELL := /bin/bash
 export ECALL_OTP27_CACHE ?= /var/cache/ecall-otp27
 export ECALL_OTP29_CACHE ?= /var/cache/ecall-otp29
 
-.PHONY: all deps build demo test test-rust test-ct test-build examples check clean
+.PHONY: all deps build demo test test-rust test-ct test-build examples check clean config-doc
 
 all: build
 
@@ -52,6 +52,10 @@ check: deps
 	rebar3 edoc
 	@# The benchmark's modules (not part of the app), warnings as errors.
 	mkdir -p _build/check && erlc +warnings_as_errors -o _build/check -I test bench/ecall_bench.erl test/ecall_test_nodes.erl
+
+# doc/configuration.md, from ecall_config:spec/0 (a test checks they agree).
+config-doc: build
+	erl -noshell -pa _build/default/lib/ecall/ebin -eval 'ok = ecall_config:write_doc("doc/configuration.md"), halt().'
 
 clean:
 	rm -rf _build priv/*.so examples/*/_build examples/*/deps

@@ -11,14 +11,15 @@
 
 -compile({no_auto_import, [get/1]}).
 -export([spec/0, validate/0, get/1, links/0, shards/0, receivers/0, peer_opts/0]).
+-export([doc/0, write_doc/1]).
 
 -type check() :: pos_integer | non_neg_integer | boolean | {one_of, [atom()]}
                | {pos_integer_or, atom()}.
 -type error() :: {bad_config, atom(), term()} | {unknown_config_key, atom()}.
 -export_type([error/0]).
 
-%% Key => {Check, Default, What it is}. The README's configuration table is
-%% this table.
+%% Key => {Check, Default, What it is}. doc/configuration.md is this table
+%% ({@link doc/0}).
 -spec spec() -> #{atom() => {check(), term(), string()}}.
 spec() ->
     #{links => {{pos_integer_or, auto}, auto,
@@ -70,6 +71,39 @@ spec() ->
       telemetry_interval => {{pos_integer_or, infinity}, infinity,
                              "ms between [ecall, stats] telemetry events (read at start); "
                              "infinity: only on demand"}}.
+
+%% @doc doc/configuration.md, made from {@link spec/0}: a test fails when
+%% the file and the table disagree (`make config-doc' writes it again).
+-spec doc() -> unicode:chardata().
+doc() ->
+    Rows = [io_lib:format("| `~s` | ~s | `~0p` | ~s |~n", [K, values(C), D, What])
+            || {K, {C, D, What}} <- lists:sort(maps:to_list(spec()))],
+    ["# ecall: configuration\n\n"
+     "<!-- Made by ecall_config:doc/0 from ecall_config:spec/0 (make config-doc). -->\n\n"
+     "ecall is configured through the environment of the application `ecall`:\n"
+     "`sys.config`, `-ecall Key Value` on the command line, or\n"
+     "`config :ecall, key: value` in Elixir. Every key is checked when the\n"
+     "application starts: an unknown key or a bad value stops the start with\n"
+     "`{bad_config, Key, Value}` or `{unknown_config_key, Key}` and an error in\n"
+     "the log. A change made at run time (`application:set_env/3`) to a key\n"
+     "marked \"read when a connection opens\" applies to connections opened\n"
+     "after it.\n"
+     "Which settings matter, and when to change them: `operations.md`.\n\n"
+     "| key | values | default | what it does |\n"
+     "| --- | --- | --- | --- |\n",
+     Rows].
+
+%% @doc Writes {@link doc/0} to `File'.
+-spec write_doc(file:filename()) -> ok | {error, term()}.
+write_doc(File) ->
+    file:write_file(File, unicode:characters_to_binary(doc())).
+
+-spec values(check()) -> string().
+values(pos_integer) -> "integer > 0";
+values(non_neg_integer) -> "integer >= 0";
+values(boolean) -> "`true`, `false`";
+values({pos_integer_or, Word}) -> lists:flatten(io_lib:format("integer > 0, `~s`", [Word]));
+values({one_of, Atoms}) -> lists:join(", ", [io_lib:format("`~s`", [A]) || A <- Atoms]).
 
 %% @doc Checks every key set for the application: `ok', or the first
 %% problem found (keys in alphabetical order).

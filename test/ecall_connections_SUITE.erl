@@ -14,7 +14,8 @@
          receiver_answers_system_messages/1,
          spawn_failure_is_counted_and_answered/1, restart_cycles_start_first_time/1,
          order_holds_across_reconnects/1, a_node_that_crashes_is_written_down/1,
-         a_peer_without_ecall_says_so/1, not_started_says_so/1]).
+         a_peer_without_ecall_says_so/1, not_started_says_so/1,
+         configuration_doc_matches_spec/1]).
 %% logger handler.
 -export([log/2]).
 %% Run on peers.
@@ -31,7 +32,7 @@ all() ->
      receiver_answers_system_messages,
      spawn_failure_is_counted_and_answered, restart_cycles_start_first_time,
      order_holds_across_reconnects, a_node_that_crashes_is_written_down,
-     a_peer_without_ecall_says_so, not_started_says_so].
+     a_peer_without_ecall_says_so, not_started_says_so, configuration_doc_matches_spec].
 
 init_per_suite(Config) ->
     ok = ecall_test_nodes:start_ecall(),
@@ -460,3 +461,15 @@ log(#{level := Level, msg := Msg}, #{config := #{pid := Pid}}) ->
                {F, A} -> io_lib:format(F, A)
            end,
     Pid ! {log, Level, lists:flatten(Text)}.
+
+%% doc/configuration.md is what ecall_config:doc/0 makes of the table the
+%% configuration is checked against: a key added, removed or changed
+%% without `make config-doc' fails here.
+configuration_doc_matches_spec(_Config) ->
+    Source = proplists:get_value(source, ecall_config:module_info(compile)),
+    Root = filename:dirname(filename:dirname(Source)),
+    {ok, OnDisk} = file:read_file(filename:join([Root, "doc", "configuration.md"])),
+    Made = unicode:characters_to_binary(ecall_config:doc()),
+    ?assertEqual(Made, OnDisk),
+    [?assertNotEqual(nomatch, binary:match(OnDisk, <<"| `", (atom_to_binary(K))/binary, "` |">>))
+     || K <- maps:keys(ecall_config:spec())].
