@@ -53,6 +53,19 @@ if ! command -v cargo >/dev/null 2>&1; then
     exit 1
 fi
 
+# Nothing to do, and nothing said, when the installed library is newer than
+# every file cargo would build it from: mix compiles a path dependency on
+# every run, and a build with nothing changed should be quiet and quick.
+# (Any change, a git checkout included, makes a source newer: then cargo
+# decides, and the library is touched after it, see below. Deleting
+# priv/libecall_nif.so forces a build, after a toolchain change say.)
+fresh_sources=$(find Cargo.toml Cargo.lock native -newer "$lib" \
+                    \( -name '*.rs' -o -name '*.toml' -o -name Cargo.lock \) -print -quit \
+                    2>/dev/null || echo stale)
+if [ -f "$lib" ] && [ -z "$fresh_sources" ]; then
+    exit 0
+fi
+
 # cargo's messages go to stderr; its JSON lines (stdout) name the library
 # it built, wherever its target dir is (CARGO_TARGET_DIR, a build.target-dir
 # of a .cargo/config.toml, or target/ beside Cargo.toml).
@@ -85,5 +98,7 @@ fi
 [ -f "$built" ] || { say "cargo built nothing at $built"; exit 1; }
 
 # Stripped, and renamed into place (never copied over the old file, which
-# a running node may have loaded).
-exec native/install_nif.sh "$built" priv
+# a running node may have loaded). Touched, so that the next build finds it
+# newer than the sources it was just checked against.
+native/install_nif.sh "$built" priv
+touch "$lib"
