@@ -47,7 +47,7 @@ send(To, Msg) ->
 %%
 %% `urgent': the message is not held back on a busy link. A link that
 %% carries many requests waits up to 1-2 ms for a batch worth a write
-%% (gathering, see the README). A process that waits for an answer before
+%% (gathering, see doc/behaviour.md). A process that waits for an answer before
 %% it sends again brings no company meanwhile, so each of its messages
 %% would wait that long on the way out, and the answer again on the way
 %% back: a request and its reply exchanged with send/2 pay 2-4 ms a round
@@ -56,7 +56,7 @@ send(To, Msg) ->
 %% writer sleeps. Send the reply urgent too. Calls (call/4,5) decide this
 %% by themselves; sends never do, since nothing tells a send that an answer
 %% is awaited. A link finds such exchanges out by itself after a while
-%% (sparse links and lulls, see the README); urgent spares them the wait
+%% (sparse links and lulls, see doc/behaviour.md); urgent spares them the wait
 %% from the first message on. The cost: the batch it cuts short, so keep
 %% it for messages someone waits on. Order is kept as for send/2.
 %%
@@ -131,8 +131,8 @@ call(Node, M, F, A) ->
 %%     `{exception, R}' (exit)</td></tr>
 %% <tr><td>cannot be reached: node down, link down, no connection</td>
 %%     <td>`{error, {badrpc, R}}': `R' is `noconnection', `nodedown',
-%%     `{link_down, Why}' (the link carrying the call went down; the README,
-%%     section "cast and call", lists the values of `Why'), or the reason
+%%     `{link_down, Why}' (the link carrying the call went down; doc/behaviour.md,
+%%     section "Why a link went down", lists the values of `Why'), or the reason
 %%     the connection closed, such as `transport_change' (the call was in
 %%     flight for more than 60 s while its peer moved from the pure-Erlang
 %%     transport to the links)</td>

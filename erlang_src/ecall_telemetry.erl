@@ -1,4 +1,4 @@
-%% @doc Telemetry events of ecall (see the README, section Telemetry, for
+%% @doc Telemetry events of ecall (see doc/operations.md, section Telemetry, for
 %% every event, measurement and metadata key).
 %%
 %% `telemetry' (beam-telemetry) is an optional dependency: events go to

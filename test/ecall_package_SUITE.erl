@@ -52,5 +52,5 @@ package_metadata(_Config) ->
     Files = proplists:get_value(files, Props),
     ?assertEqual([], [F || F <- Files, not filelib:is_file(filename:join(Root, F))]),
     ?assertEqual([], ["erlang_src", "native", "Cargo.toml", "Cargo.lock", "rebar.config",
-                      "README.md", "LICENSE", "CHANGELOG.md"] -- Files),
+                      "README.md", "LICENSE", "CHANGELOG.md", "doc"] -- Files),
     ?assert(filelib:is_regular(filename:join(Root, "native/build.sh"))).

@@ -198,7 +198,7 @@ peer_killed_with_1000_calls(_Config) ->
     ct:pal("1000 callers returned ~b ms after the kill: ~p",
            [Ms, lists:usort([R || {error, {badrpc, R}} <- Results])]),
     [?assertMatch({error, {badrpc, _}}, R) || R <- Results],
-    %% The bound stated in the README.
+    %% The bound stated in doc/behaviour.md.
     ?assert(Ms < 5000).
 
 unreachable_node(_Config) ->

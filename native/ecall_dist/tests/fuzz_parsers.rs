@@ -147,7 +147,7 @@ proptest! {
 }
 
 /// The names of the refusals are a contract: Erlang sees them as
-/// `{malformed, Name}` link-down reasons, and the README lists them.
+/// `{malformed, Name}` link-down reasons, and doc/behaviour.md lists them.
 #[test]
 fn malformed_reasons_keep_their_documented_names() {
     let names: Vec<&str> = [
