@@ -10,7 +10,7 @@
 -export([load_error/0, log_target/2, log_off/0]).
 -export([cnode_start/4, cnode_info/1,
          peer_open/6, peer_close/1, peer_stats/1, overflow_drop/1,
-         send/4, push/4, push_iovec/3, caller_link/1, wait_room/3,
+         send/4, push/4, push_iovec/3, push_direct/4, caller_link/1, wait_room/3,
          peer_flusher/2, flush/2]).
 -export([encode/1, encoded_size/1]).
 
@@ -114,6 +114,16 @@ push(_Peer, _Request, _Room, _Urgent) -> erlang:nif_error(nif_not_loaded).
 -spec push_iovec(peer(), [binary()], room() | false) ->
           ok | closed | {full, non_neg_integer()}.
 push_iovec(_Peer, _IoVec, _Room) -> erlang:nif_error(nif_not_loaded).
+
+%% Queues a big message, encoded by erlang:term_to_iovec/1, in a frame of
+%% its own that goes straight to `To' on the peer (a pid or a registered
+%% name; `ToExt' is term_to_binary(To)), which decodes it in that process
+%% (dirty scheduler). The caller's earlier requests, which the peer's
+%% receiver replays, must have been replayed first: see
+%% ecall_transport_nif.
+-spec push_direct(peer(), binary(), [binary()], room() | false) ->
+          ok | closed | {full, non_neg_integer()}.
+push_direct(_Peer, _ToExt, _IoVec, _Room) -> erlang:nif_error(nif_not_loaded).
 
 %% Sets the peer's flusher (once): the process that is sent `{ecall_flush,
 %% K}' when a push queued behind link K's sleeping writer, and answers it

@@ -23,6 +23,14 @@
 %% scheduler is held for the copy.
 -define(LARGE, 65536).
 
+%% Messages whose encoding reaches this size go straight to their target,
+%% not through the peer's receiver (direct/3): a relayed message is built
+%% twice on the peer, each time holding a scheduler, and its fence costs a
+%% round trip, small against the transfer of that many bytes.
+-define(DIRECT, 262144).
+%% How long the fence of a direct message may take (direct/3).
+-define(FENCE_TIMEOUT, 5000).
+
 %% The peer's protocol (ecall_transport:protocol()) decides what an urgent
 %% call looks like on the wire (ecall_transport:wire/3).
 %% `Loops' counts closed-loop calls (loop_starts/1); `off' with the
@@ -53,13 +61,63 @@ open(Node, Receivers, Protocol) ->
           ecall_transport:push_result().
 send(State, Dest, Msg, _Urgent) when is_binary(Msg), byte_size(Msg) >= ?LARGE ->
     %% A batch of its own: never held back for company.
-    push_iovec(State, {send, Dest, Msg});
+    send_large(State, Dest, Msg);
 send({_, Peer, _, _} = State, Dest, Msg, Urgent) ->
     %% The common case: the NIF builds {send, Dest, Msg} as it encodes.
     case ecall_nif:send(Peer, Dest, Msg, Urgent) of
         {full, _} -> push(State, {send, Dest, Msg}, Urgent);
-        large -> push_iovec(State, {send, Dest, Msg});
+        large -> send_large(State, Dest, Msg);
         Result -> Result
+    end.
+
+%% A message whose encoding passes 16 KiB, encoded once by term_to_iovec.
+%% From ?DIRECT bytes on, to a pid or a registered name, it goes straight
+%% to its target (see direct/3); below, or to an alias, as a request the
+%% peer's receiver replays.
+-spec send_large(state(), pid() | reference() | atom(), term()) ->
+          ecall_transport:push_result().
+send_large(State, Dest, Msg) ->
+    IoVec = erlang:term_to_iovec(Msg),
+    case iolist_size(IoVec) >= ?DIRECT andalso not is_reference(Dest) of
+        true ->
+            direct(State, Dest, IoVec);
+        false ->
+            relayed(State, Dest, IoVec)
+    end.
+
+%% The encoded message as a request the peer's receiver replays: {send,
+%% Dest, Msg} around it, without encoding it again.
+-spec relayed(state(), pid() | reference() | atom(), erlang:iovec()) ->
+          ecall_transport:push_result().
+relayed({_, Peer, _, _} = State, Dest, [<<131, Body/binary>> | Rest]) ->
+    <<131, DestExt/binary>> = term_to_binary(Dest),
+    Request = [<<131, 104, 3, 119, 4, "send", DestExt/binary, Body/binary>> | Rest],
+    push_with(State, send, fun(Room) -> ecall_nif:push_iovec(Peer, Request, Room) end).
+
+%% A big message straight to its target, which decodes it itself, as a
+%% message sent with `!': relayed by the receiver it would be decoded by
+%% the receiver and then copied again to the target, and each of those
+%% holds a scheduler of the peer for as long as it takes (seconds for
+%% terms of tens of MB), with everything behind it on that receiver.
+%%
+%% Per-caller order: this caller's earlier requests on the links are
+%% replayed by a receiver on the peer, which may not have done so yet when
+%% this message reaches its target. So first a call through the links (the
+%% fence): it is replayed after them, so its answer means they have been.
+%% The caller's later requests follow this message on the same connection
+%% and its shard holds them until it has been written. The fence costs one
+%% round trip per big message; a failed one leaves the message to the
+%% receiver's replay, in order.
+-spec direct(state(), pid() | atom(), erlang:iovec()) -> ecall_transport:push_result().
+direct({Node, Peer, _, _} = State, Dest, IoVec) ->
+    case ecall_request:call(Node, erlang, node, [], ?FENCE_TIMEOUT, true) of
+        {ok, _} ->
+            ToExt = term_to_binary(Dest),
+            push_with(State, send, fun(Room) -> ecall_nif:push_direct(Peer, ToExt, IoVec, Room) end);
+        {error, overload} ->
+            overload;
+        {error, _} ->
+            relayed(State, Dest, IoVec)
     end.
 
 -spec push(state(), ecall_transport:request(), boolean()) -> ecall_transport:push_result().
@@ -72,16 +130,6 @@ push({_, Peer, Protocol, _} = State, Request0, Urgent) ->
                           Result -> Result
                       end
               end).
-
-%% A request whose encoding passes 16 KiB (the NIF says `large' rather
-%% than hold the caller's scheduler that long), or a large binary: encoded
-%% by term_to_iovec (a BIF that yields; big binaries are referenced, not
-%% copied), copied into a batch of its own on a dirty scheduler.
--spec push_iovec(state(), ecall_transport:request()) -> ecall_transport:push_result().
-push_iovec({_, Peer, _, _} = State, Request) ->
-    IoVec = erlang:term_to_iovec(Request),
-    push_with(State, element(1, Request),
-              fun(Room) -> ecall_nif:push_iovec(Peer, IoVec, Room) end).
 
 %% Pushes the request, with `false' or with the room set aside for it.
 -type pusher() :: fun((ecall_nif:room() | false) -> ok | closed | {full, non_neg_integer()}).

@@ -17,7 +17,7 @@
          malformed_element_skipped/1, link_loss_is_reported_and_healed/1,
          every_term_kind_arrives_equal/1, remote_pids_arrive_equal/1,
          atoms_past_the_ids_go_as_text/1,
-         large_terms_go_by_iovec/1]).
+         large_terms_go_by_iovec/1, big_messages_go_straight_in_order/1]).
 
 -import(ecall_test_nodes, [start_node/1, stop_node/1, many_callers_exactly_once/1, send_seq/2]).
 
@@ -32,7 +32,7 @@ groups() ->
                 fallback_without_link, names_and_aliases, malformed_element_skipped,
                 link_loss_is_reported_and_healed, every_term_kind_arrives_equal,
                 remote_pids_arrive_equal, atoms_past_the_ids_go_as_text,
-                large_terms_go_by_iovec],
+                large_terms_go_by_iovec, big_messages_go_straight_in_order],
     [{otp25, [], DataPath},
      {otp27, [], DataPath},
      {otp29, [], DataPath}].
@@ -111,7 +111,8 @@ large_messages_in_order(Config) ->
            || _ <- Msgs],
     ?assertEqual([{I, byte_size(Bin), erlang:md5(Bin)} || {I, Bin} <- Msgs], Got),
     {ok, #{pushed := P1, batches := B1, fragmented := F1}} = ecall:stats(B),
-    ?assertEqual(length(Sizes), P1 - P0),
+    %% And one fence per message that went straight to its target.
+    ?assertEqual(length(Sizes) + direct_count(Msgs), P1 - P0),
     %% The large ones went as batches of their own, the multi-megabyte ones
     %% (at least) in fragments.
     ?assert(B1 - B0 >= 3),
@@ -434,7 +435,51 @@ large_terms_go_by_iovec(Config) ->
     {ok, #{pushed := P0}} = ecall:stats(B),
     lists:foreach(fun(T) -> T = ecall:send(Mirror, T) end, Sent),
     {ok, #{pushed := P1}} = ecall:stats(B),
-    ?assertEqual(length(Sent), P1 - P0),
+    ?assertEqual(length(Sent) + direct_count(Sent), P1 - P0),
     ecall:send(Mirror, mirror_done),
     ?assertEqual(Sent, mirrored([])),
     ?assertEqual({ok, length(List)}, ecall:call(B, erlang, length, [List])).
+
+%% A message whose encoding reaches 256 KiB goes straight to its target (a
+%% pid, or a name registered on the peer), which decodes it itself, not
+%% through the peer's receivers: they replay only the small ones and one
+%% fence per big one. One caller's small and big messages, in turn, arrive
+%% in order and intact.
+big_messages_go_straight_in_order(Config) ->
+    B = ?config(b, Config),
+    Self = self(),
+    Name = ecall_big_sink,
+    Sink = erpc:call(B, erlang, spawn, [fun() -> mirror_hashes(Self) end]),
+    true = erpc:call(B, erlang, register, [Name, Sink]),
+    Big = fun(I) -> [{I, K, <<"abcdefgh">>} || K <- lists:seq(1, 20000)] end,
+    ?assert(iolist_size(term_to_iovec(Big(0))) >= 262144),
+    %% In pairs, small then big, to the pid and to the name in turn (one
+    %% process: order holds across both).
+    Pairs = [{lists:nth(1 + I rem 2, [Sink, {Name, B}]), [{small, I}, {big, I, Big(I)}]}
+             || I <- lists:seq(1, 6)],
+    Msgs = lists:append([Ms || {_, Ms} <- Pairs]),
+    #{receivers := #{requests := R0}} = erpc:call(B, ecall, stats, []),
+    {ok, #{pushed := P0}} = ecall:stats(B),
+    Sent = [ecall:send(To, M) || {To, Ms} <- Pairs, M <- Ms],
+    ?assertEqual(Msgs, Sent),
+    Got = [receive {hash, H} -> H after 30000 -> ct:fail(lost) end || _ <- Msgs],
+    ?assertEqual([erlang:phash2(M) || M <- Msgs], Got),
+    #{receivers := #{requests := R1}} = erpc:call(B, ecall, stats, []),
+    {ok, #{pushed := P1}} = ecall:stats(B),
+    Bigs = length([M || M <- Msgs, element(1, M) =:= big]),
+    %% Pushed: every message and one fence per big one; replayed by the
+    %% receivers: the small ones and the fences only.
+    ?assertEqual(length(Msgs) + Bigs, P1 - P0),
+    ?assertEqual(length(Msgs), R1 - R0),
+    Sink ! stop.
+
+mirror_hashes(Owner) ->
+    receive
+        stop -> ok;
+        M -> Owner ! {hash, erlang:phash2(M)}, mirror_hashes(Owner)
+    end.
+
+%% How many of `Msgs' go straight to their target, each after a fence
+%% (ecall_transport_nif: an encoding of 256 KiB or more).
+direct_count(Msgs) ->
+    length([M || M <- Msgs, iolist_size(term_to_iovec(M)) >= 262144]).

@@ -188,6 +188,32 @@ impl Peer {
         })
     }
 
+    /// [`Peer::push_alone`] of a large message that goes straight to `to`
+    /// on the peer, a pid or a registered name (external format without
+    /// the version byte), instead of through the receiver: the peer
+    /// decodes it in the receiving process, as a message sent with `!`.
+    /// `parts`: the message as `term_to_iovec` gives it, version byte
+    /// included. Per-caller order with the caller's earlier requests, which
+    /// the receiver replays, is the caller's to keep (the Erlang side waits
+    /// until they are replayed first); with its later ones it holds, as
+    /// they follow on the same connection. `None` if `to` is neither a pid
+    /// nor an atom (nothing queued).
+    pub fn push_direct(
+        &self,
+        shard: usize,
+        to: &[u8],
+        parts: &[&[u8]],
+        reserved: usize,
+    ) -> Option<Push> {
+        if !Shard::direct_target(to) {
+            return None;
+        }
+        let len = parts.iter().map(|p| p.len()).sum();
+        Some(self.push_with(shard, len, reserved, None, |s, under_lock| {
+            s.push_direct(to, parts, under_lock)
+        }))
+    }
+
     /// Writes what link `k`'s shards hold from the calling thread, once a
     /// push answered [`Push::Flush`]`(k)`: one non-blocking write, as the
     /// writer would make (see `LinkShared::flush` in `link/side.rs`), or a

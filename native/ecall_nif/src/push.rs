@@ -1,7 +1,8 @@
 //! The pushes: one request encoded once on the caller's scheduler
 //! ([`encode`]) and queued on the caller's shard (`send/4`, `push/4`), or
 //! encoded by `term_to_iovec` and queued from a dirty scheduler
-//! (`push_iovec/3`); what a push answers; and the encode as Erlang sees it
+//! (`push_iovec/3`, and `push_direct/4` for a big message that goes
+//! straight to its target); what a push answers; and the encode as Erlang sees it
 //! (`encode/1`, `encoded_size/1`, for tests and the benchmark).
 
 use crate::{atoms, encode, PeerRes, RoomRes};
@@ -96,6 +97,36 @@ fn push_iovec<'a>(
     let pushed = peer
         .peer
         .push_alone(caller_shard(env), &parts, reserved(room, &peer.peer));
+    Ok(answer(env, &peer, pushed, len))
+}
+
+/// Queues a large message for `to` (a pid or a registered name on the
+/// peer) in a frame of its own that goes straight to it, not through the
+/// receiver (`Peer::push_direct`): the peer decodes it in `to`'s process,
+/// as a message sent with `!`. `to` is `term_to_binary(To)`; `iovec` is
+/// `term_to_iovec(Msg)`. The Erlang side makes sure that the caller's
+/// earlier requests have been replayed first. Same results as
+/// `push_iovec/3`; `badarg` if `to` is neither a pid nor an atom. Runs on
+/// a dirty scheduler, as `push_iovec/3`.
+#[rustler::nif(schedule = "DirtyCpu")]
+fn push_direct<'a>(
+    env: Env<'a>,
+    peer: ResourceArc<PeerRes>,
+    to: Binary<'a>,
+    iovec: Vec<Binary<'a>>,
+    room: Term<'a>,
+) -> NifResult<Term<'a>> {
+    let to = ecall_dist::wire::etf::element_body(to.as_slice()).ok_or(rustler::Error::BadArg)?;
+    let parts: Vec<&[u8]> = iovec
+        .iter()
+        .map(|b| b.as_slice())
+        .filter(|p| !p.is_empty())
+        .collect();
+    let len = parts.iter().map(|p| p.len()).sum();
+    let pushed = peer
+        .peer
+        .push_direct(caller_shard(env), to, &parts, reserved(room, &peer.peer))
+        .ok_or(rustler::Error::BadArg)?;
     Ok(answer(env, &peer, pushed, len))
 }
 

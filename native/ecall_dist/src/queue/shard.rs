@@ -115,6 +115,8 @@ pub struct Shard {
     header: Vec<u8>,
     /// Whether the header has atoms as text.
     header_text: bool,
+    /// The header as built, for direct frames ([`Shard::push_direct`]).
+    batch: BatchHeader,
     caps: BatchCaps,
 }
 
@@ -125,6 +127,7 @@ impl Shard {
             inner: Mutex::new(Inner::default()),
             header: header.as_bytes().to_vec(),
             header_text: header.has_text(),
+            batch: header.clone(),
             caps,
         }
     }
@@ -243,6 +246,62 @@ impl Shard {
         Some(under_lock(Backlog::FULL))
     }
 
+    /// Queues one large message for `to` on the peer (a pid or a
+    /// registered name, external format without the version byte) in a
+    /// frame of its own that goes straight to it, not to the receiver
+    /// ([`BatchHeader::direct`]). `parts` are the message as
+    /// `term_to_iovec` gives it, version byte included. Built outside the
+    /// lock, queued in order like [`Shard::push_alone`]. `None` when the
+    /// shard is closed or `to` is neither a pid nor an atom (nothing
+    /// queued either way; [`Shard::direct_target`] tells them apart).
+    pub fn push_direct<R>(
+        &self,
+        to: &[u8],
+        parts: &[&[u8]],
+        under_lock: impl FnOnce(Backlog) -> R,
+    ) -> Option<R> {
+        let mut bytes = self.batch.direct(to)?;
+        let len: usize = parts.iter().map(|p| p.len()).sum();
+        bytes.reserve_exact(len);
+        for p in parts {
+            bytes.extend_from_slice(p);
+        }
+        BatchHeader::seal_direct(&mut bytes);
+        let frame = Frame {
+            bytes,
+            count: 1,
+            payload: len,
+            // From term_to_iovec: atoms as text.
+            text: true,
+            refs: 0,
+        };
+        let mut g = self.lock();
+        if g.closed {
+            return None;
+        }
+        if g.open_count > 0 {
+            self.seal_open(&mut g);
+        }
+        g.sealed.push_back(frame);
+        Some(under_lock(Backlog::FULL))
+    }
+
+    /// Whether `to` can be the target of a direct frame: a pid or an atom.
+    pub fn direct_target(to: &[u8]) -> bool {
+        use crate::wire::etf::*;
+        matches!(
+            to.first(),
+            Some(
+                &(NEW_PID_EXT
+                    | PID_EXT
+                    | ATOM_EXT
+                    | SMALL_ATOM_EXT
+                    | ATOM_UTF8_EXT
+                    | SMALL_ATOM_UTF8_EXT)
+            )
+        )
+    }
+
     /// Builds in `out` the frame of a batch of this shard holding `element`
     /// alone (external format without the version byte), for a lone write
     /// (`link/side.rs`). The shard itself is not touched. Returns whether
@@ -331,6 +390,94 @@ mod tests {
                 max_bytes,
             },
         )
+    }
+
+    /// A direct frame: it seals the open batch first (order), carries the
+    /// message whole behind a SEND control to a pid or a REG_SEND to a
+    /// name from the batches' pid, and its length field is its length.
+    #[test]
+    fn a_direct_frame_follows_the_open_batch_and_goes_to_its_target() {
+        use crate::wire::etf::*;
+        let s = shard(100, 1 << 20);
+        s.push(Element::text(&[SMALL_INTEGER_EXT, 1]), |_| ());
+        let pid = [
+            NEW_PID_EXT,
+            SMALL_ATOM_UTF8_EXT,
+            3,
+            b'b',
+            b'@',
+            b'h',
+            0,
+            0,
+            0,
+            7,
+            0,
+            0,
+            0,
+            0,
+            0,
+            0,
+            0,
+            1,
+        ];
+        let msg: [&[u8]; 2] = [&[VERSION, SMALL_TUPLE_EXT, 1], &[SMALL_INTEGER_EXT, 42]];
+        assert_eq!(s.push_direct(&pid, &msg, |b| b), Some(Backlog::FULL));
+        let name = [SMALL_ATOM_UTF8_EXT, 4, b's', b'i', b'n', b'k'];
+        assert!(s.push_direct(&name, &msg, |_| ()).is_some());
+        assert!(s.push_direct(&[NIL_EXT], &msg, |_| ()).is_none());
+        assert!(!Shard::direct_target(&[NIL_EXT]) && Shard::direct_target(&pid));
+
+        let batch = s.take().unwrap();
+        assert_eq!((batch.count, batch.payload), (1, 2));
+        let to_pid = s.take().unwrap();
+        let b = &to_pid.bytes;
+        assert_eq!(
+            u32::from_be_bytes(b[..4].try_into().unwrap()) as usize,
+            b.len() - 4
+        );
+        assert_eq!(
+            b[4..10],
+            [
+                PASS_THROUGH,
+                VERSION,
+                SMALL_TUPLE_EXT,
+                3,
+                SMALL_INTEGER_EXT,
+                SEND
+            ]
+        );
+        assert!(b.ends_with(
+            &[
+                &pid[..],
+                &[VERSION, SMALL_TUPLE_EXT, 1, SMALL_INTEGER_EXT, 42]
+            ]
+            .concat()
+        ));
+        assert_eq!((to_pid.count, to_pid.payload, to_pid.text), (1, 5, true));
+        let to_name = s.take().unwrap();
+        let b = &to_name.bytes;
+        assert_eq!(
+            b[4..10],
+            [
+                PASS_THROUGH,
+                VERSION,
+                SMALL_TUPLE_EXT,
+                4,
+                SMALL_INTEGER_EXT,
+                REG_SEND
+            ]
+        );
+        assert_eq!(b[10], NEW_PID_EXT);
+        assert!(b.ends_with(
+            &[
+                &name[..],
+                &[VERSION, SMALL_TUPLE_EXT, 1, SMALL_INTEGER_EXT, 42]
+            ]
+            .concat()
+        ));
+        assert!(s.take().is_none());
+        s.close();
+        assert!(s.push_direct(&pid, &msg, |_| ()).is_none());
     }
 
     /// A push that raced with the close must not land in the emptied shard

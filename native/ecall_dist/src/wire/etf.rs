@@ -181,6 +181,9 @@ pub fn put_atom(out: &mut Vec<u8>, name: &str) {
 pub struct BatchHeader {
     bytes: Vec<u8>,
     text: bool,
+    /// Where the `From` pid starts and ends in `bytes` (for
+    /// [`BatchHeader::direct`]).
+    from: std::ops::Range<usize>,
 }
 
 impl BatchHeader {
@@ -200,17 +203,67 @@ impl BatchHeader {
             };
         b.extend_from_slice(&[0, 0, 0, 0, PASS_THROUGH, VERSION, SMALL_TUPLE_EXT, 4]);
         b.extend_from_slice(&[SMALL_INTEGER_EXT, REG_SEND]);
+        let from_start = b.len();
         b.push(NEW_PID_EXT);
         atom(&mut b, from_node);
         b.extend_from_slice(&1u32.to_be_bytes());
         b.extend_from_slice(&0u32.to_be_bytes());
         b.extend_from_slice(&creation.to_be_bytes());
+        let from = from_start..b.len();
         atom(&mut b, "");
         atom(&mut b, to_name);
         b.extend_from_slice(&[VERSION, SMALL_TUPLE_EXT, 2]);
         atom(&mut b, "batch");
         b.extend_from_slice(&[LIST_EXT, 0, 0, 0, 0]);
-        BatchHeader { bytes: b, text }
+        BatchHeader {
+            bytes: b,
+            text,
+            from,
+        }
+    }
+
+    /// The front of a frame that carries one message straight to `to` on
+    /// the peer, instead of to the receiver: `<len:32> 112 <131 control>`,
+    /// the message (with its own version byte) to follow, the length a
+    /// placeholder that [`BatchHeader::seal_direct`] fills in.
+    ///
+    /// `to` is a pid or an atom in external format without the version
+    /// byte (as the NIF gets it from `term_to_binary/1`): `SEND` `{2, '',
+    /// Pid}` to a pid, `REG_SEND` `{6, From, '', Name}` to a registered
+    /// name, from the same pid as the batches. `None` for anything else.
+    ///
+    /// ```text
+    ///  <len:32> 112 131 104 3 97 2 <''> <pid>               SEND
+    ///  <len:32> 112 131 104 4 97 6 <From> <''> <name>       REG_SEND
+    /// ```
+    ///
+    /// The receiving node decodes such a message in the receiving
+    /// process, as it does a message sent with `!`: no relay builds it
+    /// first and copies it again.
+    pub fn direct(&self, to: &[u8]) -> Option<Vec<u8>> {
+        let mut b = Vec::with_capacity(32 + self.from.len() + to.len());
+        b.extend_from_slice(&[0, 0, 0, 0, PASS_THROUGH, VERSION, SMALL_TUPLE_EXT]);
+        match *to.first()? {
+            NEW_PID_EXT | PID_EXT => {
+                b.extend_from_slice(&[3, SMALL_INTEGER_EXT, SEND]);
+                put_atom(&mut b, "");
+            }
+            ATOM_EXT | SMALL_ATOM_EXT | ATOM_UTF8_EXT | SMALL_ATOM_UTF8_EXT => {
+                b.extend_from_slice(&[4, SMALL_INTEGER_EXT, REG_SEND]);
+                b.extend_from_slice(&self.bytes[self.from.clone()]);
+                put_atom(&mut b, "");
+            }
+            _ => return None,
+        }
+        b.extend_from_slice(to);
+        Some(b)
+    }
+
+    /// Completes a direct frame (see [`BatchHeader::direct`]): writes its
+    /// length.
+    pub fn seal_direct(frame: &mut [u8]) {
+        let len = (frame.len() - 4) as u32;
+        frame[0..4].copy_from_slice(&len.to_be_bytes());
     }
 
     /// Whether some of its atoms are text (the ids ran out).
