@@ -27,6 +27,8 @@
 -export([echo/1, main/1, receiver/3, aggregator/3, big_sink/2, tick_sink/0, deliver/2]).
 %% The cluster mode, run on its nodes.
 -export([node_facts/0, cluster_sink/0, cluster_load/5]).
+%% Shared with the big mode (ecall_bench_big).
+-export([start_b/0, chosen/1, settle/1, ready/2, vm_rss/0, write_csv/3]).
 
 -define(NODE_ARGS, ["+sbwt", "none", "+sbwtdcpu", "none", "+sbwtdio", "none",
                     "+P", "4000000"]).
@@ -67,6 +69,8 @@ run(["micro"]) ->
     micro();
 run(["large"]) ->
     large();
+run(["big"]) ->
+    ecall_bench_big:big();
 run(["profile" | Rest]) ->
     {N, Op} = case Rest of
                   [] -> {20000, send};
@@ -97,7 +101,7 @@ run(["pingpong" | Rest]) ->
 run(["soak", Minutes]) ->
     soak(list_to_integer(Minutes));
 run(Other) ->
-    erlang:error({usage, "demo | quick | full | paced [N K P] | tls [N] | hops | sweep N1,N2,.. K P | micro | large | latency [N] | profile [N [send|cast|call]] | cluster [NODES [WRITERS]] | soak MINUTES", Other}).
+    erlang:error({usage, "demo | quick | full | paced [N K P] | tls [N] | hops | sweep N1,N2,.. K P | micro | large | big | latency [N] | profile [N [send|cast|call]] | cluster [NODES [WRITERS]] | soak MINUTES", Other}).
 
 %%--------------------------------------------------------------------
 %% Soak: 5,000 writers at 20 msg/s each through ecall for MINUTES; every
@@ -1385,4 +1389,5 @@ write_csv(Label, Cols, Rows) ->
 
 fmt(X) when is_atom(X) -> atom_to_list(X);
 fmt(X) when is_integer(X) -> integer_to_list(X);
-fmt(X) when is_float(X) -> io_lib:format("~.3f", [X]).
+fmt(X) when is_float(X) -> io_lib:format("~.3f", [X]);
+fmt(X) when is_list(X) -> X.

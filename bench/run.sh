@@ -1,12 +1,18 @@
 #!/usr/bin/env bash
 # Runs the two-node benchmark:
 #   bench/run.sh demo | quick | full | paced [N K P] | sweep N1,N2,.. K P
-#                | micro | large | latency [N] | pingpong [N] | tls [N] | hops | profile [N [OP]] | soak MINUTES
+#                | micro | large | big | latency [N] | pingpong [N] | tls [N] | hops
+#                | profile [N [OP]] | soak MINUTES
 # demo/quick: send, cast, call at 2,000 and 10,000 writers; full: the
 # article's sweep to 150,000 writers; paced: send at N writers, K messages
 # each, P ms apart; sweep: every operation at the writer counts given;
 # micro: push and encode costs per call; large: 10 MB messages beside small
-# ones; latency: a probe's call round trips, idle and under N writers;
+# ones; big: five terms of tens of MB one after another, then 20 senders
+# of three 0.5-5 MB terms at once, by ecall:send/2 and `!' (delivery
+# time, intact, a 1 ms ticker's lateness and long_schedule events on both
+# nodes, B's receiver heaps after; ECALL_BENCH_ROUNDS rounds, default 2;
+# ECALL_BENCH_BIG_SCALE scales the sizes, default 1.0);
+# latency: a probe's call round trips, idle and under N writers;
 # pingpong: closed-loop callers (1, 8, 64, 1,000, and 1 with 100,000 messages queued;
 # ECALL_BENCH_CALLERS=C1,C2,.. for other counts)
 # making N back-to-back calls each (ECALL_BENCH_EXCHANGE=send: a request
@@ -79,7 +85,7 @@ case "${ECALL_BENCH_OTP:-}" in
     *) echo "bench: ECALL_BENCH_OTP must be 27 or 29 (or unset: the erl on PATH)" >&2; exit 2 ;;
 esac
 # The node helper is shared with the Common Test suites.
-erlc -o "$out" -I test bench/ecall_bench.erl test/ecall_test_nodes.erl
+erlc -o "$out" -I test bench/ecall_bench.erl bench/ecall_bench_big.erl test/ecall_test_nodes.erl
 # Its nodes start through test/scripts/node.sh, found in scripts/ beside
 # ecall_test_nodes.
 cp -r test/scripts "$out/"
