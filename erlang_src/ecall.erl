@@ -25,10 +25,14 @@
 -deprecated([{nodes, 0, "use ecall:identities/0"}]).
 
 -type dest() :: pid() | reference() | atom() | {atom(), node()}.
+%% Where a message goes: a pid, an alias, a registered name, or `{Name,
+%% Node}', as with `!'.
 
 -type call_result() :: {ok, term()} | {error, term()}.
-%% See send/3.
+%% What call/4,5 return: see the table of {@link call/5}.
+
 -type send_option() :: urgent.
+%% An option of {@link send/3}.
 -export_type([dest/0, call_result/0, send_option/0]).
 
 %% @doc Sends `Msg' to `To' and returns `Msg', like `To ! Msg'.
@@ -152,8 +156,8 @@ call(Node, M, F, A) ->
 %% caller in a closed loop) is urgent: the links do not hold it or its
 %% reply back to batch it with others, unless many callers are in such
 %% loops with the same node. For that the calling process keeps two
-%% entries in its process dictionary: `'$ecall_last_call'' (when its last
-%% call returned) and `{'$ecall_loop_starts', Node}' (a count seen at its
+%% entries in its process dictionary: <code>'$ecall_last_call'</code> (when its last
+%% call returned) and <code>{'$ecall_loop_starts', Node}</code> (a count seen at its
 %% last closed-loop call to `Node').
 -spec call(node(), module(), atom(), [term()], timeout()) -> call_result().
 call(Node, M, F, A, Timeout)

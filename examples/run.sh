@@ -95,6 +95,11 @@ env $(relenv a) timeout 60 "$bin" eval "ecall_example:main('rel_b_$$@$host')." \
     >"$logs/rel_eval" 2>&1 || fail "ecall_example:main on rel_a_$$"
 expect "$logs/rel_eval" "{ok, nif, "
 expect "$logs/rel_a" "send: rel_b_$$@$host echoed hello" "cast: ran on" "call: lists:sum" "stats: transport nif"
-cat "$logs/rel_a" "$logs/rel_eval" >&2
+# ecall's status reaches the caller of `bin/... eval' (info_lines/0 returns
+# it; info/0 prints on the node).
+env $(relenv a) "$bin" eval 'ecall:info_lines().' >"$logs/rel_info" 2>&1 ||
+    fail "ecall:info_lines() on rel_a_$$"
+expect "$logs/rel_info" "ecall on rel_a_$$@$host: nif transport" "peer rel_b_$$@$host: up"
+cat "$logs/rel_a" "$logs/rel_eval" "$logs/rel_info" >&2
 
 say "ok: both examples sent, cast and called between two nodes"
