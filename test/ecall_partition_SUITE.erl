@@ -42,7 +42,8 @@ init_per_suite(Config) ->
     NsA = "ecall_pa_" ++ Id, NsB = "ecall_pb_" ++ Id,
     VA = "eca" ++ Id, VB = "ecb" ++ Id,
     Net = #{ip => Ip, ns_a => NsA, ns_b => NsB, veth_a => VA, veth_b => VB},
-    [ok = ip(Ip, Args) || Args <- [["netns", "add", NsA], ["netns", "add", NsB],
+    %% What a failed step made is removed before the failure goes on.
+    try [ok = ip(Ip, Args) || Args <- [["netns", "add", NsA], ["netns", "add", NsB],
                                    ["link", "add", VA, "type", "veth", "peer", "name", VB],
                                    ["link", "set", VA, "netns", NsA],
                                    ["link", "set", VB, "netns", NsB],
@@ -51,15 +52,21 @@ init_per_suite(Config) ->
                                    ["-n", NsA, "link", "set", "lo", "up"],
                                    ["-n", NsB, "link", "set", "lo", "up"],
                                    ["-n", NsA, "link", "set", VA, "up"],
-                                   ["-n", NsB, "link", "set", VB, "up"]]],
+                                   ["-n", NsB, "link", "set", VB, "up"]]]
+    catch
+        Class:Reason:Stack ->
+            _ = remove_namespaces(Net),
+            erlang:raise(Class, Reason, Stack)
+    end,
     [{net, Net} | Config].
 
 end_per_suite(Config) ->
-    #{ip := Ip, ns_a := NsA, ns_b := NsB} = ?config(net, Config),
-    %% Deleting a namespace deletes its end of the pair, and so the pair.
-    _ = ip(Ip, ["netns", "del", NsA]),
-    _ = ip(Ip, ["netns", "del", NsB]),
-    ok.
+    ?assertEqual([ok, ok], remove_namespaces(?config(net, Config))).
+
+%% Deleting a namespace deletes its end of the pair, and so the pair. Both
+%% are tried, whatever the first answers.
+remove_namespaces(#{ip := Ip, ns_a := NsA, ns_b := NsB}) ->
+    [ip(Ip, ["netns", "del", Ns]) || Ns <- [NsA, NsB]].
 
 ip(Ip, Args) ->
     Port = open_port({spawn_executable, Ip}, [{args, Args}, exit_status, stderr_to_stdout]),
@@ -83,57 +90,73 @@ collect_exit(Port, Out) ->
 %% message missing is one counted as dropped.
 short_cut_loses_nothing_long_cut_fails_fast(Config) ->
     Net = ?config(net, Config),
-    Epmds = [ns_cmd(Net, Ns, "epmd", ["-port", "4369"]) || Ns <- [ns_a, ns_b]],
-    [ok = epmd_ready(Net, Ns, 100) || Ns <- [ns_a, ns_b]],
-    B = start_node(Net, ns_b, "b", ?B_ADDR, "partition_b"),
-    A = start_node(Net, ns_a, "a", ?A_ADDR, "partition_a"),
+    %% Each thing started is stopped, also when a later start fails.
+    EpmdA = ns_cmd(Net, ns_a, "epmd", ["-port", "4369"]),
     try
-        expect(B, "ready"),
-        expect(A, "loaded"),
-        %% The short cut.
-        cut(Net, "down"),
-        tell(A, "cut"),
-        timer:sleep(1000), % the subject: how long the partition lasts
-        cut(Net, "up"),
-        tell(A, "restored"),
-        Short = result(A),
-        ct:pal("short cut: ~p", [Short]),
-        #{lost := 0, out_of_order := 0, call_errors := 0, max_queued := Q1, unconfirmed := 0,
-          budget := Budget, sent := S1, received := R1} = Short,
-        ?assertEqual(S1, R1),
-        %% Never past the budget: callers let in from a full budget have
-        %% their room set aside before they run (max_queued counts it).
-        ?assert(Q1 =< Budget),
-        %% The long cut.
-        cut(Net, "down"),
-        tell(A, "cut"),
-        timer:sleep(2 * ?STALL_MS), % the subject again
-        cut(Net, "up"),
-        tell(A, "restored"),
-        Long = result(A),
-        ct:pal("long cut: ~p", [Long]),
-        #{out_of_order := 0, max_queued := Q2, lost := Lost, counted_drops := Counted,
-          first_call_error_ms := FirstErr, stalls := Stalls, links_up := Up,
-          links := Links, kernel_queued := Kernel, unconfirmed := Unconfirmed} = Long,
-        ?assert(Q2 =< Budget),
-        ?assert(Stalls >= 1),
-        %% Calls waiting on a reaped link fail within the stall timeout.
-        ?assert(FirstErr =< ?STALL_MS + 2000),
-        %% What is missing is what was counted as dropped (never
-        %% written), and at most what was counted as unconfirmed besides:
-        %% requests whose bytes a reaped socket still held, delivered if
-        %% the old connection gets them through before the peer drops it,
-        %% else lost. Those bytes are also bounded by what the kernel held
-        %% for B (each message takes ?PAYLOAD bytes or more there).
-        ?assert(Counted >= 1),
-        ?assert(Lost >= Counted),
-        ?assert(Lost =< Counted + Unconfirmed),
-        ?assert((Lost - Counted) * ?PAYLOAD =< Kernel),
-        ?assertEqual(Links, Up)
+        EpmdB = ns_cmd(Net, ns_b, "epmd", ["-port", "4369"]),
+        try
+            [ok = epmd_ready(Net, Ns, 100) || Ns <- [ns_a, ns_b]],
+            B = start_node(Net, ns_b, "b", ?B_ADDR, "partition_b"),
+            try
+                A = start_node(Net, ns_a, "a", ?A_ADDR, "partition_a"),
+                try
+                    cuts(Net, A, B)
+                after
+                    stop_node(A)
+                end
+            after
+                stop_node(B)
+            end
+        after
+            stop_port(EpmdB)
+        end
     after
-        [stop_node(N) || N <- [A, B]],
-        [stop_port(E) || E <- Epmds]
+        stop_port(EpmdA)
     end.
+
+cuts(Net, A, B) ->
+    expect(B, "ready"),
+    expect(A, "loaded"),
+    %% The short cut.
+    cut(Net, "down"),
+    tell(A, "cut"),
+    timer:sleep(1000), % the subject: how long the partition lasts
+    cut(Net, "up"),
+    tell(A, "restored"),
+    Short = result(A),
+    ct:pal("short cut: ~p", [Short]),
+    #{lost := 0, out_of_order := 0, call_errors := 0, max_queued := Q1, unconfirmed := 0,
+      budget := Budget, sent := S1, received := R1} = Short,
+    ?assertEqual(S1, R1),
+    %% Never past the budget: callers let in from a full budget have
+    %% their room set aside before they run (max_queued counts it).
+    ?assert(Q1 =< Budget),
+    %% The long cut.
+    cut(Net, "down"),
+    tell(A, "cut"),
+    timer:sleep(2 * ?STALL_MS), % the subject again
+    cut(Net, "up"),
+    tell(A, "restored"),
+    Long = result(A),
+    ct:pal("long cut: ~p", [Long]),
+    #{out_of_order := 0, max_queued := Q2, lost := Lost, counted_drops := Counted,
+      first_call_error_ms := FirstErr, stalls := Stalls, links_up := Up,
+      links := Links, kernel_queued := Kernel, unconfirmed := Unconfirmed} = Long,
+    ?assert(Q2 =< Budget),
+    ?assert(Stalls >= 1),
+    %% Calls waiting on a reaped link fail within the stall timeout.
+    ?assert(FirstErr =< ?STALL_MS + 2000),
+    %% What is missing is what was counted as dropped (never
+    %% written), and at most what was counted as unconfirmed besides:
+    %% requests whose bytes a reaped socket still held, delivered if
+    %% the old connection gets them through before the peer drops it,
+    %% else lost. Those bytes are also bounded by what the kernel held
+    %% for B (each message takes ?PAYLOAD bytes or more there).
+    ?assert(Counted >= 1),
+    ?assert(Lost >= Counted),
+    ?assert(Lost =< Counted + Unconfirmed),
+    ?assert((Lost - Counted) * ?PAYLOAD =< Kernel),
+    ?assertEqual(Links, Up).
 
 %% epmd answers a names request (a few ms after it starts).
 epmd_ready(_Net, _Key, 0) ->

@@ -111,4 +111,19 @@ async fn out_of_descriptors_the_accept_loop_backs_off() {
         "{} ticks of CPU",
         t1 - t0
     );
+    // With descriptors again, the loop accepts: a handshake from another
+    // identity completes (within the loop's longest wait, 1 s, and the
+    // handshake's own timeout).
+    let other = identity(&epmd, COOKIE, Duration::from_secs(1)).await;
+    let accepted = id.accepted.load(Relaxed);
+    let conn = tokio::time::timeout(
+        Duration::from_secs(10),
+        ecall_dist::internals::cnode::connect(&other, id.node(), COOKIE),
+    )
+    .await
+    .expect("the handshake did not complete in 10 s");
+    if let Err(e) = conn {
+        panic!("no connection after the limit was restored: {e}");
+    }
+    assert_eq!(id.accepted.load(Relaxed), accepted + 1);
 }
