@@ -5,7 +5,7 @@
 
 -export([big/0]).
 %% Run on B (and its watchers on A too).
--export([term_sink_start/1, rx_memory/0, watcher_start/0]).
+-export([term_sink_start/1, rx_memory/0, watcher_start/0, probe_sink_start/0, probe_result/1]).
 
 -import(ecall_bench, [start_b/0, chosen/1, settle/1, ready/2, vm_rss/0, write_csv/3]).
 %%--------------------------------------------------------------------
@@ -251,9 +251,12 @@ terms_run(B, {Holder, Held}, Round, Variant) ->
     Before = erpc:call(B, ?MODULE, rx_memory, []),
     Offset = clock_offset(B),
     Watchers = watch([node(), B]),
+    ProbeSink = erpc:call(B, ?MODULE, probe_sink_start, []),
+    Probe = spawn_link(fun() -> probe(Variant, ProbeSink) end),
     Terms = [deliver_term(B, Sink, Holder, Variant, Name, Hash, Offset)
              || {Name, Hash, _} <- Held],
     [A, BW] = watched(Watchers),
+    Probed = probe_stop(B, Probe, ProbeSink, Offset),
     After = erpc:call(B, ?MODULE, rx_memory, []),
     timer:sleep(2000),
     Later = erpc:call(B, ?MODULE, rx_memory, []),
@@ -262,7 +265,56 @@ terms_run(B, {Holder, Held}, Round, Variant) ->
               [Round, Variant, lists:join(", ", [io_lib:format("~s ~b ms", [N, round(D)])
                                                  || #{term := N, delivery_ms := D} <- Terms])]),
     #{phase => terms, round => Round, variant => Variant, a => A, b => BW, terms => Terms,
-      memory => #{before => Before, 'after' => After, after_2s => Later}}.
+      probe => Probed, memory => #{before => Before, 'after' => After, after_2s => Later}}.
+
+%% The small-message probe of phase 1: another process of A sends a small
+%% message every millisecond, by the same variant, to a process of B that
+%% keeps the longest time one took (B's clock minus A's at the send; the
+%% offset between the clocks is taken out on A). How long the big terms
+%% hold up a small message from another caller.
+-spec probe(atom(), pid()) -> ok.
+probe(Variant, Sink) ->
+    receive
+        {stop, From} ->
+            _ = timed_send(Variant, Sink, {probe_done, From}),
+            ok
+    after 1 ->
+            _ = timed_send(Variant, Sink, {probe, erlang:monotonic_time(microsecond)}),
+            probe(Variant, Sink)
+    end.
+
+%% Stops the probe; its sink's {longest delay in ms, messages} once the
+%% probe's last message arrived (so that every one was counted).
+-spec probe_stop(node(), pid(), pid(), integer()) -> #{probe_max_ms := float(), probes := non_neg_integer()}.
+probe_stop(B, Probe, Sink, Offset) ->
+    Probe ! {stop, self()},
+    receive {probe_done, Sink} -> ok after ?BIG_WAIT -> erlang:error(probe_lost) end,
+    {Longest, N} = erpc:call(B, ?MODULE, probe_result, [Sink]),
+    #{probe_max_ms => (Longest - Offset) / 1000, probes => N}.
+
+%% On B: the probe's sink.
+-spec probe_sink_start() -> pid().
+probe_sink_start() ->
+    spawn(fun() -> probe_sink(0, 0) end).
+
+-spec probe_sink(integer(), non_neg_integer()) -> ok.
+probe_sink(Longest, N) ->
+    receive
+        {probe, Sent} ->
+            probe_sink(max(Longest, erlang:monotonic_time(microsecond) - Sent), N + 1);
+        {probe_done, Owner} ->
+            Owner ! {probe_done, self()},
+            probe_sink(Longest, N);
+        {result, From} ->
+            From ! {probe_result, self(), {Longest, N}},
+            ok
+    end.
+
+%% On B: the probe sink's result; the sink ends.
+-spec probe_result(pid()) -> {integer(), non_neg_integer()}.
+probe_result(Sink) ->
+    Sink ! {result, self()},
+    receive {probe_result, Sink, R} -> R end.
 
 %% One term, from the send on A to its arrival in B's sink; then B's hash of it.
 -spec deliver_term(node(), pid(), pid(), atom(), atom(), integer(), integer()) -> term_result().
@@ -531,6 +583,9 @@ print_terms(Runs, Names) ->
           b := #{lateness_ms := LB} = B, terms := Terms} <- Runs],
     io:format("(late: the 1 ms ticker's worst lateness, ms; long: long_schedule events, "
               "count/longest ms)~n"),
+    io:format("~nphase 1: a small message every ms from another process of A, longest on the way~n"),
+    [io:format("~-5b ~-13s ~8.1f ms of ~b~n", [R, V, P, N])
+     || #{round := R, variant := V, probe := #{probe_max_ms := P, probes := N}} <- Runs],
     io:format("~nphase 1: ms the send call itself took on A~n~-5s ~-13s ~s~n",
               ["round", "variant", [io_lib:format("~12s", [N]) || N <- Names]]),
     [io:format("~-5b ~-13s ~s~n",
@@ -609,6 +664,9 @@ write_big_csvs(Runs) ->
               [M#{round => R, variant => V, at => At}
                || #{phase := terms, round := R, variant := V, memory := Ms} <- Runs,
                   At <- [before, 'after', after_2s], M <- [maps:get(At, Ms)]]),
+    write_csv("big-probe", [round, variant, probe_max_ms, probes],
+              [P#{round => R, variant => V}
+               || #{phase := terms, round := R, variant := V, probe := P} <- Runs]),
     write_csv("big-burst", [round, variant, terms, bytes, total_s, intact],
               [Run || #{phase := burst} = Run <- Runs]),
     Watched = [{Run, Node, W} || Run <- Runs, {Node, W} <- [{a, maps:get(a, Run)},
