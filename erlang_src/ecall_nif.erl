@@ -10,7 +10,8 @@
 -export([load_error/0, log_target/2, log_off/0]).
 -export([cnode_start/4, cnode_info/1,
          peer_open/6, peer_close/1, peer_stats/1, overflow_drop/1,
-         send/4, push/4, push_iovec/3, push_direct/4, caller_link/1, wait_room/3,
+         send/4, push/4, push_iovec/3, push_direct/4, encode_large/1, push_encoded/4,
+         caller_link/1, wait_room/3,
          peer_flusher/2, flush/2]).
 -export([encode/1, encoded_size/1]).
 
@@ -23,6 +24,9 @@
 %% Room in a peer's budget set aside for one caller (wait_room/3).
 -type room() :: reference().
 -export_type([cnode/0, peer/0, room/0, cnode_opts/0]).
+%% A big message encode_large/1 encoded, for push_encoded/4.
+-type encoded() :: reference().
+-export_type([encoded/0]).
 
 -spec init() -> ok.
 init() ->
@@ -124,6 +128,22 @@ push_iovec(_Peer, _IoVec, _Room) -> erlang:nif_error(nif_not_loaded).
 -spec push_direct(peer(), binary(), [binary()], room() | false) ->
           ok | closed | {full, non_neg_integer()}.
 push_direct(_Peer, _ToExt, _IoVec, _Room) -> erlang:nif_error(nif_not_loaded).
+
+%% Encodes a big message on a dirty scheduler into memory of the NIF's (not
+%% a binary of the caller's, which would count against its heap's binary
+%% quota and bring a full collection of a big heap): its size and a handle
+%% for push_encoded/4.
+-spec encode_large(term()) -> {non_neg_integer(), encoded()}.
+encode_large(_Msg) -> erlang:nif_error(nif_not_loaded).
+
+%% Queues what encode_large/1 encoded: `{direct, ToExt}' straight to `To'
+%% (as push_direct/4), or `{relay, Prefix}' as a request the peer's
+%% receiver replays (`Prefix': `{send, Dest, ' in external format without
+%% the version byte). A push that answers `{full, _}' keeps the encoding
+%% for the retry; any other frees it.
+-spec push_encoded(peer(), {direct | relay, binary()}, encoded(), room() | false) ->
+          ok | closed | {full, non_neg_integer()}.
+push_encoded(_Peer, _Target, _Encoded, _Room) -> erlang:nif_error(nif_not_loaded).
 
 %% Sets the peer's flusher (once): the process that is sent `{ecall_flush,
 %% K}' when a push queued behind link K's sleeping writer, and answers it

@@ -35,6 +35,9 @@
 %% call looks like on the wire (ecall_transport:wire/3).
 %% `Loops' counts closed-loop calls (loop_starts/1); `off' with the
 %% `urgent' setting false.
+%% A large message encoded once: by term_to_iovec (a binary), or by the NIF.
+-type encoded() :: erlang:iovec() | ecall_nif:encoded().
+
 -opaque state() :: {node(), ecall_nif:peer(), ecall_transport:protocol(),
                     Loops :: atomics:atomics_ref() | off}.
 -export_type([state/0]).
@@ -70,29 +73,40 @@ send({_, Peer, _, _} = State, Dest, Msg, Urgent) ->
         Result -> Result
     end.
 
-%% A message whose encoding passes 16 KiB, encoded once by term_to_iovec.
-%% From ?DIRECT bytes on, to a pid or a registered name, it goes straight
-%% to its target (see direct/3); below, or to an alias, as a request the
-%% peer's receiver replays.
+%% A message whose encoding passes 16 KiB. A binary is encoded by
+%% term_to_iovec/1, which references it rather than copying it; any other
+%% term by encode_large/1, on a dirty scheduler and into memory of the
+%% NIF's, not a binary of the caller's (see ecall_nif). From ?DIRECT bytes
+%% on, to a pid or a registered name, it goes straight to its target (see
+%% direct/3); below, or to an alias, as a request the peer's receiver
+%% replays.
 -spec send_large(state(), pid() | reference() | atom(), term()) ->
           ecall_transport:push_result().
 send_large(State, Dest, Msg) ->
-    IoVec = erlang:term_to_iovec(Msg),
-    case iolist_size(IoVec) >= ?DIRECT andalso not is_reference(Dest) of
-        true ->
-            direct(State, Dest, IoVec);
-        false ->
-            relayed(State, Dest, IoVec)
+    {Size, Encoded} = case is_binary(Msg) of
+                          true -> IoVec = erlang:term_to_iovec(Msg), {iolist_size(IoVec), IoVec};
+                          false -> ecall_nif:encode_large(Msg)
+                      end,
+    case Size >= ?DIRECT andalso not is_reference(Dest) of
+        true -> direct(State, Dest, Encoded);
+        false -> relayed(State, Dest, Encoded)
     end.
 
 %% The encoded message as a request the peer's receiver replays: {send,
 %% Dest, Msg} around it, without encoding it again.
--spec relayed(state(), pid() | reference() | atom(), erlang:iovec()) ->
+-spec relayed(state(), pid() | reference() | atom(), encoded()) ->
           ecall_transport:push_result().
-relayed({_, Peer, _, _} = State, Dest, [<<131, Body/binary>> | Rest]) ->
+relayed({_, Peer, _, _} = State, Dest, Encoded) ->
     <<131, DestExt/binary>> = term_to_binary(Dest),
-    Request = [<<131, 104, 3, 119, 4, "send", DestExt/binary, Body/binary>> | Rest],
-    push_with(State, send, fun(Room) -> ecall_nif:push_iovec(Peer, Request, Room) end).
+    Prefix = <<104, 3, 119, 4, "send", DestExt/binary>>,
+    Push = case Encoded of
+               [<<131, Body/binary>> | Rest] ->
+                   Request = [<<131, Prefix/binary, Body/binary>> | Rest],
+                   fun(Room) -> ecall_nif:push_iovec(Peer, Request, Room) end;
+               _ ->
+                   fun(Room) -> ecall_nif:push_encoded(Peer, {relay, Prefix}, Encoded, Room) end
+           end,
+    push_with(State, send, Push).
 
 %% A big message straight to its target, which decodes it itself, as a
 %% message sent with `!': relayed by the receiver it would be decoded by
@@ -108,16 +122,20 @@ relayed({_, Peer, _, _} = State, Dest, [<<131, Body/binary>> | Rest]) ->
 %% and its shard holds them until it has been written. The fence costs one
 %% round trip per big message; a failed one leaves the message to the
 %% receiver's replay, in order.
--spec direct(state(), pid() | atom(), erlang:iovec()) -> ecall_transport:push_result().
-direct({Node, Peer, _, _} = State, Dest, IoVec) ->
+-spec direct(state(), pid() | atom(), encoded()) -> ecall_transport:push_result().
+direct({Node, Peer, _, _} = State, Dest, Encoded) ->
     case ecall_request:call(Node, erlang, node, [], ?FENCE_TIMEOUT, true) of
         {ok, _} ->
             ToExt = term_to_binary(Dest),
-            push_with(State, send, fun(Room) -> ecall_nif:push_direct(Peer, ToExt, IoVec, Room) end);
+            push_with(State, send,
+                      case Encoded of
+                          [_ | _] -> fun(Room) -> ecall_nif:push_direct(Peer, ToExt, Encoded, Room) end;
+                          _ -> fun(Room) -> ecall_nif:push_encoded(Peer, {direct, ToExt}, Encoded, Room) end
+                      end);
         {error, overload} ->
             overload;
         {error, _} ->
-            relayed(State, Dest, IoVec)
+            relayed(State, Dest, Encoded)
     end.
 
 -spec push(state(), ecall_transport:request(), boolean()) -> ecall_transport:push_result().

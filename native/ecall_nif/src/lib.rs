@@ -36,7 +36,7 @@ mod runtime;
 mod atoms {
     rustler::atoms! {
         ecall_log, name_taken,
-        ok, error, send, full, closed, large, wait, retry, ecall_link, ecall_cnode, ecall_room,
+        ok, error, send, full, closed, large, wait, retry, direct, relay, ecall_link, ecall_cnode, ecall_room,
         up, down, alive, badarg,
         pushed, batches, requests, bytes, writes, dropped, connects, disconnects,
         stalls, unconfirmed, cached_atoms, queued_bytes, links_up, overflow_waits, overflow_drops, per_link, link, fragmented, lone, lone_partial, gathers, lull_trials, lulls, flushes, flush_handoffs, ecall_flush, urgent, wakes, closed_drops, links, shards, accepted, refused,
@@ -105,6 +105,19 @@ impl Drop for RoomRes {
         }
     }
 }
+
+/// A big message encoded by `encode_large/1` on a dirty scheduler, in
+/// memory of the NIF's, not of the caller's process: a binary of the
+/// caller's (as `term_to_iovec` makes) counts against its heap's binary
+/// quota, and a process that holds a big heap then pays a full collection
+/// for it. Taken by the push that queues it (kept by one that answers
+/// `full`, for its retry).
+pub struct EncodedRes {
+    bytes: std::sync::Mutex<Option<rustler::OwnedBinary>>,
+}
+
+#[rustler::resource_impl]
+impl Resource for EncodedRes {}
 
 fn load(_env: Env<'_>, _info: Term<'_>) -> bool {
     log::install();

@@ -5,7 +5,7 @@
 //! straight to its target); what a push answers; and the encode as Erlang sees it
 //! (`encode/1`, `encoded_size/1`, for tests and the benchmark).
 
-use crate::{atoms, encode, PeerRes, RoomRes};
+use crate::{atoms, encode, EncodedRes, PeerRes, RoomRes};
 use ecall_dist::{Peer, Push};
 use rustler::{Atom, Binary, Encoder, Env, NifResult, ResourceArc, Term};
 use std::sync::Arc;
@@ -127,6 +127,68 @@ fn push_direct<'a>(
         .peer
         .push_direct(caller_shard(env), to, &parts, reserved(room, &peer.peer))
         .ok_or(rustler::Error::BadArg)?;
+    Ok(answer(env, &peer, pushed, len))
+}
+
+/// Encodes a big message (`term_to_binary`, on a dirty scheduler) into
+/// memory of the NIF's: `{Size, Encoded}`, for `push_encoded/4`. Not
+/// `term_to_iovec/1` in the caller: that makes a binary of the caller's,
+/// which counts against its heap's binary quota, and a caller holding a
+/// big heap then pays a full collection of it (0.5-2.2 s for a process
+/// holding 170 MB, in `bench/run.sh big`); `!` makes no binary of the
+/// caller's either.
+#[rustler::nif(schedule = "DirtyCpu")]
+fn encode_large<'a>(env: Env<'a>, msg: Term<'a>) -> Term<'a> {
+    let bin = msg.to_binary();
+    let size = bin.len();
+    let res = ResourceArc::new(EncodedRes {
+        bytes: std::sync::Mutex::new(Some(bin)),
+    });
+    (size, res).encode(env)
+}
+
+/// Queues a message `encode_large/1` encoded: `{direct, ToExt}` straight
+/// to its target (as `push_direct/4`), or `{relay, Prefix}` as a request
+/// the peer's receiver replays, `Prefix` being the request's front up to
+/// the message (`{send, Dest, ` in external format, no version byte).
+/// Same results as `push_iovec/3`; the encoded message is freed by a push
+/// that queues it or finds the peer closed, and kept by one that answers
+/// `full` (the caller pushes it again with the room it waits for).
+/// `badarg` for a message pushed already or a bad target.
+#[rustler::nif(schedule = "DirtyCpu")]
+fn push_encoded<'a>(
+    env: Env<'a>,
+    peer: ResourceArc<PeerRes>,
+    target: (Atom, Binary<'a>),
+    encoded: ResourceArc<EncodedRes>,
+    room: Term<'a>,
+) -> NifResult<Term<'a>> {
+    let mut held = encoded.bytes.lock().unwrap_or_else(|p| p.into_inner());
+    let Some(bin) = held.as_ref() else {
+        return Err(rustler::Error::BadArg);
+    };
+    let bytes = bin.as_slice();
+    let (shard, reserved) = (caller_shard(env), reserved(room, &peer.peer));
+    let (kind, front) = target;
+    let (pushed, len) = if kind == atoms::direct() {
+        let to =
+            ecall_dist::wire::etf::element_body(front.as_slice()).ok_or(rustler::Error::BadArg)?;
+        let pushed = peer
+            .peer
+            .push_direct(shard, to, &[bytes], reserved)
+            .ok_or(rustler::Error::BadArg)?;
+        (pushed, bytes.len())
+    } else if kind == atoms::relay() {
+        let body = ecall_dist::wire::etf::element_body(bytes).ok_or(rustler::Error::BadArg)?;
+        let parts = [front.as_slice(), body];
+        let len = front.len() + body.len();
+        (peer.peer.push_alone(shard, &parts, reserved), len)
+    } else {
+        return Err(rustler::Error::BadArg);
+    };
+    if pushed != Push::Full {
+        *held = None;
+    }
     Ok(answer(env, &peer, pushed, len))
 }
 
