@@ -450,9 +450,9 @@ large_terms_go_by_iovec(Config) ->
 
 %% A message whose encoding reaches 256 KiB goes straight to its target (a
 %% pid, or a name registered on the peer), which decodes it itself, not
-%% through the peer's receivers: they replay only the small ones and one
-%% fence per big one. One caller's small and big messages, in turn, arrive
-%% in order and intact.
+%% through the peer's receivers: they replay only the smaller ones and one
+%% fence per big one. One caller's small, medium and big messages, in
+%% turn, arrive in order and intact.
 big_messages_go_straight_in_order(Config) ->
     B = ?config(b, Config),
     Self = self(),
@@ -463,7 +463,12 @@ big_messages_go_straight_in_order(Config) ->
     ?assert(iolist_size(term_to_iovec(Big(0))) >= 262144),
     %% In pairs, small then big, to the pid and to the name in turn (one
     %% process: order holds across both).
-    Pairs = [{lists:nth(1 + I rem 2, [Sink, {Name, B}]), [{small, I}, {big, I, Big(I)}]}
+    %% A medium one too, past what the NIF encodes inline (16 KiB) but
+    %% below 256 KiB: relayed by the receivers.
+    Medium = fun(I) -> {medium, I, lists:seq(1, 10000)} end,
+    ?assertEqual(large, ecall_nif:encoded_size(Medium(0))),
+    ?assert(iolist_size(term_to_iovec(Medium(0))) < 262144),
+    Pairs = [{lists:nth(1 + I rem 2, [Sink, {Name, B}]), [{small, I}, Medium(I), {big, I, Big(I)}]}
              || I <- lists:seq(1, 6)],
     Msgs = lists:append([Ms || {_, Ms} <- Pairs]),
     #{receivers := #{requests := R0}} = erpc:call(B, ecall, stats, []),
@@ -476,7 +481,7 @@ big_messages_go_straight_in_order(Config) ->
     {ok, #{pushed := P1}} = ecall:stats(B),
     Bigs = length([M || M <- Msgs, element(1, M) =:= big]),
     %% Pushed: every message and one fence per big one; replayed by the
-    %% receivers: the small ones and the fences only.
+    %% receivers: the small and medium ones and the fences only.
     ?assertEqual(length(Msgs) + Bigs, P1 - P0),
     ?assertEqual(length(Msgs), R1 - R0),
     Sink ! stop.
