@@ -180,6 +180,10 @@ open(Transport, Node, Timeout) ->
             end
     catch
         error:{erpc, noconnection} -> {error, noconnection};
+        %% The peer did not answer within connect_timeout (hung, or
+        %% stopped): a timeout, not a peer without ecall.
+        error:{erpc, timeout} -> {error, timeout};
+        error:{erpc, Reason} -> {error, Reason};
         Class:Reason ->
             %% The peer answered, but its ecall did not: the code is not
             %% there (undef) or the application is not started.

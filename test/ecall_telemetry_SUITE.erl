@@ -1,5 +1,7 @@
 %% Telemetry events, the last stats of a closed peer, named per-link stats,
-%% ecall:info/0,1 and the log lines, on real nodes.
+%% ecall:info/0,1 and the log lines, on real nodes; and what connections do
+%% on their own, seen through those events: discovery's connects, and a
+%% connect that gives up at `connect_timeout'.
 %%
 %% `telemetry' cannot be fetched here: this node loads a stand-in module of
 %% that name (built in init_per_suite, never on the peers' code path) whose
@@ -14,7 +16,8 @@
 -export([all/0, suite/0, init_per_suite/1, end_per_suite/1]).
 -export([connection_links_stats_and_info/1, link_down_and_back/1,
          reap_and_close_count_drops/1, overflow_drops_are_events/1,
-         periodic_stats/1, absent_telemetry_is_harmless/1, bad_arguments/1]).
+         periodic_stats/1, absent_telemetry_is_harmless/1, bad_arguments/1,
+         discovery_connects_on_its_own/1, connect_gives_up_at_connect_timeout/1]).
 %% logger handler: forwards ecall's Erlang-side events to the test process.
 -export([log/2]).
 %% Run on peers.
@@ -31,7 +34,8 @@ suite() ->
 
 all() ->
     [connection_links_stats_and_info, link_down_and_back, reap_and_close_count_drops,
-     overflow_drops_are_events, periodic_stats, absent_telemetry_is_harmless, bad_arguments].
+     overflow_drops_are_events, periodic_stats, absent_telemetry_is_harmless, bad_arguments,
+     discovery_connects_on_its_own, connect_gives_up_at_connect_timeout].
 
 init_per_suite(Config) ->
     ok = load_stand_in(),
@@ -364,3 +368,105 @@ bad_arguments(_Config) ->
     ?assertEqual({error, not_found}, ecall:last_stats('nobody@nowhere')),
     ?assertEqual({error, not_connected}, ecall:info('nobody@nowhere')),
     ?assertEqual({error, not_connected}, ecall_telemetry:measure('nobody@nowhere')).
+
+%% Discovery: two nodes running ecall with `discovery' left on (the
+%% default: neither this node nor the peer sets it), connected by
+%% distribution alone (the peer dials this node as it boots, and its ecall
+%% is started by an erpc call), open ecall connections to each other
+%% without anyone calling ecall:connect/1. This node's connection to the
+%% peer comes up on the links (its [ecall, connection, up] event), and the
+%% peer's connection to this node does too.
+discovery_connects_on_its_own(_Config) ->
+    ok = sink(),
+    ?assert(ecall_config:get(discovery)),
+    {Peer, C} = start_peer([]),
+    try
+        ?assert(erpc:call(C, ecall_config, get, [discovery])),
+        {#{links := Links}, #{transport := nif}} = event([ecall, connection, up], C),
+        ?assertMatch({ok, #{transport := nif, links_up := Links}}, ecall:stats(C)),
+        %% The peer has no telemetry: its side is polled, within a bound.
+        ?assertMatch({ok, #{transport := nif, links_up := Links}},
+                     poll(fun() -> erpc:call(C, ecall, stats, [node()]) end,
+                          fun({ok, #{transport := nif, links_up := L}}) -> L =:= Links;
+                             (_) -> false
+                          end))
+    after
+        peer:stop(Peer)
+    end.
+
+%% `connect_timeout': a peer whose links cannot come up in time. The peer
+%% runs and its ecall answers (the hello goes over the distribution
+%% connection that is already up), but its net_kernel is suspended, so no
+%% new distribution connection, and a link is one, gets through its
+%% handshake there. ecall:connect/1 returns {error, timeout} once
+%% `connect_timeout' has passed; the attempt ends with [ecall, connection,
+%% failed], reason `timeout' (never `up'), then its close, and the last
+%% stats say `timeout' too. Resumed, the same peer connects at once.
+connect_gives_up_at_connect_timeout(_Config) ->
+    ok = sink(),
+    {Peer, C} = peer_node(),
+    Timeout = 500,
+    ok = application:set_env(ecall, connect_timeout, Timeout),
+    ok = erpc:call(C, sys, suspend, [net_kernel]),
+    try
+        T0 = erlang:monotonic_time(millisecond),
+        %% Bounded: a connect that never gives up fails here, not at the
+        %% timetrap.
+        ?assertEqual({error, timeout}, bounded_connect(C, Timeout + ?WAIT)),
+        Ms = erlang:monotonic_time(millisecond) - T0,
+        ct:pal("connect gave up after ~b ms", [Ms]),
+        ?assert(Ms >= Timeout),
+        {#{duration := D}, #{reason := timeout, transport := nif}} =
+            event([ecall, connection, failed], C),
+        ?assert(erlang:convert_time_unit(D, native, millisecond) >= Timeout),
+        {#{closed_drops := 0, dropped := 0}, #{reason := timeout}} =
+            event([ecall, connection, close], C),
+        receive
+            {telemetry, [ecall, connection, up], _, #{peer := C}} -> ct:fail(came_up)
+        after 0 -> ok
+        end,
+        ?assertMatch({ok, #{state := closed, reason := timeout}}, ecall:last_stats(C)),
+        ?assertEqual({error, not_connected}, ecall:stats(C))
+    after
+        application:unset_env(ecall, connect_timeout),
+        ok = erpc:call(C, sys, resume, [net_kernel])
+    end,
+    ok = connect(C),
+    ?assertMatch({ok, #{transport := nif}}, ecall:stats(C)),
+    ok = ecall:disconnect(C),
+    %% A peer that does not answer at all (its OS process stopped): the
+    %% opening call times out too, and that is a timeout, not a peer
+    %% without ecall.
+    OsPid = erpc:call(C, os, getpid, []),
+    ok = application:set_env(ecall, connect_timeout, Timeout),
+    [] = os:cmd("kill -STOP " ++ OsPid),
+    try
+        ?assertEqual({error, timeout}, bounded_connect(C, Timeout + ?WAIT)),
+        {_, #{reason := timeout}} = event([ecall, connection, failed], C)
+    after
+        application:unset_env(ecall, connect_timeout),
+        os:cmd("kill -CONT " ++ OsPid)
+    end,
+    peer:stop(Peer).
+
+%% ecall:connect(Node)'s result, or a failure after `Limit' ms.
+bounded_connect(Node, Limit) ->
+    {Pid, Mref} = spawn_monitor(fun() -> exit({connected, ecall:connect(Node)}) end),
+    receive
+        {'DOWN', Mref, process, Pid, {connected, Result}} -> Result
+    after Limit ->
+        exit(Pid, kill),
+        ct:fail({connect_did_not_return, Limit})
+    end.
+
+%% Fun() again, every 20 ms, until Done(Result) or ?WAIT ms have passed;
+%% the last result.
+poll(Fun, Done) ->
+    poll(Fun, Done, erlang:monotonic_time(millisecond) + ?WAIT).
+
+poll(Fun, Done, Deadline) ->
+    Result = Fun(),
+    case Done(Result) orelse erlang:monotonic_time(millisecond) > Deadline of
+        true -> Result;
+        false -> receive after 20 -> poll(Fun, Done, Deadline) end
+    end.
