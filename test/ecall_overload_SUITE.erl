@@ -11,7 +11,10 @@
 -export([all/0, suite/0, init_per_suite/1, end_per_suite/1]).
 -export([budget_bounds_queue_and_close_releases/1, room_of_a_dead_caller_goes_back/1,
          full_budget_blocks_without_loss/1,
-         stalled_peer_is_reaped/1, slow_peer_is_not_reaped/1, overload_stays_within_budget/1]).
+         stalled_peer_is_reaped/1, slow_peer_is_not_reaped/1, overload_stays_within_budget/1,
+         drop_when_the_budget_is_full/1]).
+%% Run on peers.
+-export([count_fills/1]).
 
 -import(ecall_test_nodes, [start_peer/1, send_payload_seq/3, flush_traces/0]).
 
@@ -21,7 +24,8 @@ suite() ->
 all() ->
     [budget_bounds_queue_and_close_releases, room_of_a_dead_caller_goes_back,
      full_budget_blocks_without_loss,
-     stalled_peer_is_reaped, slow_peer_is_not_reaped, overload_stays_within_budget].
+     stalled_peer_is_reaped, slow_peer_is_not_reaped, overload_stays_within_budget,
+     drop_when_the_budget_is_full].
 
 init_per_suite(Config) ->
     ok = ecall_test_nodes:start_ecall(),
@@ -236,9 +240,21 @@ stalled_peer_is_reaped(_Config) ->
 %% and is never reaped; nothing is lost.
 slow_peer_is_not_reaped(_Config) ->
     {Peer, C, OsPid} = start_stall_peer(),
+    Stutter = spawn_link(fun() -> stutter(OsPid) end),
+    %% Whatever happens, the stutter ends and the peer runs again: a peer
+    %% left stopped would outlive the suite.
+    try
+        slow_peer_drains(C, Stutter)
+    after
+        unlink(Stutter),
+        exit(Stutter, kill),
+        os:cmd("kill -CONT " ++ OsPid)
+    end,
+    peer:stop(Peer).
+
+slow_peer_drains(C, Stutter) ->
     Total = 400,
     Collector = erpc:call(C, erlang, spawn, [ecall_test_nodes, collector, [self(), Total]]),
-    Stutter = spawn_link(fun() -> stutter(OsPid) end),
     Payload = binary:copy(<<"p">>, 100000),
     Self = self(),
     T0 = erlang:monotonic_time(millisecond),
@@ -263,8 +279,7 @@ slow_peer_is_not_reaped(_Config) ->
     %% ... and was never taken for stalled.
     ?assertEqual(0, maps:get(stalls, Stats)),
     ?assertEqual(0, maps:get(disconnects, Stats)),
-    ?assertEqual(0, maps:get(dropped, Stats)),
-    peer:stop(Peer).
+    ?assertEqual(0, maps:get(dropped, Stats)).
 
 %% Stops an OS process for 500 ms, lets it run for 200 ms, until told to
 %% stop (and leaves it running). The sleeps are the subject: a slow peer.
@@ -348,3 +363,110 @@ overload_stays_within_budget(_Config) ->
     ?assert(maps:get(overflow_waits, Stats) >= 1),
     flush_traces(),
     peer:stop(Peer).
+
+%% `overflow => drop' with a budget that is merely full: every request
+%% here fits in the budget (the case above refuses one larger than the
+%% whole budget, which never fits). The peer drains nothing (SIGSTOP);
+%% one sender sends 100 KB messages, then 100-byte ones, until one of
+%% each is refused. Each refused send is dropped and counted in
+%% `overflow_drops', each other one pushed (every send is one or the
+%% other), and the queue stays within the budget. A call of a 1 KB
+%% argument, made each time the 100-byte sends are refused again, says
+%% {error, overload} (a call the writer made room for meanwhile is pushed
+%% instead, and waits for nothing: timeout 0); a cast says `ok' and is
+%% counted either way. Once the peer runs again exactly the sends that
+%% were pushed arrive, none of those dropped.
+drop_when_the_budget_is_full(_Config) ->
+    Budget = 1000000,
+    ok = application:set_env(ecall, max_queue_bytes, Budget),
+    {Peer, C} = start_peer(["-ecall", "discovery", "false"]),
+    try ok = ecall:connect(C)
+    after application:unset_env(ecall, max_queue_bytes)
+    end,
+    OsPid = erpc:call(C, os, getpid, []),
+    Counter = erpc:call(C, erlang, spawn, [?MODULE, count_fills, [0]]),
+    Stats = fun() -> {ok, S} = ecall:stats(C), S end,
+    ok = application:set_env(ecall, overflow, drop),
+    "" = os:cmd("kill -STOP " ++ OsPid),
+    {Sends, Refused} =
+        try
+            #{overflow_drops := D0, pushed := P0} = Stats(),
+            %% 1,000 x 100 KB is far more than the budget and the socket
+            %% buffers hold together: a send is refused well before.
+            Big = {fill, binary:copy(<<"b">>, 100000)},
+            {Sent1, 1} = send_until_refused(C, Counter, Big, Budget, 1000),
+            Small = {fill, binary:copy(<<"s">>, 100)},
+            {Sent2, 1} = send_until_refused(C, Counter, Small, Budget, 100000),
+            %% Room for less than a 100-byte send, unless the writer has
+            %% made more since.
+            #{queued_bytes := Q} = Stats(),
+            ct:pal("~b big sends, ~b small ones: ~b bytes queued of ~b",
+                   [Sent1, Sent2, Q, Budget]),
+            {Sent3, Refused3, Rounds} = call_until_overload(C, Counter, Small, Budget, 100),
+            ct:pal("a call refused at round ~b", [Rounds]),
+            #{overflow_drops := D1, pushed := P1} = Stats(),
+            ?assertEqual(ok, ecall:cast(C, erlang, node, [])),
+            #{overflow_drops := D2, pushed := P2} = Stats(),
+            ?assertEqual(1, (D2 - D1) + (P2 - P1)),
+            %% The calls refused, and the sends: every send refused was
+            %% dropped and counted (a pushed call is in `pushed').
+            Sent = Sent1 + Sent2 + Sent3,
+            Dropped = 2 + Refused3,
+            ?assertEqual(Sent, (P1 - P0) - (Rounds - 1) + Dropped),
+            ?assertEqual(Dropped + 1, D1 - D0),
+            #{queued_bytes := Q2} = Stats(),
+            ?assert(Q2 =< Budget),
+            {Sent, Dropped}
+        after
+            application:unset_env(ecall, overflow),
+            os:cmd("kill -CONT " ++ OsPid)
+        end,
+    %% Behind every send of this process (one shard), under `block'.
+    ecall:send(Counter, {done, self()}),
+    receive
+        {filled, Counter, N} -> ?assertEqual(Sends - Refused, N)
+    after 30000 -> ct:fail(fills_not_counted)
+    end,
+    peer:stop(Peer).
+
+%% Sends Msg to To until one send is refused (counted in `overflow_drops'),
+%% at most Max times; {how many were sent, how many were refused}. Nothing
+%% else pushes to C meanwhile: each send's own count is the change.
+send_until_refused(C, To, Msg, Budget, Max) ->
+    send_until_refused(C, To, Msg, Budget, Max, 0).
+
+send_until_refused(_C, _To, _Msg, _Budget, Max, Max) ->
+    ct:fail({never_refused, Max});
+send_until_refused(C, To, Msg, Budget, Max, Sent) ->
+    {ok, #{overflow_drops := D0}} = ecall:stats(C),
+    Msg = ecall:send(To, Msg),
+    {ok, #{overflow_drops := D1, queued_bytes := Q}} = ecall:stats(C),
+    ?assert(Q =< Budget),
+    case D1 - D0 of
+        0 -> send_until_refused(C, To, Msg, Budget, Max, Sent + 1);
+        1 -> {Sent + 1, 1}
+    end.
+
+%% Rounds of 100-byte sends until one is refused, each followed by a call
+%% of a 1 KB argument, until a call says {error, overload}, at most Max
+%% rounds; {sends, sends refused, rounds}.
+call_until_overload(C, To, Small, Budget, Max) ->
+    call_until_overload(C, To, Small, Budget, Max, 1, 0, 0).
+
+call_until_overload(_C, _To, _Small, _Budget, Max, Round, _Sent, _Refused) when Round > Max ->
+    ct:fail({no_call_refused, Max});
+call_until_overload(C, To, Small, Budget, Max, Round, Sent, Refused) ->
+    {S, R} = send_until_refused(C, To, Small, Budget, 100000),
+    case ecall:call(C, ecall_test_nodes, echo, [binary:copy(<<"c">>, 1000)], 0) of
+        {error, overload} ->
+            {Sent + S, Refused + R, Round};
+        {error, {badrpc, timeout}} ->
+            call_until_overload(C, To, Small, Budget, Max, Round + 1, Sent + S, Refused + R)
+    end.
+
+%% On the peer: counts `{fill, _}' messages until asked.
+count_fills(N) ->
+    receive
+        {fill, _} -> count_fills(N + 1);
+        {done, From} -> From ! {filled, self(), N}
+    end.
