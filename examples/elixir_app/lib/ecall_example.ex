@@ -35,7 +35,8 @@ defmodule EcallExample do
     # :ecall.call/4 instead of :erpc.call/4: {:ok, result} or {:error, _}.
     {:ok, "HELLO"} = :ecall.call(peer, String, :upcase, ["hello"])
     {:ok, ^peer} = :ecall.call(peer, :erlang, :node, [])
-    {:error, {:exit, _}} = :ecall.call(peer, :erlang, :div, [1, 0])
+    # A raise comes back with its class, reason and stack trace.
+    {:error, {:exception, :error, :badarith, _}} = :ecall.call(peer, :erlang, :div, [1, 0])
     IO.puts("call: String.upcase(\"hello\") on #{inspect(peer)} gave \"HELLO\"")
 
     {:ok, stats} = :ecall.stats(peer)

@@ -37,7 +37,7 @@ main(Peer) ->
     %% ecall:call/4 instead of erpc:call/4: {ok, Result} or {error, Why}.
     {ok, Peer} = ecall:call(Peer, erlang, node, []),
     {ok, 6} = ecall:call(Peer, lists, sum, [[1, 2, 3]]),
-    {error, {exit, _}} = ecall:call(Peer, erlang, error, [oops]),
+    {error, {exception, error, oops, _}} = ecall:call(Peer, erlang, error, [oops]),
     io:format("call: lists:sum([1, 2, 3]) on ~p gave 6~n", [Peer]),
 
     {ok, #{transport := Transport, requests := Requests, batches := Batches}} = ecall:stats(Peer),
