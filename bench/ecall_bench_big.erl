@@ -252,7 +252,11 @@ terms_run(B, {Holder, Held}, Round, Variant) ->
     Offset = clock_offset(B),
     Watchers = watch([node(), B]),
     ProbeSink = erpc:call(B, ?MODULE, probe_sink_start, []),
-    Probe = spawn_link(fun() -> probe(Variant, ProbeSink) end),
+    ProbeVariant = case os:getenv("ECALL_BENCH_PROBE") of
+                       "native" -> native;
+                       _ -> Variant
+                   end,
+    Probe = spawn_link(fun() -> probe(ProbeVariant, ProbeSink) end),
     Terms = [deliver_term(B, Sink, Holder, Variant, Name, Hash, Offset)
              || {Name, Hash, _} <- Held],
     [A, BW] = watched(Watchers),

@@ -11,7 +11,8 @@
 # of three 0.5-5 MB terms at once, by ecall:send/2 and `!' (delivery
 # time, intact, a 1 ms ticker's lateness and long_schedule events on both
 # nodes, B's receiver heaps after; ECALL_BENCH_ROUNDS rounds, default 2;
-# ECALL_BENCH_BIG_SCALE scales the sizes, default 1.0);
+# ECALL_BENCH_BIG_SCALE scales the sizes, default 1.0; ECALL_BENCH_PROBE=native
+# sends the small-message probe by `!' whatever the variant);
 # latency: a probe's call round trips, idle and under N writers;
 # pingpong: closed-loop callers (1, 8, 64, 1,000, and 1 with 100,000 messages queued;
 # ECALL_BENCH_CALLERS=C1,C2,.. for other counts)
