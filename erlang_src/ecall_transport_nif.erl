@@ -31,13 +31,13 @@
 %% How long the fence of a direct message may take (direct/3).
 -define(FENCE_TIMEOUT, 5000).
 
+%% A large message encoded once: by term_to_iovec (a binary), or by the NIF.
+-type encoded() :: erlang:iovec() | ecall_nif:encoded().
+
 %% The peer's protocol (ecall_transport:protocol()) decides what an urgent
 %% call looks like on the wire (ecall_transport:wire/3).
 %% `Loops' counts closed-loop calls (loop_starts/1); `off' with the
 %% `urgent' setting false.
-%% A large message encoded once: by term_to_iovec (a binary), or by the NIF.
--type encoded() :: erlang:iovec() | ecall_nif:encoded().
-
 -opaque state() :: {node(), ecall_nif:peer(), ecall_transport:protocol(),
                     Loops :: atomics:atomics_ref() | off}.
 -export_type([state/0]).
