@@ -120,8 +120,8 @@ push(_Peer, _Request, _Room, _Urgent) -> erlang:nif_error(nif_not_loaded).
 push_iovec(_Peer, _IoVec, _Room) -> erlang:nif_error(nif_not_loaded).
 
 %% Queues a big message, encoded by erlang:term_to_iovec/1, in a frame of
-%% its own that goes straight to `To' on the peer (a pid or a registered
-%% name; `ToExt' is term_to_binary(To)), which decodes it in that process
+%% its own that goes straight to `To' on the peer (a pid, a registered name
+%% or an alias; `ToExt' is term_to_binary(To)), which decodes it in that process
 %% (dirty scheduler). The caller's earlier requests, which the peer's
 %% receiver replays, must have been replayed first: see
 %% ecall_transport_nif.

@@ -77,8 +77,8 @@ send({_, Peer, _, _} = State, Dest, Msg, Urgent) ->
 %% term_to_iovec/1, which references it rather than copying it; any other
 %% term by encode_large/1, on a dirty scheduler and into memory of the
 %% NIF's, not a binary of the caller's (see ecall_nif). From ?DIRECT bytes
-%% on, to a pid or a registered name, it goes straight to its target (see
-%% direct/3); below, or to an alias, as a request the peer's receiver
+%% on it goes straight to its target, a pid, a registered name or an alias
+%% (a call's reply: see direct/3); below, as a request the peer's receiver
 %% replays.
 -spec send_large(state(), pid() | reference() | atom(), term()) ->
           ecall_transport:push_result().
@@ -87,7 +87,7 @@ send_large(State, Dest, Msg) ->
                           true -> IoVec = erlang:term_to_iovec(Msg), {iolist_size(IoVec), IoVec};
                           false -> ecall_nif:encode_large(Msg)
                       end,
-    case Size >= ?DIRECT andalso not is_reference(Dest) of
+    case Size >= ?DIRECT of
         true -> direct(State, Dest, Encoded);
         false -> relayed(State, Dest, Encoded)
     end.
@@ -122,7 +122,7 @@ relayed({_, Peer, _, _} = State, Dest, Encoded) ->
 %% and its shard holds them until it has been written. The fence costs one
 %% round trip per big message; a failed one leaves the message to the
 %% receiver's replay, in order.
--spec direct(state(), pid() | atom(), encoded()) -> ecall_transport:push_result().
+-spec direct(state(), pid() | reference() | atom(), encoded()) -> ecall_transport:push_result().
 direct({Node, Peer, _, _} = State, Dest, Encoded) ->
     case ecall_request:call(Node, erlang, node, [], ?FENCE_TIMEOUT, true) of
         {ok, _} ->

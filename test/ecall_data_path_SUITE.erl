@@ -484,7 +484,19 @@ big_messages_go_straight_in_order(Config) ->
     %% receivers: the small and medium ones and the fences only.
     ?assertEqual(length(Msgs) + Bigs, P1 - P0),
     ?assertEqual(length(Msgs), R1 - R0),
-    Sink ! stop.
+    Sink ! stop,
+    %% A big call result goes straight to the caller's alias: B pushes a
+    %% fence and the reply, and this node's receivers replay only the
+    %% fence (a relayed reply would be one push, replayed here).
+    ecall_test_nodes:connect_back(B),
+    {ok, #{pushed := BP0}} = erpc:call(B, ecall, stats, [node()]),
+    #{receivers := #{requests := AR0}} = ecall:stats(),
+    Result = Big(7),
+    ?assertEqual({ok, Result}, ecall:call(B, ecall_test_nodes, echo, [Result])),
+    {ok, #{pushed := BP1}} = erpc:call(B, ecall, stats, [node()]),
+    #{receivers := #{requests := AR1}} = ecall:stats(),
+    ?assertEqual(2, BP1 - BP0),
+    ?assertEqual(1, AR1 - AR0).
 
 mirror_hashes(Owner) ->
     receive

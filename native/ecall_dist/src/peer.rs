@@ -189,15 +189,15 @@ impl Peer {
     }
 
     /// [`Peer::push_alone`] of a large message that goes straight to `to`
-    /// on the peer, a pid or a registered name (external format without
-    /// the version byte), instead of through the receiver: the peer
+    /// on the peer, a pid, a registered name or an alias (external format
+    /// without the version byte), instead of through the receiver: the peer
     /// decodes it in the receiving process, as a message sent with `!`.
     /// `parts`: the message as `term_to_iovec` gives it, version byte
     /// included. Per-caller order with the caller's earlier requests, which
     /// the receiver replays, is the caller's to keep (the Erlang side waits
     /// until they are replayed first); with its later ones it holds, as
-    /// they follow on the same connection. `None` if `to` is neither a pid
-    /// nor an atom (nothing queued).
+    /// they follow on the same connection. `None` if `to` is not a pid, an
+    /// atom or an alias (nothing queued).
     pub fn push_direct(
         &self,
         shard: usize,

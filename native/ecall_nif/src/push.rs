@@ -100,13 +100,13 @@ fn push_iovec<'a>(
     Ok(answer(env, &peer, pushed, len))
 }
 
-/// Queues a large message for `to` (a pid or a registered name on the
-/// peer) in a frame of its own that goes straight to it, not through the
+/// Queues a large message for `to` (a pid, a registered name or an alias
+/// on the peer) in a frame of its own that goes straight to it, not through the
 /// receiver (`Peer::push_direct`): the peer decodes it in `to`'s process,
 /// as a message sent with `!`. `to` is `term_to_binary(To)`; `iovec` is
 /// `term_to_iovec(Msg)`. The Erlang side makes sure that the caller's
 /// earlier requests have been replayed first. Same results as
-/// `push_iovec/3`; `badarg` if `to` is neither a pid nor an atom. Runs on
+/// `push_iovec/3`; `badarg` if `to` is not a pid, an atom or an alias. Runs on
 /// a dirty scheduler, as `push_iovec/3`.
 #[rustler::nif(schedule = "DirtyCpu")]
 fn push_direct<'a>(

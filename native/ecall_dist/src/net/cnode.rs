@@ -60,11 +60,16 @@ pub const MANDATORY_25_DIGEST: u64 = 0x400_0000;
 /// from OTP 26).
 pub const V4_NC: u64 = 1 << 34;
 
+/// `DFLAG_ALIAS`: `ALIAS_SEND` control messages (OTP 24+).
+pub const ALIAS: u64 = 1 << 35;
+
 /// Distribution flags offered on links we open: the base set, the atom
-/// cache (see [`crate::wire::conn_atom_cache`]) and fragments (large messages go out
-/// in pieces, interleaved with others).
+/// cache (see [`crate::wire::conn_atom_cache`]), fragments (large messages go out
+/// in pieces, interleaved with others) and aliases (a big call result goes
+/// straight to the caller's alias: `ALIAS_SEND`, see
+/// [`crate::wire::etf::BatchHeader::direct`]).
 pub fn link_flags() -> DistributionFlags {
-    DistributionFlags::from_bits_truncate(flags().bits() | DIST_HDR_ATOM_CACHE | FRAGMENTS)
+    DistributionFlags::from_bits_truncate(flags().bits() | DIST_HDR_ATOM_CACHE | FRAGMENTS | ALIAS)
 }
 
 /// Distribution flags offered on connections we accept (pings and the
@@ -603,9 +608,13 @@ mod tests {
         );
         assert_eq!(UNLINK_ID, DistributionFlags::UNLINK_ID.bits());
         assert_eq!(V4_NC, DistributionFlags::V4_NC.bits());
+        assert_eq!(ALIAS, DistributionFlags::ALIAS.bits());
         // Nothing is lost to from_bits_truncate: erl_dist knows every bit.
         let named = flags().bits();
         assert_eq!(named, 0x0107_0f94 | MANDATORY_25_DIGEST | UNLINK_ID | V4_NC);
-        assert_eq!(link_flags().bits(), named | DIST_HDR_ATOM_CACHE | FRAGMENTS);
+        assert_eq!(
+            link_flags().bits(),
+            named | DIST_HDR_ATOM_CACHE | FRAGMENTS | ALIAS
+        );
     }
 }

@@ -246,13 +246,13 @@ impl Shard {
         Some(under_lock(Backlog::FULL))
     }
 
-    /// Queues one large message for `to` on the peer (a pid or a
-    /// registered name, external format without the version byte) in a
+    /// Queues one large message for `to` on the peer (a pid, a registered
+    /// name or an alias, external format without the version byte) in a
     /// frame of its own that goes straight to it, not to the receiver
     /// ([`BatchHeader::direct`]). `parts` are the message as
     /// `term_to_iovec` gives it, version byte included. Built outside the
     /// lock, queued in order like [`Shard::push_alone`]. `None` when the
-    /// shard is closed or `to` is neither a pid nor an atom (nothing
+    /// shard is closed or `to` is not a pid, an atom or an alias (nothing
     /// queued either way; [`Shard::direct_target`] tells them apart).
     pub fn push_direct<R>(
         &self,
@@ -286,7 +286,8 @@ impl Shard {
         Some(under_lock(Backlog::FULL))
     }
 
-    /// Whether `to` can be the target of a direct frame: a pid or an atom.
+    /// Whether `to` can be the target of a direct frame: a pid, an atom or
+    /// an alias.
     pub fn direct_target(to: &[u8]) -> bool {
         use crate::wire::etf::*;
         matches!(
@@ -297,7 +298,9 @@ impl Shard {
                     | ATOM_EXT
                     | SMALL_ATOM_EXT
                     | ATOM_UTF8_EXT
-                    | SMALL_ATOM_UTF8_EXT)
+                    | SMALL_ATOM_UTF8_EXT
+                    | NEWER_REFERENCE_EXT
+                    | NEW_REFERENCE_EXT)
             )
         )
     }
@@ -393,8 +396,9 @@ mod tests {
     }
 
     /// A direct frame: it seals the open batch first (order), carries the
-    /// message whole behind a SEND control to a pid or a REG_SEND to a
-    /// name from the batches' pid, and its length field is its length.
+    /// message whole behind a SEND control to a pid, a REG_SEND to a name
+    /// or an ALIAS_SEND to an alias (these two from the batches' pid), and
+    /// its length field is its length.
     #[test]
     fn a_direct_frame_follows_the_open_batch_and_goes_to_its_target() {
         use crate::wire::etf::*;
@@ -425,6 +429,25 @@ mod tests {
         let name = [SMALL_ATOM_UTF8_EXT, 4, b's', b'i', b'n', b'k'];
         assert!(s.push_direct(&name, &msg, |_| ()).is_some());
         assert!(s.push_direct(&[NIL_EXT], &msg, |_| ()).is_none());
+        let alias = [
+            NEWER_REFERENCE_EXT,
+            0,
+            1,
+            SMALL_ATOM_UTF8_EXT,
+            3,
+            b'b',
+            b'@',
+            b'h',
+            0,
+            0,
+            0,
+            7,
+            0,
+            0,
+            0,
+            9,
+        ];
+        assert!(s.push_direct(&alias, &msg, |_| ()).is_some());
         assert!(!Shard::direct_target(&[NIL_EXT]) && Shard::direct_target(&pid));
 
         let batch = s.take().unwrap();
@@ -471,6 +494,27 @@ mod tests {
         assert!(b.ends_with(
             &[
                 &name[..],
+                &[VERSION, SMALL_TUPLE_EXT, 1, SMALL_INTEGER_EXT, 42]
+            ]
+            .concat()
+        ));
+        let to_alias = s.take().unwrap();
+        let b = &to_alias.bytes;
+        assert_eq!(
+            b[4..10],
+            [
+                PASS_THROUGH,
+                VERSION,
+                SMALL_TUPLE_EXT,
+                3,
+                SMALL_INTEGER_EXT,
+                ALIAS_SEND
+            ]
+        );
+        assert_eq!(b[10], NEW_PID_EXT);
+        assert!(b.ends_with(
+            &[
+                &alias[..],
                 &[VERSION, SMALL_TUPLE_EXT, 1, SMALL_INTEGER_EXT, 42]
             ]
             .concat()

@@ -156,6 +156,8 @@ pub const V4_PORT_EXT: u8 = 120;
 pub const SEND: u8 = 2;
 /// Control tag of `REG_SEND`: `{6, FromPid, Unused, ToName}`.
 pub const REG_SEND: u8 = 6;
+/// Control tag of `ALIAS_SEND`: `{33, FromPid, Alias}`.
+pub const ALIAS_SEND: u8 = 33;
 
 /// Appends an atom (UTF-8 encoding, the only one OTP 26+ accepts).
 pub fn put_atom(out: &mut Vec<u8>, name: &str) {
@@ -227,14 +229,17 @@ impl BatchHeader {
     /// the message (with its own version byte) to follow, the length a
     /// placeholder that [`BatchHeader::seal_direct`] fills in.
     ///
-    /// `to` is a pid or an atom in external format without the version
-    /// byte (as the NIF gets it from `term_to_binary/1`): `SEND` `{2, '',
-    /// Pid}` to a pid, `REG_SEND` `{6, From, '', Name}` to a registered
-    /// name, from the same pid as the batches. `None` for anything else.
+    /// `to` is a pid, an atom or an alias (a reference) in external format
+    /// without the version byte (as the NIF gets it from
+    /// `term_to_binary/1`): `SEND` `{2, '', Pid}` to a pid, `REG_SEND` `{6,
+    /// From, '', Name}` to a registered name, `ALIAS_SEND` `{33, From,
+    /// Alias}` to an alias (the links offer `DFLAG_ALIAS`), from the same
+    /// pid as the batches. `None` for anything else.
     ///
     /// ```text
     ///  <len:32> 112 131 104 3 97 2 <''> <pid>               SEND
     ///  <len:32> 112 131 104 4 97 6 <From> <''> <name>       REG_SEND
+    ///  <len:32> 112 131 104 3 97 33 <From> <ref>            ALIAS_SEND
     /// ```
     ///
     /// The receiving node decodes such a message in the receiving
@@ -252,6 +257,10 @@ impl BatchHeader {
                 b.extend_from_slice(&[4, SMALL_INTEGER_EXT, REG_SEND]);
                 b.extend_from_slice(&self.bytes[self.from.clone()]);
                 put_atom(&mut b, "");
+            }
+            NEWER_REFERENCE_EXT | NEW_REFERENCE_EXT => {
+                b.extend_from_slice(&[3, SMALL_INTEGER_EXT, ALIAS_SEND]);
+                b.extend_from_slice(&self.bytes[self.from.clone()]);
             }
             _ => return None,
         }
