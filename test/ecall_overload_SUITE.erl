@@ -303,12 +303,7 @@ stutter(OsPid) ->
 %% messages arrives.
 overload_stays_within_budget(_Config) ->
     Budget = 1000000,
-    ok = application:set_env(ecall, max_queue_bytes, Budget),
-    {Peer, C} = start_peer(["-ecall", "discovery", "false"]),
-    try ok = ecall:connect(C)
-    after application:unset_env(ecall, max_queue_bytes)
-    end,
-    OsPid = erpc:call(C, os, getpid, []),
+    {Peer, C, OsPid} = budget_peer(Budget),
     Sink = erpc:call(C, erlang, spawn, [fun() -> receive never -> ok end end]),
     Total = 100,
     Collector = erpc:call(C, erlang, spawn, [ecall_test_nodes, collector, [self(), Total]]),
@@ -378,12 +373,7 @@ overload_stays_within_budget(_Config) ->
 %% were pushed arrive, none of those dropped.
 drop_when_the_budget_is_full(_Config) ->
     Budget = 1000000,
-    ok = application:set_env(ecall, max_queue_bytes, Budget),
-    {Peer, C} = start_peer(["-ecall", "discovery", "false"]),
-    try ok = ecall:connect(C)
-    after application:unset_env(ecall, max_queue_bytes)
-    end,
-    OsPid = erpc:call(C, os, getpid, []),
+    {Peer, C, OsPid} = budget_peer(Budget),
     Counter = erpc:call(C, erlang, spawn, [?MODULE, count_fills, [0]]),
     Stats = fun() -> {ok, S} = ecall:stats(C), S end,
     ok = application:set_env(ecall, overflow, drop),
@@ -470,3 +460,13 @@ count_fills(N) ->
         {fill, _} -> count_fills(N + 1);
         {done, From} -> From ! {filled, self(), N}
     end.
+
+%% A peer connected with a byte budget of `Budget' (the setting is read
+%% when the connection opens, then put back), and its OS pid.
+budget_peer(Budget) ->
+    ok = application:set_env(ecall, max_queue_bytes, Budget),
+    {Peer, C} = start_peer(["-ecall", "discovery", "false"]),
+    try ok = ecall:connect(C)
+    after application:unset_env(ecall, max_queue_bytes)
+    end,
+    {Peer, C, erpc:call(C, os, getpid, [])}.

@@ -452,73 +452,34 @@ mod tests {
 
         let batch = s.take().unwrap();
         assert_eq!((batch.count, batch.payload), (1, 2));
-        let to_pid = s.take().unwrap();
-        let b = &to_pid.bytes;
-        assert_eq!(
-            u32::from_be_bytes(b[..4].try_into().unwrap()) as usize,
-            b.len() - 4
-        );
-        assert_eq!(
-            b[4..10],
-            [
+        // Each frame: its length, the control tuple's arity and tag, the
+        // batches' pid where the control names the sender, then the
+        // target and the message as they were given.
+        let tail = [VERSION, SMALL_TUPLE_EXT, 1, SMALL_INTEGER_EXT, 42];
+        for (to, arity, tag, from) in [
+            (&pid[..], 3, SEND, false),
+            (&name[..], 4, REG_SEND, true),
+            (&alias[..], 3, ALIAS_SEND, true),
+        ] {
+            let f = s.take().unwrap();
+            let b = &f.bytes;
+            assert_eq!(
+                u32::from_be_bytes(b[..4].try_into().unwrap()) as usize,
+                b.len() - 4
+            );
+            let head = [
                 PASS_THROUGH,
                 VERSION,
                 SMALL_TUPLE_EXT,
-                3,
+                arity,
                 SMALL_INTEGER_EXT,
-                SEND
-            ]
-        );
-        assert!(b.ends_with(
-            &[
-                &pid[..],
-                &[VERSION, SMALL_TUPLE_EXT, 1, SMALL_INTEGER_EXT, 42]
-            ]
-            .concat()
-        ));
-        assert_eq!((to_pid.count, to_pid.payload, to_pid.text), (1, 5, true));
-        let to_name = s.take().unwrap();
-        let b = &to_name.bytes;
-        assert_eq!(
-            b[4..10],
-            [
-                PASS_THROUGH,
-                VERSION,
-                SMALL_TUPLE_EXT,
-                4,
-                SMALL_INTEGER_EXT,
-                REG_SEND
-            ]
-        );
-        assert_eq!(b[10], NEW_PID_EXT);
-        assert!(b.ends_with(
-            &[
-                &name[..],
-                &[VERSION, SMALL_TUPLE_EXT, 1, SMALL_INTEGER_EXT, 42]
-            ]
-            .concat()
-        ));
-        let to_alias = s.take().unwrap();
-        let b = &to_alias.bytes;
-        assert_eq!(
-            b[4..10],
-            [
-                PASS_THROUGH,
-                VERSION,
-                SMALL_TUPLE_EXT,
-                3,
-                SMALL_INTEGER_EXT,
-                ALIAS_SEND
-            ]
-        );
-        assert_eq!(b[10], NEW_PID_EXT);
-        assert!(b.ends_with(
-            &[
-                &alias[..],
-                &[VERSION, SMALL_TUPLE_EXT, 1, SMALL_INTEGER_EXT, 42]
-            ]
-            .concat()
-        ));
+                tag,
+            ];
+            assert_eq!(b[4..10], head);
+            assert_eq!(b[10] == NEW_PID_EXT, from, "tag {tag}");
+            assert!(b.ends_with(&[to, &tail[..]].concat()), "tag {tag}");
+            assert_eq!((f.count, f.payload, f.text), (1, 5, true));
+        }
         assert!(s.take().is_none());
         s.close();
         assert!(s.push_direct(&pid, &msg, |_| ()).is_none());
