@@ -27,7 +27,7 @@
 -export([echo/1, main/1, receiver/3, aggregator/3, big_sink/2, tick_sink/0, deliver/2]).
 %% The cluster mode, run on its nodes.
 -export([node_facts/0, cluster_sink/0, cluster_load/5]).
-%% Shared with the big mode (ecall_bench_big).
+%% Shared with the big and fanout modes (ecall_bench_big, ecall_bench_fanout).
 -export([start_b/0, chosen/1, settle/1, ready/2, vm_rss/0, write_csv/3]).
 
 -define(NODE_ARGS, ["+sbwt", "none", "+sbwtdcpu", "none", "+sbwtdio", "none",
@@ -71,6 +71,8 @@ run(["large"]) ->
     large();
 run(["big"]) ->
     ecall_bench_big:big();
+run(["fanout"]) ->
+    ecall_bench_fanout:fanout();
 run(["profile" | Rest]) ->
     {N, Op} = case Rest of
                   [] -> {20000, send};
@@ -101,7 +103,7 @@ run(["pingpong" | Rest]) ->
 run(["soak", Minutes]) ->
     soak(list_to_integer(Minutes));
 run(Other) ->
-    erlang:error({usage, "demo | quick | full | paced [N K P] | tls [N] | hops | sweep N1,N2,.. K P | micro | large | big | latency [N] | profile [N [send|cast|call]] | cluster [NODES [WRITERS]] | soak MINUTES", Other}).
+    erlang:error({usage, "demo | quick | full | paced [N K P] | tls [N] | hops | sweep N1,N2,.. K P | micro | large | big | fanout | latency [N] | profile [N [send|cast|call]] | cluster [NODES [WRITERS]] | soak MINUTES", Other}).
 
 %%--------------------------------------------------------------------
 %% Soak: 5,000 writers at 20 msg/s each through ecall for MINUTES; every

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs the two-node benchmark:
 #   bench/run.sh demo | quick | full | paced [N K P] | sweep N1,N2,.. K P
-#                | micro | large | big | latency [N] | pingpong [N] | tls [N] | hops
+#                | micro | large | big | fanout | latency [N] | pingpong [N] | tls [N] | hops
 #                | profile [N [OP]] | soak MINUTES
 # demo/quick: send, cast, call at 2,000 and 10,000 writers; full: the
 # article's sweep to 150,000 writers; paced: send at N writers, K messages
@@ -13,6 +13,11 @@
 # nodes, B's receiver heaps after; ECALL_BENCH_ROUNDS rounds, default 2;
 # ECALL_BENCH_BIG_SCALE scales the sizes, default 1.0; ECALL_BENCH_PROBE=native
 # sends the small-message probe by `!' whatever the variant);
+# fanout: one sender to 1,000 and 10,000 targets over 1 and 3 peers,
+# messages of 200 B and 10 KB, by `!', ecall:send/2 and a manifold-style
+# per-node partitioner (delivered msg/s, send time per fan-out, CPU and
+# wire bytes per message, A's peak memory; ECALL_BENCH_FANOUT_TARGETS,
+# _PEERS, _SIZES and _ROUNDS override, comma-separated);
 # latency: a probe's call round trips, idle and under N writers;
 # pingpong: closed-loop callers (1, 8, 64, 1,000, and 1 with 100,000 messages queued;
 # ECALL_BENCH_CALLERS=C1,C2,.. for other counts)
@@ -86,7 +91,7 @@ case "${ECALL_BENCH_OTP:-}" in
     *) echo "bench: ECALL_BENCH_OTP must be 27 or 29 (or unset: the erl on PATH)" >&2; exit 2 ;;
 esac
 # The node helper is shared with the Common Test suites.
-erlc -o "$out" -I test bench/ecall_bench.erl bench/ecall_bench_big.erl test/ecall_test_nodes.erl
+erlc -o "$out" -I test bench/ecall_bench.erl bench/ecall_bench_big.erl bench/ecall_bench_fanout.erl test/ecall_test_nodes.erl
 # Its nodes start through test/scripts/node.sh, found in scripts/ beside
 # ecall_test_nodes.
 cp -r test/scripts "$out/"
