@@ -14,7 +14,7 @@
 %% `!'. Nothing is promised between different callers.
 -module(ecall).
 
--export([send/2, send/3, cast/4, call/4, call/5]).
+-export([send/2, send/3, send_many/2, cast/4, call/4, call/5]).
 -export([send_reply/3]).
 -export([cast_one/4, cast_all/4,
          call_one/4, call_one/5, call_any/4, call_any/5,
@@ -68,6 +68,58 @@ send(To, Msg) ->
 -spec send(dest(), Msg, [send_option()]) -> Msg.
 send(To, Msg, Opts) ->
     send(To, Msg, urgent_option(Opts, false, [To, Msg, Opts]), [To, Msg, Opts]).
+
+%% @doc Sends `Msg' to every destination of `Dests', as `[To ! Msg || To
+%% <- Dests]' would, and returns `ok'.
+%%
+%% Each destination is what send/2 takes: a pid, an alias, a registered
+%% name or `{Name, Node}', on this node or any other. Targets on this node
+%% get it by `!'. For each other node with an ecall connection, the
+%% message goes as one request with the node's targets, encoded once and
+%% counted once against that peer's byte budget, and the peer's receiver
+%% delivers it to each target there; to a node without one, each target
+%% gets it as send/2 would send it. Per-caller order to each target is
+%% that of send/2, also for a caller that mixes send/2 and send_many/2.
+%% Targets on nodes that are down are ignored, as `!' ignores them. Raises
+%% `badarg', sending nothing, when `Dests' is not a proper list of
+%% destinations.
+-spec send_many([dest()], term()) -> ok.
+send_many(Dests, Msg) ->
+    case group(Dests, [], #{}) of
+        {Local, Remote} ->
+            lists:foreach(fun(To) -> To ! Msg end, Local),
+            maps:foreach(fun(Node, Targets) ->
+                                 ecall_route:send_many(Node, lists:reverse(Targets), Msg)
+                         end, Remote);
+        badarg ->
+            erlang:error(badarg, [Dests, Msg])
+    end.
+
+%% Local destinations in order, and the others by node (each list
+%% reversed); `badarg' for anything that is not a proper list of
+%% destinations.
+-spec group(term(), [dest()], #{node() => [dest()]}) ->
+          {[dest()], #{node() => [dest()]}} | badarg.
+group([To | Rest], Local, Remote) when is_pid(To); is_reference(To) ->
+    case node(To) =:= node() of
+        true -> group(Rest, [To | Local], Remote);
+        false -> group(Rest, Local, add(node(To), To, Remote))
+    end;
+group([{Name, Node} = To | Rest], Local, Remote) when is_atom(Name), is_atom(Node) ->
+    case Node =:= node() of
+        true -> group(Rest, [Name | Local], Remote);
+        false -> group(Rest, Local, add(Node, To, Remote))
+    end;
+group([To | Rest], Local, Remote) when is_atom(To) ->
+    group(Rest, [To | Local], Remote);
+group([], Local, Remote) ->
+    {lists:reverse(Local), Remote};
+group(_, _Local, _Remote) ->
+    badarg.
+
+-spec add(node(), dest(), #{node() => [dest()]}) -> #{node() => [dest()]}.
+add(Node, To, Remote) ->
+    maps:update_with(Node, fun(Ts) -> [To | Ts] end, [To], Remote).
 
 %% send/2,3: `Args' for the badarg. Which path a message to another node
 %% takes, native `!' or the transport of an ecall connection, and how

@@ -18,7 +18,7 @@
 -module(ecall_proxy).
 -behaviour(ecall_transport).
 
--export([open/3, send/4, push/3, loop_starts/1, reply_watcher/1, stats/1, close/2]).
+-export([open/3, send/4, send_many/3, push/3, loop_starts/1, reply_watcher/1, stats/1, close/2]).
 -export([init/4]).
 
 %% A transport change (see close/2): how long the proxies may take to send
@@ -59,6 +59,13 @@ open(Node, Receivers, Protocol) ->
 -spec send(pool(), pid() | reference() | atom(), term(), boolean()) -> ok.
 send(Pool, Dest, Msg, _Urgent) ->
     push(Pool, {send, Dest, Msg}, false).
+
+-spec send_many(pool(), [pid() | reference() | atom()], term()) ->
+          ecall_transport:push_result() | unsupported.
+send_many(#pool{protocol = Protocol} = Pool, Dests, Msg) when Protocol >= 2 ->
+    push(Pool, {send_many, Dests, Msg}, false);
+send_many(_Pool, _Dests, _Msg) ->
+    unsupported.
 
 -spec push(pool(), ecall_transport:request(), boolean()) -> ok.
 push(#pool{protocol = Protocol} = Pool, Request, Urgent) ->

@@ -54,6 +54,25 @@ loop(#state{counters = C, parent = Parent} = S) ->
             loop(S)
     end.
 
+-spec send_each(term(), term(), counters:counters_ref()) -> ok.
+send_each([To | Rest], Msg, C) when is_pid(To); is_reference(To) ->
+    To ! Msg,
+    send_each(Rest, Msg, C);
+send_each([To | Rest], Msg, C) when is_atom(To) ->
+    try
+        To ! Msg
+    catch
+        error:badarg -> counters:add(C, ?DEAD_LETTERS, 1)
+    end,
+    send_each(Rest, Msg, C);
+send_each([_Bad | Rest], Msg, C) ->
+    counters:add(C, ?MALFORMED, 1),
+    send_each(Rest, Msg, C);
+send_each([], _Msg, _C) ->
+    ok;
+send_each(_Improper, _Msg, C) ->
+    counters:add(C, ?MALFORMED, 1).
+
 -spec replay(list(), counters:counters_ref(), non_neg_integer()) -> ok.
 replay([{send, To, Msg} | Rest], C, N) when is_pid(To); is_reference(To) ->
     To ! Msg,
@@ -64,6 +83,14 @@ replay([{send, To, Msg} | Rest], C, N) when is_atom(To) ->
     catch
         error:badarg -> counters:add(C, ?DEAD_LETTERS, 1)
     end,
+    replay(Rest, C, N + 1);
+replay([{send_many, Dests, Msg} | Rest], C, N) when is_list(Dests) ->
+    %% One message to many local targets, in the order given; this worker
+    %% replays the caller's other requests too, so each target gets the
+    %% caller's messages in order. Targets that are not a pid, an alias or
+    %% a name (or an improper tail) are counted malformed, the others still
+%% served.
+    send_each(Dests, Msg, C),
     replay(Rest, C, N + 1);
 replay([{cast, M, F, A} | Rest], C, N) when is_atom(M), is_atom(F), is_list(A) ->
     _ = spawn_or_count(C, ecall_request, run_cast, [M, F, A]),

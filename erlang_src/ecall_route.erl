@@ -37,7 +37,7 @@
 %% caller per switch to a transport.
 -module(ecall_route).
 
--export([send_to/3, send_remote/5]).
+-export([send_to/3, send_remote/5, send_many/3]).
 
 %% Process dictionary key: the nodes this process sent to by `!' since its
 %% last send to them through a transport (see native/3).
@@ -72,6 +72,41 @@ send_remote(Node, Dest, To, Msg, Urgent) ->
         _UndefinedOrClosing ->
             native(Node, To, Msg)
     end.
+
+%% @doc Sends `Msg' to each of `Targets' on the other node `Node' (each
+%% as ecall:send/2 names it: a pid, an alias or `{Name, Node}'): one
+%% request through the transport of its connection when it has one and
+%% the peer knows the request, else each as send_remote/5 sends it. The
+%% same order rules as send_remote/5, per target.
+-spec send_many(node(), [pid() | reference() | {atom(), node()}], term()) -> ok.
+send_many(Node, Targets, Msg) ->
+    Dests = [dest(T) || T <- Targets],
+    case ecall_conn:route(Node) of
+        {Mod, State} when Mod =/= closing ->
+            after_native(Node),
+            case Mod:send_many(State, Dests, Msg) of
+                ok -> ok;
+                %% A send has no error to return (see send_remote/5).
+                overload -> ok;
+                closed -> each_native(Node, Targets, Msg);
+                unsupported -> each_remote(Node, Dests, Targets, Msg)
+            end;
+        _UndefinedOrClosing ->
+            each_native(Node, Targets, Msg)
+    end.
+
+-spec dest(pid() | reference() | {atom(), node()}) -> pid() | reference() | atom().
+dest({Name, _Node}) -> Name;
+dest(To) -> To.
+
+-spec each_native(node(), [ecall:dest()], term()) -> ok.
+each_native(Node, Targets, Msg) ->
+    lists:foreach(fun(To) -> native(Node, To, Msg) end, Targets).
+
+-spec each_remote(node(), [pid() | reference() | atom()], [ecall:dest()], term()) -> ok.
+each_remote(Node, Dests, Targets, Msg) ->
+    lists:foreach(fun({Dest, To}) -> send_remote(Node, Dest, To, Msg, false) end,
+                  lists:zip(Dests, Targets)).
 
 %% A send by `!': after the close of the node's connection, if it is
 %% closing (transport then `!'), and remembered for the next send to

@@ -25,6 +25,7 @@
 %% peer sends its reply without waiting for other requests to batch with
 %% it. Only sent to a peer of protocol 1 or more (wire/3).
 -type request() :: {send, Dest :: pid() | reference() | atom(), Msg :: term()}
+                 | {send_many, [Dest :: pid() | reference() | atom()], Msg :: term()}
                  | {cast, module(), atom(), [term()]}
                  | {call, Alias :: reference(), module(), atom(), [term()]}
                  | {call, Alias :: reference(), module(), atom(), [term()], urgent}.
@@ -35,14 +36,14 @@
 -type t() :: {module(), term()}.
 %% What a peer's receivers accept, learnt when the connection opens
 %% (ecall_receiver_sup:hello/1): 0, the first releases (no `hello/1'); 1,
-%% also urgent calls.
+%% also urgent calls; 2, also `send_many' (one message to many targets).
 -type protocol() :: non_neg_integer().
 -export_type([request/0, reply/0, push_result/0, t/0, protocol/0]).
 
 -export([protocol/0, wire/3, loops/0, loop_starts/1]).
 
 %% This node's protocol: what its receivers accept.
--define(PROTOCOL, 1).
+-define(PROTOCOL, 2).
 
 %% Opens the transport to `Node', whose receiver pool has the names given
 %% and accepts what `Protocol' says.
@@ -52,6 +53,13 @@
 %% many `up' events to wait for before publishing (0: usable at once).
 -callback open(Node :: node(), Receivers :: [binary()], Protocol :: protocol()) ->
     {ok, State :: term(), Links :: non_neg_integer()} | {error, term()}.
+
+%% `Msg' to each of `Dests' on the peer, in the caller's order, as one
+%% request (one message encoded once, one charge to the byte budget);
+%% `unsupported' when the peer's receivers do not know the request
+%% (protocol below 2): the caller then sends to each.
+-callback send_many(State :: term(), Dests :: [pid() | reference() | atom()], Msg :: term()) ->
+    push_result() | unsupported.
 
 %% `Dest ! Msg' on the peer, in the caller's order. `Urgent': the caller
 %% waits for an answer before its next request (a call in a closed loop,

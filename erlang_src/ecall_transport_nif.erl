@@ -10,7 +10,7 @@
 -module(ecall_transport_nif).
 -behaviour(ecall_transport).
 
--export([open/3, send/4, push/3, loop_starts/1, reply_watcher/1, stats/1, close/2]).
+-export([open/3, send/4, send_many/3, push/3, loop_starts/1, reply_watcher/1, stats/1, close/2]).
 -export([caller_link/1]).
 
 %% For the peer's flusher (see flusher/2); flush_loop/2 is called by its
@@ -137,6 +137,13 @@ direct({Node, Peer, _, _} = State, Dest, Encoded) ->
         {error, _} ->
             relayed(State, Dest, Encoded)
     end.
+
+-spec send_many(state(), [pid() | reference() | atom()], term()) ->
+          ecall_transport:push_result() | unsupported.
+send_many({_, _, Protocol, _} = State, Dests, Msg) when Protocol >= 2 ->
+    push(State, {send_many, Dests, Msg}, false);
+send_many(_State, _Dests, _Msg) ->
+    unsupported.
 
 -spec push(state(), ecall_transport:request(), boolean()) -> ecall_transport:push_result().
 push({_, Peer, Protocol, _} = State, Request0, Urgent) ->

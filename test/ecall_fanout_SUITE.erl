@@ -1,0 +1,132 @@
+%% ecall:send_many/2 on real nodes: this node and B, both running ecall,
+%% connected through the links. One message to many targets: each gets it
+%% exactly once, in the caller's order also when the caller mixes send/2
+%% and send_many/2; local, remote and dead-node targets, registered names;
+%% bad input refused with nothing sent.
+-module(ecall_fanout_SUITE).
+
+-include_lib("common_test/include/ct.hrl").
+-include_lib("stdlib/include/assert.hrl").
+
+-export([all/0, suite/0, init_per_suite/1, end_per_suite/1]).
+-export([every_target_once_in_order/1, local_remote_and_dead_targets/1,
+         registered_names/1, bad_input_sends_nothing/1, a_peer_that_goes_away_midway/1]).
+%% Run on B.
+-export([target/1]).
+
+suite() ->
+    [{timetrap, {minutes, 3}}].
+
+all() ->
+    [every_target_once_in_order, local_remote_and_dead_targets, registered_names,
+     bad_input_sends_nothing, a_peer_that_goes_away_midway].
+
+init_per_suite(Config) ->
+    ecall_test_nodes:start_b(Config).
+
+end_per_suite(Config) ->
+    ecall_test_nodes:stop_b(Config).
+
+%% 50 targets on B. One caller sends, 200 times, a send/2 to one target
+%% then a send_many/2 to all: every target gets each of its messages once,
+%% in the order sent. Each send_many is one push (one request for the
+%% node), not one per target.
+every_target_once_in_order(Config) ->
+    B = ?config(b, Config),
+    Targets = [erpc:call(B, erlang, spawn, [?MODULE, target, [self()]]) || _ <- lists:seq(1, 50)],
+    N = 200,
+    {ok, #{pushed := P0}} = ecall:stats(B),
+    lists:foreach(fun(I) ->
+                          ecall:send(lists:nth(1 + I rem 50, Targets), {seq, 2 * I - 1}),
+                          ok = ecall:send_many(Targets, {seq, 2 * I})
+                  end, lists:seq(1, N)),
+    {ok, #{pushed := P1}} = ecall:stats(B),
+    ?assertEqual(2 * N, P1 - P0),
+    Got = [collect(T) || T <- Targets],
+    [begin
+         Seqs = [S || {seq, S} <- Msgs],
+         Expected = lists:sort([2 * I || I <- lists:seq(1, N)]
+                               ++ [2 * I - 1 || I <- lists:seq(1, N), 1 + I rem 50 =:= K]),
+         ?assertEqual(Expected, Seqs)
+     end || {K, Msgs} <- lists:zip(lists:seq(1, 50), Got)].
+
+%% Targets on this node, on B and on a node that is gone: the live ones
+%% get the message once; the dead one is ignored, as `!' ignores it.
+local_remote_and_dead_targets(Config) ->
+    B = ?config(b, Config),
+    {Peer, C} = ecall_test_nodes:start_peer(["-ecall", "discovery", "false"]),
+    Dead = erpc:call(C, erlang, spawn, [?MODULE, target, [self()]]),
+    peer:stop(Peer),
+    Local = [spawn_link(?MODULE, target, [self()]) || _ <- lists:seq(1, 5)],
+    Remote = [erpc:call(B, erlang, spawn, [?MODULE, target, [self()]]) || _ <- lists:seq(1, 5)],
+    ?assertEqual(ok, ecall:send_many(Local ++ [Dead] ++ Remote, hello)),
+    [?assertEqual([hello], collect(T)) || T <- Local ++ Remote].
+
+%% Registered names, on this node (a bare name or {Name, node()}) and on
+%% B ({Name, B}); a name not registered on B is counted, as for send/2.
+registered_names(Config) ->
+    B = ?config(b, Config),
+    LocalT = spawn_link(?MODULE, target, [self()]),
+    true = register(ecall_fanout_local, LocalT),
+    RemoteT = erpc:call(B, erlang, spawn, [?MODULE, target, [self()]]),
+    true = erpc:call(B, erlang, register, [ecall_fanout_remote, RemoteT]),
+    #{receivers := #{dead_letters := D0}} = erpc:call(B, ecall, stats, []),
+    ok = ecall:send_many([ecall_fanout_local, {ecall_fanout_local, node()},
+                          {ecall_fanout_remote, B}, {nobody_here, B}], named),
+    ?assertEqual([named, named], collect(LocalT)),
+    ?assertEqual([named], collect(RemoteT)),
+    #{receivers := #{dead_letters := D1}} = erpc:call(B, ecall, stats, []),
+    ?assertEqual(1, D1 - D0).
+
+%% Not a proper list of destinations: badarg, and nothing sent, not even
+%% to the valid destinations before the bad one.
+bad_input_sends_nothing(Config) ->
+    B = ?config(b, Config),
+    T = erpc:call(B, erlang, spawn, [?MODULE, target, [self()]]),
+    L = spawn_link(?MODULE, target, [self()]),
+    {ok, #{pushed := P0}} = ecall:stats(B),
+    [?assertError(badarg, ecall:send_many(Bad, m))
+     || Bad <- [not_a_list, [T | L], [T, L, "string"], [T, {1, 2}], [L, 42], #{}]],
+    {ok, #{pushed := P1}} = ecall:stats(B),
+    ?assertEqual(P0, P1),
+    ?assertEqual([], collect(T)),
+    ?assertEqual([], collect(L)).
+
+%% Targets on B and on C; C goes away (its OS process killed) halfway
+%% through 200 fan-outs. B's targets get all 200, once each and in order;
+%% the fan-outs after C went return `ok' as before.
+a_peer_that_goes_away_midway(Config) ->
+    B = ?config(b, Config),
+    {_Peer, C} = ecall_test_nodes:start_peer(["-ecall", "discovery", "false"]),
+    ok = ecall:connect(C),
+    OsPid = erpc:call(C, os, getpid, []),
+    OnB = [erpc:call(B, erlang, spawn, [?MODULE, target, [self()]]) || _ <- lists:seq(1, 20)],
+    OnC = [erpc:call(C, erlang, spawn, [?MODULE, target, [self()]]) || _ <- lists:seq(1, 20)],
+    N = 200,
+    [ok = ecall:send_many(OnB ++ OnC, {seq, I}) || I <- lists:seq(1, N div 2)],
+    _ = os:cmd("kill -9 " ++ OsPid),
+    [ok = ecall:send_many(OnB ++ OnC, {seq, I}) || I <- lists:seq(N div 2 + 1, N)],
+    [?assertEqual([{seq, I} || I <- lists:seq(1, N)], collect(T)) || T <- OnB].
+
+%% A target: keeps what it receives, in order, until asked.
+target(Owner) ->
+    target(Owner, []).
+
+target(Owner, Got) ->
+    receive
+        {collect, From, Ref} -> From ! {Ref, lists:reverse(Got)}, target(Owner, []);
+        M -> target(Owner, [M | Got])
+    end.
+
+%% What `T' got so far. Asked with `!' after everything sent to it: for a
+%% remote target the request goes by native distribution, so first a
+%% round trip through the links (a call to B replayed after the caller's
+%% sends) makes sure those were delivered.
+collect(T) ->
+    case node(T) =:= node() of
+        true -> ok;
+        false -> {ok, _} = ecall:call(node(T), erlang, node, [])
+    end,
+    Ref = make_ref(),
+    T ! {collect, self(), Ref},
+    receive {Ref, Got} -> Got after 10000 -> ct:fail({no_answer, T}) end.
