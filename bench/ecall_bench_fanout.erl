@@ -9,6 +9,7 @@
 %% variant (?VARIANTS, or those ECALL_BENCH_VARIANTS names; their order
 %% rotates from point to point), each with fresh targets:
 %%   native      [P ! M || P <- Pids]
+%%   send_many   ecall:send_many(Pids, M)
 %%   ecall_send  [ecall:send(P, M) || P <- Pids] (A connected to every
 %%               peer by ecall:connect/1, its transport checked to be nif)
 %%   manifold    a manifold-style pure-Erlang baseline (written here from
@@ -34,7 +35,7 @@
 %% deltas (user CPU of every thread of the OS process, the NIF's own
 %% included, ms resolution; it leaves system time out) and, beside it, by
 %% utime + stime of /proc/<pid>/stat (user + system, 10 ms resolution);
-%% bytes on the wire per delivered message (ecall_send: the `bytes'
+%% bytes on the wire per delivered message (ecall_send and send_many: the `bytes'
 %% deltas of ecall:stats(Peer), summed over peers; native and manifold:
 %% send_oct deltas of the distribution socket to each peer, the port of
 %% erlang:system_info(dist_ctrl), summed; both are in the CSV for every
@@ -51,9 +52,8 @@
 -import(ecall_bench, [start_b/0, settle/1, write_csv/3]).
 
 %% The variants, in the order of the first point (rotated from point to
-%% point). ecall:send_many/2, once it exists, joins them here and as a
-%% clause of fan_out/3.
--define(VARIANTS, [native, ecall_send, manifold]).
+%% point).
+-define(VARIANTS, [native, ecall_send, manifold, send_many]).
 
 -define(PARTITIONER, ecall_bench_fanout_partitioner).
 %% The longest a point may take from its last send until every target has
@@ -61,7 +61,7 @@
 -define(DELIVERY_WAIT, 120000).
 -define(SAMPLE_MS, 10).
 
--type variant() :: native | ecall_send | manifold.
+-type variant() :: native | ecall_send | manifold | send_many.
 %% A point's result, one variant (the CSV's columns and a few more).
 -type row() :: #{atom() => term()}.
 %% CPU of one node at one moment: {statistics(runtime) ms, /proc user+sys s}.
@@ -195,6 +195,7 @@ run_point(Nodes, Targets, Size, K, Variant) ->
     EcallBytes = Ecall1 - Ecall0,
     Wire = case Variant of
                ecall_send -> EcallBytes;
+               send_many -> EcallBytes;
                _ -> DistBytes
            end,
     Row = #{variant => Variant, peers => length(Nodes), targets => Targets,
@@ -208,7 +209,11 @@ run_point(Nodes, Targets, Size, K, Variant) ->
             cpu_a_sys_us_per_msg => (ProcA1 - ProcA0) * 1.0e6 / Delivered,
             cpu_peers_sys_us_per_msg => lists:sum([C || {_, C, _} <- PeerCpu]) / Delivered,
             wire_bytes_per_msg => Wire / Delivered,
-            wire_source => case Variant of ecall_send -> ecall; _ -> dist end,
+            wire_source => case Variant of
+                               ecall_send -> ecall;
+                               send_many -> ecall;
+                               _ -> dist
+                           end,
             dist_bytes_per_msg => DistBytes / Delivered,
             ecall_bytes_per_msg => EcallBytes / Delivered,
             peak_mem_a_mb => PeakMem / 1048576,
@@ -253,6 +258,8 @@ fan_out(native, Pids, Msg) ->
 fan_out(ecall_send, Pids, Msg) ->
     _ = [ecall:send(P, Msg) || P <- Pids],
     ok;
+fan_out(send_many, Pids, Msg) ->
+    ecall:send_many(Pids, Msg);
 fan_out(manifold, Pids, Msg) ->
     maps:foreach(fun(Node, Sub) -> {?PARTITIONER, Node} ! {fan_out, Sub, Msg} end,
                  maps:groups_from_list(fun erlang:node/1, Pids)),
@@ -433,7 +440,7 @@ print(Rows) ->
               "unless said.~n"
               "cpu: erlang:statistics(runtime) deltas (user CPU, all threads), us/msg; "
               "peers: all peers' sum per message (each peer's own in the CSV);~n"
-              "+sys: the same from /proc utime+stime; wire: ecall's `bytes' (ecall_send) "
+              "+sys: the same from /proc utime+stime; wire: ecall's `bytes' (ecall_send, send_many) "
               "or the dist sockets' send_oct (native, manifold)~n~n"),
     io:format("~5s ~7s ~6s ~-11s ~6s ~9s ~11s ~7s ~7s ~8s ~8s ~8s ~8s ~8s ~6s~n",
               ["peers", "targets", "bytes", "variant", "rounds", "msg/s", "us/fan-out",
