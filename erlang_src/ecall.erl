@@ -14,7 +14,7 @@
 %% `!'. Nothing is promised between different callers.
 -module(ecall).
 
--export([send/2, send/3, send_many/2, cast/4, call/4, call/5]).
+-export([send/2, send/3, send_many/2, send_group/3, cast/4, call/4, call/5]).
 -export([send_reply/3]).
 -export([cast_one/4, cast_all/4,
          call_one/4, call_one/5, call_any/4, call_any/5,
@@ -94,6 +94,25 @@ send_many(Dests, Msg) ->
         badarg ->
             erlang:error(badarg, [Dests, Msg])
     end.
+
+%% @doc Sends `Msg' to every member of the `pg' group `Group' of scope
+%% `Scope', on every node, as send_many/2 does, and returns `ok'.
+%%
+%% The members are those `pg:get_members(Scope, Group)' returns at the
+%% call: a process that joins after it does not get this message, one
+%% that left before it does not; one that leaves while the message is on
+%% its way gets it as `!' would deliver it (or not, if it is gone).
+%% Raises `badarg' when `Scope' is not a running pg scope here.
+-spec send_group(atom(), term(), term()) -> ok.
+send_group(Scope, Group, Msg) when is_atom(Scope) ->
+    %% A scope is a registered process; pg:get_members/2 answers [] for
+    %% one that does not run, which would hide a misspelt scope.
+    case whereis(Scope) of
+        undefined -> erlang:error(badarg, [Scope, Group, Msg]);
+        _ -> send_many(pg:get_members(Scope, Group), Msg)
+    end;
+send_group(Scope, Group, Msg) ->
+    erlang:error(badarg, [Scope, Group, Msg]).
 
 %% Local destinations in order, and the others by node (each list
 %% reversed); `badarg' for anything that is not a proper list of

@@ -10,16 +10,17 @@
 
 -export([all/0, suite/0, init_per_suite/1, end_per_suite/1]).
 -export([every_target_once_in_order/1, local_remote_and_dead_targets/1,
-         registered_names/1, bad_input_sends_nothing/1, a_peer_that_goes_away_midway/1]).
+         registered_names/1, bad_input_sends_nothing/1, a_peer_that_goes_away_midway/1,
+         a_pg_group_on_two_nodes/1]).
 %% Run on B.
--export([target/1]).
+-export([target/1, pg_start/1]).
 
 suite() ->
     [{timetrap, {minutes, 3}}].
 
 all() ->
     [every_target_once_in_order, local_remote_and_dead_targets, registered_names,
-     bad_input_sends_nothing, a_peer_that_goes_away_midway].
+     bad_input_sends_nothing, a_peer_that_goes_away_midway, a_pg_group_on_two_nodes].
 
 init_per_suite(Config) ->
     ecall_test_nodes:start_b(Config).
@@ -107,6 +108,48 @@ a_peer_that_goes_away_midway(Config) ->
     _ = os:cmd("kill -9 " ++ OsPid),
     [ok = ecall:send_many(OnB ++ OnC, {seq, I}) || I <- lists:seq(N div 2 + 1, N)],
     [?assertEqual([{seq, I} || I <- lists:seq(1, N)], collect(T)) || T <- OnB].
+
+%% send_group/3: every member of a pg group, here and on B, gets the
+%% message once; one that left before the call does not; a scope that
+%% does not run is badarg.
+a_pg_group_on_two_nodes(Config) ->
+    B = ?config(b, Config),
+    Scope = ecall_fanout_pg,
+    {ok, _} = pg:start(Scope),
+    {ok, _} = erpc:call(B, ?MODULE, pg_start, [Scope]),
+    Here = [spawn_link(?MODULE, target, [self()]) || _ <- lists:seq(1, 3)],
+    There = [erpc:call(B, erlang, spawn, [?MODULE, target, [self()]]) || _ <- lists:seq(1, 3)],
+    ok = pg:join(Scope, room, Here),
+    ok = erpc:call(B, pg, join, [Scope, room, There]),
+    Left = hd(There),
+    ok = erpc:call(B, pg, leave, [Scope, room, Left]),
+    %% Until this node's scope has seen B's joins and the leave.
+    wait_members(Scope, room, length(Here) + length(There) - 1),
+    ok = ecall:send_group(Scope, room, news),
+    [?assertEqual([news], collect(T)) || T <- Here ++ tl(There)],
+    ?assertEqual([], collect(Left)),
+    ?assertError(badarg, ecall:send_group(no_such_scope, room, news)),
+    ?assertError(badarg, ecall:send_group("scope", room, news)).
+
+%% On B: a pg scope that outlives the erpc call that starts it.
+pg_start(Scope) ->
+    Self = self(),
+    spawn(fun() -> {ok, Pid} = pg:start(Scope), unlink(Pid), Self ! {started, Pid},
+                   receive never -> ok end end),
+    receive {started, Pid} -> {ok, Pid} end.
+
+%% Polls this node's view of a group (pg spreads joins asynchronously)
+%% until it has `N' members, for at most 10 s.
+wait_members(Scope, Group, N) ->
+    wait_members(Scope, Group, N, erlang:monotonic_time(millisecond) + 10000).
+
+wait_members(Scope, Group, N, Deadline) ->
+    case length(pg:get_members(Scope, Group)) of
+        N -> ok;
+        _ ->
+            ?assert(erlang:monotonic_time(millisecond) < Deadline),
+            receive after 10 -> wait_members(Scope, Group, N, Deadline) end
+    end.
 
 %% A target: keeps what it receives, in order, until asked.
 target(Owner) ->
