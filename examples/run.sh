@@ -67,7 +67,12 @@ await "node $b did not start" test -f "$ready"
 (cd "$ex" && exec timeout 60 elixir --sname "ex_a_$$" --cookie "$cookie" -S mix run --no-compile --no-deps-check \
     -e "EcallExample.main(:\"$b@$host\")") >"$logs/ex_a" 2>&1 || fail "EcallExample.main on ex_a_$$"
 expect "$logs/ex_a" "send: :$b@$host echoed :hello" "cast: ran on" "call: String.upcase" "stats: transport nif"
-cat "$logs/ex_a" >&2
+# The pub/sub example: 50 subscribers on each node, broadcasts by
+# :ecall.send_group/3.
+(cd "$ex" && exec timeout 60 elixir --sname "ex_c_$$" --cookie "$cookie" -S mix run --no-compile --no-deps-check \
+    -e "EcallExample.PubSub.demo(:\"$b@$host\", 50)") >"$logs/ex_pubsub" 2>&1 || fail "EcallExample.PubSub.demo on ex_c_$$"
+expect "$logs/ex_pubsub" "pubsub: 100 subscribers on 2 nodes got 10 broadcasts each, in order"
+cat "$logs/ex_a" "$logs/ex_pubsub" >&2
 
 # --- a relx release ----------------------------------------------------------
 say "rebar3_release: rebar3 release"

@@ -67,6 +67,9 @@ defmodule EcallExample.Application do
 
   @impl true
   def start(_type, _args) do
-    Supervisor.start_link([EcallExample.Echo], strategy: :one_for_one, name: EcallExample.Supervisor)
+    Supervisor.start_link([EcallExample.Echo, EcallExample.PubSub],
+      strategy: :one_for_one,
+      name: EcallExample.Supervisor
+    )
   end
 end
