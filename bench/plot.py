@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """Plots the CSVs of one results folder: rate, CPU per operation and peak
 sender memory against writers, one panel per operation, one line per
-variant. Usage: bench/plot.py bench/results/<date>-<host> [label]"""
+variant; and for the fanout mode's fanout.csv, delivered messages a
+second per point, one bar per variant.
+Usage: bench/plot.py bench/results/<date>-<host> [label]"""
 import csv
 import os
 import sys
@@ -25,6 +27,9 @@ def main():
         if not name.endswith(".csv") or (label and not name.startswith(label)):
             continue
         rows = list(csv.DictReader(open(os.path.join(folder, name))))
+        if rows and "msgs_per_s" in rows[0] and "targets" in rows[0]:
+            fanout(folder, name[: -len(".csv")], rows)
+            continue
         # Only the throughput matrices have these plots (latency.csv is a
         # table of its own).
         if not rows or "op" not in rows[0]:
@@ -56,6 +61,34 @@ def main():
             fig.savefig(out, dpi=90)
             plt.close(fig)
             print("plot:", out)
+
+
+def fanout(folder, base, rows):
+    """Delivered messages a second, per point (peers, targets, message
+    size), one bar per variant, on a log scale."""
+    points = sorted({(int(r["peers"]), int(r["targets"]), int(r["msg_bytes"])) for r in rows})
+    variants = [v for v in ["native", "ecall_send", "manifold", "send_many"]
+                if any(r["variant"] == v for r in rows)]
+    fig, ax = plt.subplots(figsize=(11, 4))
+    width = 0.8 / max(1, len(variants))
+    for i, variant in enumerate(variants):
+        rate = {(int(r["peers"]), int(r["targets"]), int(r["msg_bytes"])): float(r["msgs_per_s"])
+                for r in rows if r["variant"] == variant}
+        xs = [j + i * width for j in range(len(points))]
+        ax.bar(xs, [rate.get(p, 0) for p in points], width, label=variant)
+    ax.set_xticks([j + width * (len(variants) - 1) / 2 for j in range(len(points))])
+    ax.set_xticklabels([f"{p} peer{'s' if p > 1 else ''}\n{t:,} targets\n{b} B" for p, t, b in points],
+                       fontsize=8)
+    ax.set_yscale("log")
+    ax.set_ylabel("delivered messages a second")
+    ax.grid(True, axis="y", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.suptitle(f"{base}: one sender to many targets")
+    fig.tight_layout()
+    out = os.path.join(folder, f"{base}-rate.png")
+    fig.savefig(out, dpi=90)
+    plt.close(fig)
+    print("plot:", out)
 
 
 if __name__ == "__main__":
