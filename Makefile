@@ -50,7 +50,8 @@ check: deps
 	rebar3 xref
 	rebar3 dialyzer
 	rebar3 edoc
-	@# The benchmark's modules (not part of the app), warnings as errors.
+	@# The benchmark's scripts and modules (not part of the app), warnings as errors.
+	python3 -m py_compile bench/plot.py bench/profile.py
 	mkdir -p _build/check && erlc +warnings_as_errors -o _build/check -I test bench/ecall_bench.erl bench/ecall_bench_big.erl bench/ecall_bench_fanout.erl test/ecall_test_nodes.erl
 
 # doc/configuration.md, from ecall_config:spec/0 (a test checks they agree).
