@@ -179,7 +179,7 @@ impl Peer {
     }
 
     /// [`Peer::push`] for a large element given in pieces (as
-    /// `term_to_iovec` gives it, version byte already stripped): it becomes
+    /// encoded, version byte already stripped): it becomes
     /// a batch of its own, built outside the shard lock.
     pub fn push_alone(&self, shard: usize, parts: &[&[u8]], reserved: usize) -> Push {
         let len = parts.iter().map(|p| p.len()).sum();
@@ -192,7 +192,7 @@ impl Peer {
     /// on the peer, a pid, a registered name or an alias (external format
     /// without the version byte), instead of through the receiver: the peer
     /// decodes it in the receiving process, as a message sent with `!`.
-    /// `parts`: the message as `term_to_iovec` gives it, version byte
+    /// `parts`: the message in external format, version byte
     /// included. Per-caller order with the caller's earlier requests, which
     /// the receiver replays, is the caller's to keep (the Erlang side waits
     /// until they are replayed first); with its later ones it holds, as
@@ -205,9 +205,9 @@ impl Peer {
         parts: &[&[u8]],
         reserved: usize,
     ) -> Option<Push> {
-        if !Shard::direct_target(to) {
-            return None;
-        }
+        // A bad target is told from a closed shard here: both would
+        // make the shard's push return None.
+        crate::wire::etf::direct_control(to)?;
         let len = parts.iter().map(|p| p.len()).sum();
         Some(self.push_with(shard, len, reserved, None, |s, under_lock| {
             s.push_direct(to, parts, under_lock)

@@ -108,6 +108,17 @@ impl Backlog {
     };
 }
 
+/// Appends `parts` to `bytes` (reserving once, with a byte to spare for
+/// a batch's list tail); their total length.
+fn append_parts(bytes: &mut Vec<u8>, parts: &[&[u8]]) -> usize {
+    let len = parts.iter().map(|p| p.len()).sum();
+    bytes.reserve_exact(len + 1);
+    for p in parts {
+        bytes.extend_from_slice(p);
+    }
+    len
+}
+
 /// One shard: the queue of one group of callers towards one peer.
 #[derive(Debug)]
 pub struct Shard {
@@ -220,40 +231,21 @@ impl Shard {
         parts: &[&[u8]],
         under_lock: impl FnOnce(Backlog) -> R,
     ) -> Option<R> {
-        let len: usize = parts.iter().map(|p| p.len()).sum();
-        let mut bytes = Vec::with_capacity(self.header.len() + len + 1);
-        bytes.extend_from_slice(&self.header);
-        for p in parts {
-            bytes.extend_from_slice(p);
-        }
+        let mut bytes = self.header.clone();
+        let payload = append_parts(&mut bytes, parts);
         BatchHeader::seal(&mut bytes, self.header.len(), 1);
-        let frame = Frame {
-            bytes,
-            count: 1,
-            payload: len,
-            // From term_to_iovec: atoms as text.
-            text: true,
-            refs: 0,
-        };
-        let mut g = self.lock();
-        if g.closed {
-            return None;
-        }
-        if g.open_count > 0 {
-            self.seal_open(&mut g);
-        }
-        g.sealed.push_back(frame);
-        Some(under_lock(Backlog::FULL))
+        self.queue_alone(bytes, payload, under_lock)
     }
 
     /// Queues one large message for `to` on the peer (a pid, a registered
     /// name or an alias, external format without the version byte) in a
     /// frame of its own that goes straight to it, not to the receiver
-    /// ([`BatchHeader::direct`]). `parts` are the message as
-    /// `term_to_iovec` gives it, version byte included. Built outside the
-    /// lock, queued in order like [`Shard::push_alone`]. `None` when the
-    /// shard is closed or `to` is not a pid, an atom or an alias (nothing
-    /// queued either way; [`Shard::direct_target`] tells them apart).
+    /// ([`BatchHeader::direct`]). `parts` are the message, version byte
+    /// included. Built outside the lock, queued in order like
+    /// [`Shard::push_alone`]. `None` when the shard is closed or `to` is
+    /// not a pid, an atom or an alias (nothing queued either way;
+    /// [`direct_control`](crate::wire::etf::direct_control) tells them
+    /// apart).
     pub fn push_direct<R>(
         &self,
         to: &[u8],
@@ -261,17 +253,24 @@ impl Shard {
         under_lock: impl FnOnce(Backlog) -> R,
     ) -> Option<R> {
         let mut bytes = self.batch.direct(to)?;
-        let len: usize = parts.iter().map(|p| p.len()).sum();
-        bytes.reserve_exact(len);
-        for p in parts {
-            bytes.extend_from_slice(p);
-        }
+        let payload = append_parts(&mut bytes, parts);
         BatchHeader::seal_direct(&mut bytes);
+        self.queue_alone(bytes, payload, under_lock)
+    }
+
+    /// Queues a frame of one large request, `payload` bytes of which are
+    /// the request's, after what the shard holds: the open batch is sealed
+    /// first (order). Its atoms are text (it comes from `term_to_binary`).
+    fn queue_alone<R>(
+        &self,
+        bytes: Vec<u8>,
+        payload: usize,
+        under_lock: impl FnOnce(Backlog) -> R,
+    ) -> Option<R> {
         let frame = Frame {
             bytes,
             count: 1,
-            payload: len,
-            // From term_to_iovec: atoms as text.
+            payload,
             text: true,
             refs: 0,
         };
@@ -284,25 +283,6 @@ impl Shard {
         }
         g.sealed.push_back(frame);
         Some(under_lock(Backlog::FULL))
-    }
-
-    /// Whether `to` can be the target of a direct frame: a pid, an atom or
-    /// an alias.
-    pub fn direct_target(to: &[u8]) -> bool {
-        use crate::wire::etf::*;
-        matches!(
-            to.first(),
-            Some(
-                &(NEW_PID_EXT
-                    | PID_EXT
-                    | ATOM_EXT
-                    | SMALL_ATOM_EXT
-                    | ATOM_UTF8_EXT
-                    | SMALL_ATOM_UTF8_EXT
-                    | NEWER_REFERENCE_EXT
-                    | NEW_REFERENCE_EXT)
-            )
-        )
     }
 
     /// Builds in `out` the frame of a batch of this shard holding `element`
@@ -448,7 +428,7 @@ mod tests {
             9,
         ];
         assert!(s.push_direct(&alias, &msg, |_| ()).is_some());
-        assert!(!Shard::direct_target(&[NIL_EXT]) && Shard::direct_target(&pid));
+        assert!(direct_control(&[NIL_EXT]).is_none() && direct_control(&pid) == Some(SEND));
 
         let batch = s.take().unwrap();
         assert_eq!((batch.count, batch.payload), (1, 2));

@@ -248,21 +248,20 @@ impl BatchHeader {
     pub fn direct(&self, to: &[u8]) -> Option<Vec<u8>> {
         let mut b = Vec::with_capacity(32 + self.from.len() + to.len());
         b.extend_from_slice(&[0, 0, 0, 0, PASS_THROUGH, VERSION, SMALL_TUPLE_EXT]);
-        match *to.first()? {
-            NEW_PID_EXT | PID_EXT => {
+        match direct_control(to)? {
+            SEND => {
                 b.extend_from_slice(&[3, SMALL_INTEGER_EXT, SEND]);
                 put_atom(&mut b, "");
             }
-            ATOM_EXT | SMALL_ATOM_EXT | ATOM_UTF8_EXT | SMALL_ATOM_UTF8_EXT => {
+            REG_SEND => {
                 b.extend_from_slice(&[4, SMALL_INTEGER_EXT, REG_SEND]);
                 b.extend_from_slice(&self.bytes[self.from.clone()]);
                 put_atom(&mut b, "");
             }
-            NEWER_REFERENCE_EXT | NEW_REFERENCE_EXT => {
-                b.extend_from_slice(&[3, SMALL_INTEGER_EXT, ALIAS_SEND]);
+            tag => {
+                b.extend_from_slice(&[3, SMALL_INTEGER_EXT, tag]);
                 b.extend_from_slice(&self.bytes[self.from.clone()]);
             }
-            _ => return None,
         }
         b.extend_from_slice(to);
         Some(b)
@@ -293,6 +292,19 @@ impl BatchHeader {
         frame.push(NIL_EXT);
         let len = (frame.len() - 4) as u32;
         frame[0..4].copy_from_slice(&len.to_be_bytes());
+    }
+}
+
+/// The control message that carries a message straight to `to` (external
+/// format without the version byte, see [`BatchHeader::direct`]): `SEND`
+/// to a pid, `REG_SEND` to a registered name, `ALIAS_SEND` to an alias;
+/// `None` for anything else.
+pub fn direct_control(to: &[u8]) -> Option<u8> {
+    match *to.first()? {
+        NEW_PID_EXT | PID_EXT => Some(SEND),
+        ATOM_EXT | SMALL_ATOM_EXT | ATOM_UTF8_EXT | SMALL_ATOM_UTF8_EXT => Some(REG_SEND),
+        NEWER_REFERENCE_EXT | NEW_REFERENCE_EXT => Some(ALIAS_SEND),
+        _ => None,
     }
 }
 
