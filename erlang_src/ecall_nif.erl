@@ -10,7 +10,7 @@
 -export([load_error/0, log_target/2, log_off/0]).
 -export([cnode_start/4, cnode_info/1,
          peer_open/6, peer_close/1, peer_stats/1, overflow_drop/1,
-         send/4, push/4, push_iovec/3, push_direct/4, encode_large/1, push_encoded/4,
+         send/4, push/4, encode_large/1, push_encoded/4,
          caller_link/1, wait_room/3,
          peer_flusher/2, flush/2]).
 -export([encode/1, encoded_size/1]).
@@ -98,7 +98,8 @@ overflow_drop(_Peer) -> erlang:nif_error(nif_not_loaded).
 peer_stats(_Peer) -> erlang:nif_error(nif_not_loaded).
 
 %% Encodes {send, To, Msg} and queues it. `large': nothing queued, its
-%% encoding passed 16 KiB; push it with push_iovec/3 (term_to_iovec).
+%% encoding passed 16 KiB; encode it with encode_large/1 and push that
+%% with push_encoded/4.
 %% `Urgent': its caller waits for the answer before its next request, so
 %% a busy link's writer does not hold it back for company.
 -spec send(peer(), pid() | atom() | reference(), term(), boolean()) ->
@@ -107,27 +108,11 @@ send(_Peer, _To, _Msg, _Urgent) -> erlang:nif_error(nif_not_loaded).
 
 %% Queues any request tuple. `Room': `false', or the room wait_room/3
 %% set aside for this caller (a push that queues uses it up; one that
-%% answers `large' leaves it for push_iovec/3). `large' and `Urgent' as
+%% answers `large' leaves it for push_encoded/4). `large' and `Urgent' as
 %% for send/4.
 -spec push(peer(), tuple(), room() | false, boolean()) ->
           ok | closed | large | {full, non_neg_integer()}.
 push(_Peer, _Request, _Room, _Urgent) -> erlang:nif_error(nif_not_loaded).
-
-%% Queues a request encoded by erlang:term_to_iovec/1 as a batch of its
-%% own (dirty scheduler).
--spec push_iovec(peer(), [binary()], room() | false) ->
-          ok | closed | {full, non_neg_integer()}.
-push_iovec(_Peer, _IoVec, _Room) -> erlang:nif_error(nif_not_loaded).
-
-%% Queues a big message, encoded by erlang:term_to_iovec/1, in a frame of
-%% its own that goes straight to `To' on the peer (a pid, a registered name
-%% or an alias; `ToExt' is term_to_binary(To)), which decodes it in that process
-%% (dirty scheduler). The caller's earlier requests, which the peer's
-%% receiver replays, must have been replayed first: see
-%% ecall_transport_nif.
--spec push_direct(peer(), binary(), [binary()], room() | false) ->
-          ok | closed | {full, non_neg_integer()}.
-push_direct(_Peer, _ToExt, _IoVec, _Room) -> erlang:nif_error(nif_not_loaded).
 
 %% Encodes a big message on a dirty scheduler into memory of the NIF's (not
 %% a binary of the caller's, which would count against its heap's binary
@@ -137,9 +122,11 @@ push_direct(_Peer, _ToExt, _IoVec, _Room) -> erlang:nif_error(nif_not_loaded).
 encode_large(_Msg) -> erlang:nif_error(nif_not_loaded).
 
 %% Queues what encode_large/1 encoded: `{direct, ToExt}' straight to `To'
-%% (as push_direct/4), or `{relay, Prefix}' as a request the peer's
-%% receiver replays (`Prefix': `{send, Dest, ' in external format without
-%% the version byte). A push that answers `{full, _}' keeps the encoding
+%% on the peer (a pid, a registered name or an alias; `ToExt' is
+%% term_to_binary(To)), which decodes it in that process, or `{relay, Prefix}' as a request the peer's
+%% receiver replays, `Prefix' followed by the message (in external format
+%% without the version byte: `{send, Dest, ' before a message, or nothing
+%% when what was encoded is the whole request). A push that answers `{full, _}' keeps the encoding
 %% for the retry; any other frees it.
 -spec push_encoded(peer(), {direct | relay, binary()}, encoded(), room() | false) ->
           ok | closed | {full, non_neg_integer()}.
@@ -164,7 +151,7 @@ encode(_Term) -> erlang:nif_error(nif_not_loaded).
 
 %% How a push encodes `Term': its size in bytes, whether some atom stays
 %% text, and how many atoms went as encode-time cache references, or
-%% `large' when a push would leave it to term_to_iovec (for tests and the
+%% `large' when a push would leave it to encode_large/1 (for tests and the
 %% benchmark).
 -spec encoded_size(term()) -> {non_neg_integer(), boolean(), non_neg_integer()} | large.
 encoded_size(_Term) -> erlang:nif_error(nif_not_loaded).

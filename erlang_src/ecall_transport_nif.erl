@@ -17,10 +17,9 @@
 %% module name, so that a flusher survives code upgrades.
 -export([flusher/2, flush_loop/2]).
 
-%% Binary messages from this size on take the large-message path: encoded
-%% by term_to_iovec/1 (the binary is referenced, not copied) and copied
-%% into a batch of their own on a dirty scheduler, so that no normal
-%% scheduler is held for the copy.
+%% Binary messages from this size on take the large-message path
+%% (send_large/3): encoded and copied into a batch of their own on a dirty
+%% scheduler, so that no normal scheduler is held for the copy.
 -define(LARGE, 65536).
 
 %% Messages whose encoding reaches this size go straight to their target,
@@ -30,9 +29,6 @@
 -define(DIRECT, 262144).
 %% How long the fence of a direct message may take (direct/3).
 -define(FENCE_TIMEOUT, 5000).
-
-%% A large message encoded once: by term_to_iovec (a binary), or by the NIF.
--type encoded() :: erlang:iovec() | ecall_nif:encoded().
 
 %% The peer's protocol (ecall_transport:protocol()) decides what an urgent
 %% call looks like on the wire (ecall_transport:wire/3).
@@ -73,40 +69,31 @@ send({_, Peer, _, _} = State, Dest, Msg, Urgent) ->
         Result -> Result
     end.
 
-%% A message whose encoding passes 16 KiB. A binary is encoded by
-%% term_to_iovec/1, which references it rather than copying it; any other
-%% term by encode_large/1, on a dirty scheduler and into memory of the
-%% NIF's, not a binary of the caller's (see ecall_nif). From ?DIRECT bytes
-%% on it goes straight to its target, a pid, a registered name or an alias
-%% (a call's reply: see direct/3); below, as a request the peer's receiver
-%% replays.
+%% A message whose encoding passes 16 KiB (or a binary of ?LARGE bytes),
+%% encoded once by encode_large/1, on a dirty scheduler and into memory of
+%% the NIF's, not a binary of the caller's (see ecall_nif). From ?DIRECT
+%% bytes on it goes straight to its target, a pid, a registered name or
+%% an alias (a call's reply: see direct/3); below, as a request the peer's
+%% receiver replays.
 -spec send_large(state(), pid() | reference() | atom(), term()) ->
           ecall_transport:push_result().
 send_large(State, Dest, Msg) ->
-    {Size, Encoded} = case is_binary(Msg) of
-                          true -> IoVec = erlang:term_to_iovec(Msg), {iolist_size(IoVec), IoVec};
-                          false -> ecall_nif:encode_large(Msg)
-                      end,
+    {Size, Encoded} = ecall_nif:encode_large(Msg),
     case Size >= ?DIRECT of
         true -> direct(State, Dest, Encoded);
         false -> relayed(State, Dest, Encoded)
     end.
 
 %% The encoded message as a request the peer's receiver replays: {send,
-%% Dest, Msg} around it, without encoding it again.
--spec relayed(state(), pid() | reference() | atom(), encoded()) ->
+%% Dest, Msg} around it (`Prefix': the request up to the message, in
+%% external format without the version byte), without encoding it again.
+-spec relayed(state(), pid() | reference() | atom(), ecall_nif:encoded()) ->
           ecall_transport:push_result().
 relayed({_, Peer, _, _} = State, Dest, Encoded) ->
     <<131, DestExt/binary>> = term_to_binary(Dest),
     Prefix = <<104, 3, 119, 4, "send", DestExt/binary>>,
-    Push = case Encoded of
-               [<<131, Body/binary>> | Rest] ->
-                   Request = [<<131, Prefix/binary, Body/binary>> | Rest],
-                   fun(Room) -> ecall_nif:push_iovec(Peer, Request, Room) end;
-               _ ->
-                   fun(Room) -> ecall_nif:push_encoded(Peer, {relay, Prefix}, Encoded, Room) end
-           end,
-    push_with(State, send, Push).
+    push_with(State, send,
+              fun(Room) -> ecall_nif:push_encoded(Peer, {relay, Prefix}, Encoded, Room) end).
 
 %% A big message straight to its target, which decodes it itself, as a
 %% message sent with `!': relayed by the receiver it would be decoded by
@@ -122,16 +109,14 @@ relayed({_, Peer, _, _} = State, Dest, Encoded) ->
 %% and its shard holds them until it has been written. The fence costs one
 %% round trip per big message; a failed one leaves the message to the
 %% receiver's replay, in order.
--spec direct(state(), pid() | reference() | atom(), encoded()) -> ecall_transport:push_result().
+-spec direct(state(), pid() | reference() | atom(), ecall_nif:encoded()) ->
+          ecall_transport:push_result().
 direct({Node, Peer, _, _} = State, Dest, Encoded) ->
     case ecall_request:call(Node, erlang, node, [], ?FENCE_TIMEOUT, true) of
         {ok, _} ->
             ToExt = term_to_binary(Dest),
             push_with(State, send,
-                      case Encoded of
-                          [_ | _] -> fun(Room) -> ecall_nif:push_direct(Peer, ToExt, Encoded, Room) end;
-                          _ -> fun(Room) -> ecall_nif:push_encoded(Peer, {direct, ToExt}, Encoded, Room) end
-                      end);
+                      fun(Room) -> ecall_nif:push_encoded(Peer, {direct, ToExt}, Encoded, Room) end);
         {error, overload} ->
             overload;
         {error, _} ->
@@ -151,7 +136,11 @@ push({_, Peer, Protocol, _} = State, Request0, Urgent) ->
     push_with(State, element(1, Request),
               fun(Room) ->
                       case ecall_nif:push(Peer, Request, Room, Urgent) of
-                          large -> ecall_nif:push_iovec(Peer, erlang:term_to_iovec(Request), Room);
+                          large ->
+                              %% A cast's or call's large arguments: the
+                              %% whole request encoded on a dirty scheduler.
+                              {_, Encoded} = ecall_nif:encode_large(Request),
+                              ecall_nif:push_encoded(Peer, {relay, <<>>}, Encoded, Room);
                           Result -> Result
                       end
               end).

@@ -75,7 +75,7 @@ impl Resource for PeerRes {
 /// Room in a peer's byte budget set aside for one caller that waited for
 /// it (`wait_room/3`): handed to the caller in `{retry, Room}` or
 /// `{ecall_room, Ref, Room}`, and used by its next push (`push/4`,
-/// `push_iovec/3`). If the caller never pushes (it died, or was killed
+/// `push_encoded/4`). If the caller never pushes (it died, or was killed
 /// while the message was on its way), the room goes back when the term is
 /// garbage: without this, the room would be lost for good, or (when it
 /// was only counted, not set aside) others could take it meanwhile.
@@ -108,7 +108,7 @@ impl Drop for RoomRes {
 
 /// A big message encoded by `encode_large/1` on a dirty scheduler, in
 /// memory of the NIF's, not of the caller's process: a binary of the
-/// caller's (as `term_to_iovec` makes) counts against its heap's binary
+/// caller's (as `term_to_iovec/1` would make) counts against its heap's binary
 /// quota, and a process that holds a big heap then pays a full collection
 /// for it. Taken by the push that queues it (kept by one that answers
 /// `full`, for its retry).

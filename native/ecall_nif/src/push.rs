@@ -1,8 +1,8 @@
 //! The pushes: one request encoded once on the caller's scheduler
 //! ([`encode`]) and queued on the caller's shard (`send/4`, `push/4`), or
-//! encoded by `term_to_iovec` and queued from a dirty scheduler
-//! (`push_iovec/3`, and `push_direct/4` for a big message that goes
-//! straight to its target); what a push answers; and the encode as Erlang sees it
+//! encoded and queued on a dirty scheduler (`encode_large/1`,
+//! `push_encoded/4`, which also sends a big message straight to its
+//! target); what a push answers; and the encode as Erlang sees it
 //! (`encode/1`, `encoded_size/1`, for tests and the benchmark).
 
 use crate::{atoms, encode, EncodedRes, PeerRes, RoomRes};
@@ -37,7 +37,7 @@ fn caller_shard(env: Env<'_>) -> usize {
 /// Encodes `{send, To, Msg}` once and queues it on the caller's shard.
 /// Returns `ok`, `{full, Size}` (nothing queued: see `wait_room/3`),
 /// `closed`, or `large` (nothing queued: the encoding passed
-/// [`encode::INLINE_MAX`]; the caller pushes it with `push_iovec/3`).
+/// [`encode::INLINE_MAX`]; the caller encodes it with `encode_large/1`).
 /// `urgent`: see [`ecall_dist::Element::urgent`].
 #[rustler::nif]
 fn send<'a>(
@@ -50,7 +50,7 @@ fn send<'a>(
     let shard = caller_shard(env);
     let req = [atoms::send().to_term(env), to, msg];
     encode::tuple_with(env, &req, encode::INLINE_MAX, |e| {
-        push_encoded(env, &peer, shard, &e, None, urgent)
+        queue_element(env, &peer, shard, &e, None, urgent)
     })
 }
 
@@ -68,74 +68,17 @@ fn push_request<'a>(
 ) -> Term<'a> {
     let shard = caller_shard(env);
     encode::term_with(env, req, encode::INLINE_MAX, |e| {
-        push_encoded(env, &peer, shard, &e, Some(room), urgent)
+        queue_element(env, &peer, shard, &e, Some(room), urgent)
     })
-}
-
-/// Queues a large request encoded by `erlang:term_to_iovec/1` (big
-/// binaries referenced, not copied) as a batch of its own. Runs on a
-/// dirty scheduler: copying megabytes there holds no normal scheduler.
-/// Same results as `send/4`, but never `large`.
-#[rustler::nif(schedule = "DirtyCpu")]
-fn push_iovec<'a>(
-    env: Env<'a>,
-    peer: ResourceArc<PeerRes>,
-    iovec: Vec<Binary<'a>>,
-    room: Term<'a>,
-) -> NifResult<Term<'a>> {
-    let mut parts: Vec<&[u8]> = iovec
-        .iter()
-        .map(|b| b.as_slice())
-        .filter(|p| !p.is_empty())
-        .collect();
-    let Some(first) = parts.first_mut() else {
-        return Err(rustler::Error::BadArg);
-    };
-    let body = ecall_dist::wire::etf::element_body(first).ok_or(rustler::Error::BadArg)?;
-    let len: usize = body.len() + parts[1..].iter().map(|p| p.len()).sum::<usize>();
-    parts[0] = body;
-    let pushed = peer
-        .peer
-        .push_alone(caller_shard(env), &parts, reserved(room, &peer.peer));
-    Ok(answer(env, &peer, pushed, len))
-}
-
-/// Queues a large message for `to` (a pid, a registered name or an alias
-/// on the peer) in a frame of its own that goes straight to it, not through the
-/// receiver (`Peer::push_direct`): the peer decodes it in `to`'s process,
-/// as a message sent with `!`. `to` is `term_to_binary(To)`; `iovec` is
-/// `term_to_iovec(Msg)`. The Erlang side makes sure that the caller's
-/// earlier requests have been replayed first. Same results as
-/// `push_iovec/3`; `badarg` if `to` is not a pid, an atom or an alias. Runs on
-/// a dirty scheduler, as `push_iovec/3`.
-#[rustler::nif(schedule = "DirtyCpu")]
-fn push_direct<'a>(
-    env: Env<'a>,
-    peer: ResourceArc<PeerRes>,
-    to: Binary<'a>,
-    iovec: Vec<Binary<'a>>,
-    room: Term<'a>,
-) -> NifResult<Term<'a>> {
-    let to = ecall_dist::wire::etf::element_body(to.as_slice()).ok_or(rustler::Error::BadArg)?;
-    let parts: Vec<&[u8]> = iovec
-        .iter()
-        .map(|b| b.as_slice())
-        .filter(|p| !p.is_empty())
-        .collect();
-    let len = parts.iter().map(|p| p.len()).sum();
-    let pushed = peer
-        .peer
-        .push_direct(caller_shard(env), to, &parts, reserved(room, &peer.peer))
-        .ok_or(rustler::Error::BadArg)?;
-    Ok(answer(env, &peer, pushed, len))
 }
 
 /// Encodes a big message (`term_to_binary`, on a dirty scheduler) into
 /// memory of the NIF's: `{Size, Encoded}`, for `push_encoded/4`. Not
 /// `term_to_iovec/1` in the caller: that makes a binary of the caller's,
 /// which counts against its heap's binary quota, and a caller holding a
-/// big heap then pays a full collection of it (0.5-2.2 s for a process
-/// holding 170 MB, in `bench/run.sh big`); `!` makes no binary of the
+/// big heap then pays a full collection of it (`bench/run.sh big` at
+/// commit 0985af9: a 60 MB send took up to 2.2 s in a process holding
+/// 170 MB, against 0.4 s at most with `!`); `!` makes no binary of the
 /// caller's either.
 #[rustler::nif(schedule = "DirtyCpu")]
 fn encode_large<'a>(env: Env<'a>, msg: Term<'a>) -> Term<'a> {
@@ -148,10 +91,14 @@ fn encode_large<'a>(env: Env<'a>, msg: Term<'a>) -> Term<'a> {
 }
 
 /// Queues a message `encode_large/1` encoded: `{direct, ToExt}` straight
-/// to its target (as `push_direct/4`), or `{relay, Prefix}` as a request
+/// to `To` on the peer (a pid, a registered name or an alias; `ToExt` is
+/// `term_to_binary(To)`), which decodes it in that process, as a message
+/// sent with `!` (`Peer::push_direct`); or `{relay, Prefix}` as a request
 /// the peer's receiver replays, `Prefix` being the request's front up to
-/// the message (`{send, Dest, ` in external format, no version byte).
-/// Same results as `push_iovec/3`; the encoded message is freed by a push
+/// the message (`{send, Dest, ` in external format, no version byte;
+/// empty when what was encoded is the whole request). Runs on a dirty
+/// scheduler: copying megabytes there holds no normal scheduler. Same
+/// results as `send/4`, but never `large`; the encoded message is freed by a push
 /// that queues it or finds the peer closed, and kept by one that answers
 /// `full` (the caller pushes it again with the room it waits for).
 /// `badarg` for a message pushed already or a bad target.
@@ -194,7 +141,7 @@ fn push_encoded<'a>(
 
 /// How a push encodes `term`: `{Bytes, Text, Refs}` (the size, whether an
 /// atom stays text, atoms written as id references), or `large` if a push
-/// would give it to `term_to_iovec`. For tests and the benchmark's timing
+/// would give it to `encode_large/1`. For tests and the benchmark's timing
 /// of the encode alone.
 #[rustler::nif]
 fn encoded_size<'a>(env: Env<'a>, term: Term<'a>) -> Term<'a> {
@@ -215,8 +162,8 @@ fn caller_link(env: Env<'_>, peer: ResourceArc<PeerRes>) -> usize {
 
 /// Queues encoded element `e` on `shard` and answers as [`answer`] does,
 /// or `large` (nothing queued: the encode gave up, the caller goes by
-/// `term_to_iovec`, and `room` is left for that push).
-fn push_encoded<'a>(
+/// `encode_large/1`, and `room` is left for that push).
+fn queue_element<'a>(
     env: Env<'a>,
     peer: &PeerRes,
     shard: usize,

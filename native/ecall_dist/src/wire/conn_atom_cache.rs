@@ -12,7 +12,7 @@
 //! reference already, and a batch made only of such atoms goes out behind
 //! a header that lists the ids ([`OutCache::ids_header`]): no pass over its
 //! bytes. A frame with atoms as text (ticks and answers, messages past the
-//! ids, large messages from `term_to_iovec`) is rewritten just before it is
+//! ids, large messages from `term_to_binary`) is rewritten just before it is
 //! written: the link writer — a runtime thread, never a scheduler — passes
 //! over its terms once and replaces text atoms by references into a cache
 //! of its own, in slots 256 and up ([`OutCache::encode`]); id references

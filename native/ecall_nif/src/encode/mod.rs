@@ -34,8 +34,8 @@
 //! write on a vector, so a deeply nested term cannot overflow a
 //! scheduler's stack. Size costs no scheduler time past a bound: a push
 //! gives up once the encoding passes [`INLINE_MAX`] and answers `large`,
-//! and the Erlang side takes the `term_to_iovec` path, which yields and
-//! copies on a dirty scheduler.
+//! and the Erlang side has it encoded and copied on a dirty scheduler
+//! (`encode_large/1`).
 //!
 //! Tests: [`atom_memo`], [`two_way`] and [`write`] never call into the VM, and are unit
 //! tested without it (`pure_tests.rs`, a test target of their own: a test
@@ -56,9 +56,8 @@ use ecall_dist::Element;
 
 /// A push gives up encoding a request whose encoding passes this many
 /// bytes (or that holds a binary, a tuple or a map that would take it past
-/// them), and says `large`: the caller then encodes it with
-/// `term_to_iovec` (a BIF that yields) and pushes it from a dirty
-/// scheduler. This bounds the time one push holds a normal scheduler,
+/// them), and says `large`: the caller then has it encoded and pushed
+/// on a dirty scheduler (`encode_large/1`, `push_encoded/4`). This bounds the time one push holds a normal scheduler,
 /// whatever the term: `bench/run.sh micro` measures how soon a push gives
 /// up a list of a million integers (61 µs here) and a map of 8,000 pairs,
 /// all queued before the encode starts (250 µs). Before the bound, the list
