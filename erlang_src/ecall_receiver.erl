@@ -54,16 +54,23 @@ loop(#state{counters = C, parent = Parent} = S) ->
             loop(S)
     end.
 
--spec send_each(term(), term(), counters:counters_ref()) -> ok.
-send_each([To | Rest], Msg, C) when is_pid(To); is_reference(To) ->
-    To ! Msg,
-    send_each(Rest, Msg, C);
-send_each([To | Rest], Msg, C) when is_atom(To) ->
+%% `To ! Msg'; a name not registered here is counted (a dead letter),
+%% where `!' would raise.
+-spec deliver(pid() | reference() | atom(), term(), counters:counters_ref()) -> ok.
+deliver(To, Msg, C) when is_atom(To) ->
     try
-        To ! Msg
+        To ! Msg,
+        ok
     catch
         error:badarg -> counters:add(C, ?DEAD_LETTERS, 1)
-    end,
+    end;
+deliver(To, Msg, _C) ->
+    To ! Msg,
+    ok.
+
+-spec send_each(term(), term(), counters:counters_ref()) -> ok.
+send_each([To | Rest], Msg, C) when is_pid(To); is_reference(To); is_atom(To) ->
+    deliver(To, Msg, C),
     send_each(Rest, Msg, C);
 send_each([_Bad | Rest], Msg, C) ->
     counters:add(C, ?MALFORMED, 1),
@@ -74,15 +81,8 @@ send_each(_Improper, _Msg, C) ->
     counters:add(C, ?MALFORMED, 1).
 
 -spec replay(list(), counters:counters_ref(), non_neg_integer()) -> ok.
-replay([{send, To, Msg} | Rest], C, N) when is_pid(To); is_reference(To) ->
-    To ! Msg,
-    replay(Rest, C, N + 1);
-replay([{send, To, Msg} | Rest], C, N) when is_atom(To) ->
-    try
-        To ! Msg
-    catch
-        error:badarg -> counters:add(C, ?DEAD_LETTERS, 1)
-    end,
+replay([{send, To, Msg} | Rest], C, N) when is_pid(To); is_reference(To); is_atom(To) ->
+    deliver(To, Msg, C),
     replay(Rest, C, N + 1);
 replay([{send_many, Dests, Msg} | Rest], C, N) when is_list(Dests) ->
     %% One message to many local targets, in the order given; this worker
