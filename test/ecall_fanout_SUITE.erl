@@ -10,17 +10,17 @@
 
 -export([all/0, suite/0, init_per_suite/1, end_per_suite/1]).
 -export([every_target_once_in_order/1, local_remote_and_dead_targets/1,
-         registered_names/1, bad_input_sends_nothing/1, a_peer_that_goes_away_midway/1,
-         a_pg_group_on_two_nodes/1]).
+         registered_names/1, a_long_list_of_every_kind/1, bad_input_sends_nothing/1,
+         a_peer_that_goes_away_midway/1, a_pg_group_on_two_nodes/1]).
 %% Run on B.
--export([target/1, pg_start/1]).
+-export([target/1, alias_target/1, pg_start/1]).
 
 suite() ->
     [{timetrap, {minutes, 3}}].
 
 all() ->
     [every_target_once_in_order, local_remote_and_dead_targets, registered_names,
-     bad_input_sends_nothing, a_peer_that_goes_away_midway, a_pg_group_on_two_nodes].
+     a_long_list_of_every_kind, bad_input_sends_nothing, a_peer_that_goes_away_midway, a_pg_group_on_two_nodes].
 
 init_per_suite(Config) ->
     ecall_test_nodes:start_b(Config).
@@ -76,6 +76,33 @@ registered_names(Config) ->
                           {ecall_fanout_remote, B}, {nobody_here, B}], named),
     ?assertEqual([named, named], collect(LocalT)),
     ?assertEqual([named], collect(RemoteT)),
+    #{receivers := #{dead_letters := D1}} = erpc:call(B, ecall, stats, []),
+    ?assertEqual(1, D1 - D0).
+
+%% A list long enough to be written in one call into the VM
+%% (ecall_nif:push_many/4): 1,000 pids on B each get the message once, and
+%% go on the wire in 15 bytes each (their node as an atom id, not its
+%% name); then pids, an alias and names of B in one list: each target gets
+%% it once, and the name not registered is counted.
+a_long_list_of_every_kind(Config) ->
+    B = ?config(b, Config),
+    Pids = [erpc:call(B, erlang, spawn, [?MODULE, target, [self()]]) || _ <- lists:seq(1, 1000)],
+    {ok, #{bytes := Bytes0}} = ecall:stats(B),
+    ok = ecall:send_many(Pids, long),
+    %% Its answer comes after the send_many was written.
+    {ok, B} = ecall:call(B, erlang, node, []),
+    {ok, #{bytes := Bytes1}} = ecall:stats(B),
+    %% With the node's name in every pid, 1,000 pids alone take 36 KB.
+    ?assert(Bytes1 - Bytes0 < 1000 * 15 + 1000),
+    [?assertEqual([long], collect(T)) || T <- Pids],
+    APid = erpc:call(B, erlang, spawn, [?MODULE, alias_target, [self()]]),
+    Alias = receive {alias, APid, A} -> A after 10000 -> ct:fail(no_alias) end,
+    Named = erpc:call(B, erlang, spawn, [?MODULE, target, [self()]]),
+    true = erpc:call(B, erlang, register, [ecall_fanout_long, Named]),
+    #{receivers := #{dead_letters := D0}} = erpc:call(B, ecall, stats, []),
+    Some = lists:sublist(Pids, 20),
+    ok = ecall:send_many(Some ++ [Alias, {ecall_fanout_long, B}, {nobody_here, B}], mixed),
+    [?assertEqual([mixed], collect(T)) || T <- Some ++ [APid, Named]],
     #{receivers := #{dead_letters := D1}} = erpc:call(B, ecall, stats, []),
     ?assertEqual(1, D1 - D0).
 
@@ -150,6 +177,11 @@ wait_members(Scope, Group, N, Deadline) ->
             ?assert(erlang:monotonic_time(millisecond) < Deadline),
             receive after 10 -> wait_members(Scope, Group, N, Deadline) end
     end.
+
+%% A target reached by an alias too: tells Owner the alias.
+alias_target(Owner) ->
+    Owner ! {alias, self(), alias()},
+    target(Owner).
 
 %% A target: keeps what it receives, in order, until asked.
 target(Owner) ->

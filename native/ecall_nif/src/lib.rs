@@ -36,7 +36,7 @@ mod runtime;
 mod atoms {
     rustler::atoms! {
         ecall_log, name_taken,
-        ok, error, send, full, closed, large, wait, retry, direct, relay, ecall_link, ecall_cnode, ecall_room,
+        ok, error, send, send_many, full, closed, large, wait, retry, direct, relay, ecall_link, ecall_cnode, ecall_room,
         up, down, alive, badarg,
         pushed, batches, requests, bytes, writes, dropped, connects, disconnects,
         stalls, unconfirmed, cached_atoms, queued_bytes, links_up, overflow_waits, overflow_drops, per_link, link, fragmented, lone, lone_partial, gathers, lull_trials, lulls, flushes, flush_handoffs, ecall_flush, urgent, wakes, closed_drops, links, shards, accepted, refused,

@@ -1,8 +1,8 @@
 //! The pushes: one request encoded once on the caller's scheduler
 //! ([`encode`]) and queued on the caller's shard (`send/4`, `push/4`), or
-//! encoded and queued on a dirty scheduler (`encode_large/1`,
-//! `push_encoded/4`, which also sends a big message straight to its
-//! target); what a push answers; and the encode as Erlang sees it
+//! encoded and queued on a dirty scheduler (`push_many/4` for a list of
+//! targets; `encode_large/1` and `push_encoded/4`, which also sends a big
+//! message straight to its target); what a push answers; and the encode as Erlang sees it
 //! (`encode/1`, `encoded_size/1`, for tests and the benchmark).
 
 use crate::{atoms, encode, EncodedRes, PeerRes, RoomRes};
@@ -69,6 +69,27 @@ fn push_request<'a>(
     let shard = caller_shard(env);
     encode::term_with(env, req, encode::INLINE_MAX, |e| {
         queue_element(env, &peer, shard, &e, Some(room), urgent)
+    })
+}
+
+/// Encodes `{send_many, Dests, Msg}` and queues it on the caller's
+/// shard, on a dirty scheduler (a list of thousands of targets takes
+/// longer than a push may hold a normal one): `Dests`, a proper list of
+/// pids, aliases and names of the peer, through one `enif_term_to_binary`
+/// ([`encode::dests_with`]); `Msg` as a push encodes it, whatever its
+/// size. Same results as `push/4`, but never `large`.
+#[rustler::nif(schedule = "DirtyCpu")]
+fn push_many<'a>(
+    env: Env<'a>,
+    peer: ResourceArc<PeerRes>,
+    dests: Term<'a>,
+    msg: Term<'a>,
+    room: Term<'a>,
+) -> Term<'a> {
+    let shard = caller_shard(env);
+    let tag = atoms::send_many().to_term(env);
+    encode::dests_with(env, tag, dests, msg, |e| {
+        queue_element(env, &peer, shard, &e, Some(room), false)
     })
 }
 

@@ -197,8 +197,19 @@ impl AtomMemo {
         let Some((utf8, s, len, next)) = atom_text(out, at) else {
             return false;
         };
-        let name = &out[s..s + len];
-        let id = match self.nodes.get(name) {
+        let Some(id) = self.text_id(utf8, &out[s..s + len]) else {
+            return false;
+        };
+        out.splice(at..next, [ATOM_CACHE_REF, id]);
+        true
+    }
+
+    /// The id of the atom of this text (`utf8`: its encoding), if it has
+    /// one: a node name met in a pid, port or reference, or a registered
+    /// name in a list of destinations. Remembered here (at most [`NODES`]
+    /// texts), so that the process-wide table is asked once per text.
+    pub fn text_id(&mut self, utf8: bool, name: &[u8]) -> Option<u8> {
+        match self.nodes.get(name) {
             Some(&id) => id,
             None => {
                 let id = id_of(utf8, name);
@@ -207,12 +218,7 @@ impl AtomMemo {
                 }
                 id
             }
-        };
-        let Some(id) = id else {
-            return false;
-        };
-        out.splice(at..next, [ATOM_CACHE_REF, id]);
-        true
+        }
     }
 }
 

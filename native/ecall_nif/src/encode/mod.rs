@@ -37,20 +37,21 @@
 //! and the Erlang side has it encoded and copied on a dirty scheduler
 //! (`encode_large/1`).
 //!
-//! Tests: [`atom_memo`], [`two_way`] and [`write`] never call into the VM, and are unit
+//! Tests: [`atom_memo`], [`dests`], [`two_way`] and [`write`] never call into the VM, and are unit
 //! tested without it (`pure_tests.rs`, a test target of their own: a test
 //! binary of the NIF library could not link the VM's `enif_*` symbols).
 //! The walk and [`remote`] are tested through Common Test
 //! (`ecall_data_path_SUITE`: every kind of term, through `encode/1`).
 
 mod atom_memo;
+mod dests;
 mod remote;
 mod two_way;
 mod walk;
 mod write;
 
 pub use atom_memo::new_epoch;
-pub use walk::{term_with, tuple_with, word};
+pub use walk::{dests_with, term_with, tuple_with, word};
 
 use ecall_dist::Element;
 

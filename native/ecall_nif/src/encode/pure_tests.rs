@@ -10,5 +10,6 @@
 //! module that holds them both), so they compile alike in both.
 
 mod atom_memo;
+mod dests;
 mod two_way;
 mod write;

@@ -105,6 +105,41 @@ pub fn term_with<'a, R>(
     with_encoder(limit, |e| e.term(env, t), f)
 }
 
+/// Encodes `{Tag, Dests, Msg}` (a `send_many` request) into this
+/// thread's buffer and hands the bytes to `f` (which must not encode again
+/// on this thread), without a limit (for a dirty scheduler). `Dests`, a
+/// list of pids, references and atoms, goes through one
+/// `enif_term_to_binary` ([`super::dests`]); anything else in it, by the
+/// walk, as the rest of the request.
+pub fn dests_with<'a, R>(
+    env: Env<'a>,
+    tag: Term<'a>,
+    dests: Term<'a>,
+    msg: Term<'a>,
+    f: impl FnOnce(Encoded<'_>) -> R,
+) -> R {
+    with_encoder(
+        usize::MAX,
+        |e| {
+            write::tuple_header(&mut e.buf, 3);
+            e.term(env, tag);
+            let ext = dests.to_binary();
+            let Encoder {
+                memo,
+                buf,
+                text,
+                refs,
+                ..
+            } = e;
+            if super::dests::write(ext.as_slice(), memo, buf, text, refs).is_none() {
+                e.term(env, dests);
+            }
+            e.term(env, msg);
+        },
+        f,
+    )
+}
+
 /// Runs `encode` on this thread's encoder, emptied for a new element of at
 /// most `limit` bytes, and hands what it wrote to `f`.
 fn with_encoder<R>(
