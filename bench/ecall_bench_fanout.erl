@@ -20,10 +20,15 @@
 %%               and gives each worker its sub-list; each worker does
 %%               [P ! M || P <- Sub]. One partitioner per node and one
 %%               worker per pid keep each target's messages in order.
+%%   local       the bound, not a way to send: each peer's own process
+%%               makes its targets' K rounds ([P ! M || P <- Pids]), with
+%%               no network and nothing on A. No fan-out from A delivers
+%%               faster on the same machine; its us/fan-out is the peers'
+%%               own loop (the mean over the peers).
 %%
-%% The sender makes K fan-outs back to back (K = 300,000 div targets for
-%% messages up to 1 KB, 100,000 div targets above: 300 and 30, 100 and 10;
-%% ECALL_BENCH_FANOUT_ROUNDS sets it);
+%% The sender makes K fan-outs back to back (K = 1,000,000 div targets for
+%% messages up to 1 KB, 200,000 div targets above: 1,000 and 100, 200 and
+%% 20; ECALL_BENCH_FANOUT_ROUNDS sets it);
 %% a point ends when every target has had all K (each counts, and checks
 %% that round numbers come in order; a collector per peer tells A when all
 %% of its targets have). Then every target's count is checked: exactly K.
@@ -47,13 +52,13 @@
 
 -export([fanout/0]).
 %% Run on the peers.
--export([targets_start/4, partitioner_start/0, cpu_now/0]).
+-export([targets_start/4, partitioner_start/0, cpu_now/0, local_rounds/5]).
 
 -import(ecall_bench, [start_b/0, settle/1, write_csv/3]).
 
 %% The variants, in the order of the first point (rotated from point to
 %% point).
--define(VARIANTS, [native, ecall_send, manifold, send_many]).
+-define(VARIANTS, [native, ecall_send, manifold, send_many, local]).
 
 -define(PARTITIONER, ecall_bench_fanout_partitioner).
 %% The longest a point may take from its last send until every target has
@@ -61,7 +66,7 @@
 -define(DELIVERY_WAIT, 120000).
 -define(SAMPLE_MS, 10).
 
--type variant() :: native | ecall_send | manifold | send_many.
+-type variant() :: native | ecall_send | manifold | send_many | local.
 %% A point's result, one variant (the CSV's columns and a few more).
 -type row() :: #{atom() => term()}.
 %% CPU of one node at one moment: {statistics(runtime) ms, /proc user+sys s}.
@@ -123,11 +128,13 @@ variants() ->
                     atom_to_list(V) =:= Name]
     end.
 
-%% Rounds per point: ECALL_BENCH_FANOUT_ROUNDS, else 300,000 deliveries
-%% for messages up to 1 KB, 100,000 for larger ones (1-3 s for `!' here).
+%% Rounds per point: ECALL_BENCH_FANOUT_ROUNDS, else 1,000,000 deliveries
+%% for messages up to 1 KB, 200,000 for larger ones (about 4 s for `!'
+%% here, and 0.5 s or more for the fastest variants: shorter runs varied
+%% by tens of percent from run to run).
 -spec rounds(pos_integer(), pos_integer()) -> pos_integer().
 rounds(Targets, Size) ->
-    Deliveries = case Size =< 1024 of true -> 300000; false -> 100000 end,
+    Deliveries = case Size =< 1024 of true -> 1000000; false -> 200000 end,
     case os:getenv("ECALL_BENCH_FANOUT_ROUNDS") of
         false -> max(1, Deliveries div Targets);
         K -> list_to_integer(K)
@@ -236,8 +243,20 @@ spread(Targets, Nodes) ->
      || I <- lists:seq(1, Nodes)].
 
 %% The sender: on `go', K fan-outs of {fanout, Round, Bin} back to back;
-%% tells the owner the µs its send loops took in all.
+%% tells the owner the µs its send loops took in all. For `local', each
+%% peer's own process makes its node's K rounds (local_rounds/5), and the
+%% time is theirs, the mean over the peers.
 -spec sender(pid(), reference(), variant(), [pid()], binary(), pos_integer()) -> ok.
+sender(Owner, Ref, local, Pids, Bin, K) ->
+    receive {go, Ref} -> ok end,
+    Self = self(),
+    Groups = maps:groups_from_list(fun erlang:node/1, Pids),
+    maps:foreach(fun(Node, Sub) ->
+                         erpc:cast(Node, ?MODULE, local_rounds, [Self, Ref, Sub, Bin, K])
+                 end, Groups),
+    Us = [receive {local_us, Ref, U} -> U end || _ <- maps:keys(Groups)],
+    Owner ! {sent, Ref, lists:sum(Us) div length(Us)},
+    ok;
 sender(Owner, Ref, Variant, Pids, Bin, K) ->
     receive {go, Ref} -> ok end,
     Us = lists:foldl(fun(Round, Acc) ->
@@ -422,6 +441,17 @@ partitioner(Workers) ->
              || I <- lists:seq(1, N), element(I, Subs) =/= []],
             partitioner(Workers)
     end.
+
+%% On a peer, the `local' variant: K rounds of [P ! M || P <- Pids] by a
+%% process of the targets' own node, no network; tells From the µs taken.
+-spec local_rounds(pid(), reference(), [pid()], binary(), pos_integer()) -> ok.
+local_rounds(From, Ref, Pids, Bin, K) ->
+    T0 = erlang:monotonic_time(),
+    lists:foreach(fun(Round) -> ok = fan_out(native, Pids, {fanout, Round, Bin}) end,
+                  lists:seq(1, K)),
+    Us = erlang:convert_time_unit(erlang:monotonic_time() - T0, native, microsecond),
+    From ! {local_us, Ref, Us},
+    ok.
 
 -spec worker() -> no_return().
 worker() ->

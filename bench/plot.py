@@ -67,15 +67,17 @@ def fanout(folder, base, rows):
     """Delivered messages a second, per point (peers, targets, message
     size), one bar per variant, on a log scale."""
     points = sorted({(int(r["peers"]), int(r["targets"]), int(r["msg_bytes"])) for r in rows})
-    variants = [v for v in ["native", "ecall_send", "manifold", "send_many"]
+    variants = [v for v in ["native", "ecall_send", "manifold", "send_many", "local"]
                 if any(r["variant"] == v for r in rows)]
+    label = {"local": "local (the bound: the peers' own loop)"}
     fig, ax = plt.subplots(figsize=(11, 4))
     width = 0.8 / max(1, len(variants))
     for i, variant in enumerate(variants):
         rate = {(int(r["peers"]), int(r["targets"]), int(r["msg_bytes"])): float(r["msgs_per_s"])
                 for r in rows if r["variant"] == variant}
         xs = [j + i * width for j in range(len(points))]
-        ax.bar(xs, [rate.get(p, 0) for p in points], width, label=variant)
+        ax.bar(xs, [rate.get(p, 0) for p in points], width, label=label.get(variant, variant),
+               **({"hatch": "//", "fill": False} if variant == "local" else {}))
     ax.set_xticks([j + width * (len(variants) - 1) / 2 for j in range(len(points))])
     ax.set_xticklabels([f"{p} peer{'s' if p > 1 else ''}\n{t:,} targets\n{b} B" for p, t, b in points],
                        fontsize=8)
