@@ -10,7 +10,7 @@
 -export([load_error/0, log_target/2, log_off/0]).
 -export([cnode_start/4, cnode_info/1,
          peer_open/6, peer_close/1, peer_stats/1, overflow_drop/1,
-         send/4, push/4, push_many/4, encode_large/1, push_encoded/4,
+         send/4, push/4, push_many/4, push_many_dirty/4, encode_large/1, push_encoded/4,
          caller_link/1, wait_room/3,
          peer_flusher/2, flush/2]).
 -export([encode/1, encoded_size/1]).
@@ -114,13 +114,20 @@ send(_Peer, _To, _Msg, _Urgent) -> erlang:nif_error(nif_not_loaded).
           ok | closed | large | {full, non_neg_integer()}.
 push(_Peer, _Request, _Room, _Urgent) -> erlang:nif_error(nif_not_loaded).
 
-%% Encodes {send_many, Dests, Msg} and queues it, on a dirty scheduler:
-%% `Dests', a list of pids, aliases and registered names of the peer, in
-%% one call into the VM; `Msg' whatever its size. `Room' and the results
-%% as for push/4, but never `large'.
+%% Encodes {send_many, Dests, Msg} and queues it: `Dests', a list of
+%% pids, aliases and registered names of the peer, in one call into the
+%% VM. `large' (nothing queued) for more than 4,096 targets or a message
+%% whose encoding passes 16 KiB: push it with push_many_dirty/4. `Room'
+%% and the other results as for push/4.
 -spec push_many(peer(), [pid() | reference() | atom()], term(), room() | false) ->
-          ok | closed | {full, non_neg_integer()}.
+          ok | closed | large | {full, non_neg_integer()}.
 push_many(_Peer, _Dests, _Msg, _Room) -> erlang:nif_error(nif_not_loaded).
+
+%% push_many/4 on a dirty scheduler, for any number of targets and a
+%% message of any size: never `large'.
+-spec push_many_dirty(peer(), [pid() | reference() | atom()], term(), room() | false) ->
+          ok | closed | {full, non_neg_integer()}.
+push_many_dirty(_Peer, _Dests, _Msg, _Room) -> erlang:nif_error(nif_not_loaded).
 
 %% Encodes a big message on a dirty scheduler into memory of the NIF's (not
 %% a binary of the caller's, which would count against its heap's binary

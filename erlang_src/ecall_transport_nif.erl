@@ -30,12 +30,6 @@
 %% How long the fence of a direct message may take (direct/3).
 -define(FENCE_TIMEOUT, 5000).
 
-%% A send_many of fewer targets is encoded as any request, on the caller's
-%% scheduler; from this many on, by push_many/4 on a dirty one, which
-%% writes the list in one call into the VM (a list of other nodes' pids
-%% costs the walk a call per pid).
--define(MANY_INLINE, 16).
-
 %% The peer's protocol (ecall_transport:protocol()) decides what an urgent
 %% call looks like on the wire (ecall_transport:wire/3).
 %% `Loops' counts closed-loop calls (loop_starts/1); `off' with the
@@ -132,19 +126,17 @@ direct({Node, Peer, _, _} = State, Dest, Encoded) ->
 -spec send_many(state(), [pid() | reference() | atom()], term()) ->
           ecall_transport:push_result() | unsupported.
 send_many({_, Peer, Protocol, _} = State, Dests, Msg) when Protocol >= 2 ->
-    case short(Dests, ?MANY_INLINE) of
-        true ->
-            push(State, {send_many, Dests, Msg}, false);
-        false ->
-            push_with(State, send, fun(Room) -> ecall_nif:push_many(Peer, Dests, Msg, Room) end)
-    end;
+    %% On this scheduler if the list and the message are short enough
+    %% (see ecall_nif:push_many/4), else on a dirty one.
+    push_with(State, send,
+              fun(Room) ->
+                      case ecall_nif:push_many(Peer, Dests, Msg, Room) of
+                          large -> ecall_nif:push_many_dirty(Peer, Dests, Msg, Room);
+                          Result -> Result
+                      end
+              end);
 send_many(_State, _Dests, _Msg) ->
     unsupported.
-
-%% Whether the list has fewer than N elements (without walking it all).
--spec short(list(), non_neg_integer()) -> boolean().
-short([_ | T], N) when N > 0 -> short(T, N - 1);
-short(_, N) -> N > 0.
 
 -spec push(state(), ecall_transport:request(), boolean()) -> ecall_transport:push_result().
 push({_, Peer, Protocol, _} = State, Request0, Urgent) ->

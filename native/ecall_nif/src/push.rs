@@ -1,8 +1,9 @@
 //! The pushes: one request encoded once on the caller's scheduler
 //! ([`encode`]) and queued on the caller's shard (`send/4`, `push/4`), or
-//! encoded and queued on a dirty scheduler (`push_many/4` for a list of
-//! targets; `encode_large/1` and `push_encoded/4`, which also sends a big
-//! message straight to its target); what a push answers; and the encode as Erlang sees it
+//! encoded and queued on a dirty scheduler (`encode_large/1` and
+//! `push_encoded/4`, which also sends a big message straight to its
+//! target); a list of targets in one call into the VM (`push_many/4`, or
+//! `push_many_dirty/4` for a long one); what a push answers; and the encode as Erlang sees it
 //! (`encode/1`, `encoded_size/1`, for tests and the benchmark).
 
 use crate::{atoms, encode, EncodedRes, PeerRes, RoomRes};
@@ -72,13 +73,14 @@ fn push_request<'a>(
     })
 }
 
-/// Encodes `{send_many, Dests, Msg}` and queues it on the caller's
-/// shard, on a dirty scheduler (a list of thousands of targets takes
-/// longer than a push may hold a normal one): `Dests`, a proper list of
-/// pids, aliases and names of the peer, through one `enif_term_to_binary`
-/// ([`encode::dests_with`]); `Msg` as a push encodes it, whatever its
-/// size. Same results as `push/4`, but never `large`.
-#[rustler::nif(schedule = "DirtyCpu")]
+/// Encodes `{send_many, Dests, Msg}` and queues it on the caller's shard:
+/// `Dests`, a list of pids, aliases and names of the peer, through one
+/// `enif_term_to_binary` ([`encode::dests_with`]). On the caller's
+/// scheduler, for at most [`MANY_NORMAL`] targets and a message whose
+/// encoding stays within [`encode::INLINE_MAX`]; else it answers `large`
+/// (nothing queued) and the caller pushes it with `push_many_dirty/4`.
+/// Otherwise the same results as `push/4`.
+#[rustler::nif]
 fn push_many<'a>(
     env: Env<'a>,
     peer: ResourceArc<PeerRes>,
@@ -86,10 +88,50 @@ fn push_many<'a>(
     msg: Term<'a>,
     room: Term<'a>,
 ) -> Term<'a> {
+    let Some(n) = encode::cells_upto(dests, MANY_NORMAL) else {
+        return atoms::large().encode(env);
+    };
+    let pushed = many(env, &peer, dests, msg, room, encode::INLINE_MAX);
+    // The list's share of a 1 ms timeslice (see MANY_NORMAL).
+    let percent = i32::try_from(n * 100 / 16_384).unwrap_or(100).max(1);
+    rustler::schedule::consume_timeslice(env, percent);
+    pushed
+}
+
+/// `push_many/4` on a dirty scheduler, for any number of targets and a
+/// message of any size: never `large`.
+#[rustler::nif(schedule = "DirtyCpu")]
+fn push_many_dirty<'a>(
+    env: Env<'a>,
+    peer: ResourceArc<PeerRes>,
+    dests: Term<'a>,
+    msg: Term<'a>,
+    room: Term<'a>,
+) -> Term<'a> {
+    many(env, &peer, dests, msg, room, usize::MAX)
+}
+
+/// The most targets `push_many/4` encodes on a normal scheduler. The list
+/// goes through the VM at some 40-70 ns a remote pid here (the same as
+/// `term_to_binary/1` of such a list), so 4,096 hold the scheduler about
+/// 0.15-0.3 ms, and the call reports that share of its timeslice. Longer
+/// lists go on a dirty scheduler, whose round trip is dear: every node of
+/// a fan-out pays it (by it, `bench/run.sh fanout` at 1,000 targets over 3
+/// peers took the sender 3 to 4 times as long).
+const MANY_NORMAL: usize = 4096;
+
+fn many<'a>(
+    env: Env<'a>,
+    peer: &PeerRes,
+    dests: Term<'a>,
+    msg: Term<'a>,
+    room: Term<'a>,
+    limit: usize,
+) -> Term<'a> {
     let shard = caller_shard(env);
     let tag = atoms::send_many().to_term(env);
-    encode::dests_with(env, tag, dests, msg, |e| {
-        queue_element(env, &peer, shard, &e, Some(room), false)
+    encode::dests_with(env, tag, dests, msg, limit, |e| {
+        queue_element(env, peer, shard, &e, Some(room), false)
     })
 }
 

@@ -51,7 +51,7 @@ mod walk;
 mod write;
 
 pub use atom_memo::new_epoch;
-pub use walk::{dests_with, term_with, tuple_with, word};
+pub use walk::{cells_upto, dests_with, term_with, tuple_with, word};
 
 use ecall_dist::Element;
 

@@ -107,15 +107,16 @@ pub fn term_with<'a, R>(
 
 /// Encodes `{Tag, Dests, Msg}` (a `send_many` request) into this
 /// thread's buffer and hands the bytes to `f` (which must not encode again
-/// on this thread), without a limit (for a dirty scheduler). `Dests`, a
-/// list of pids, references and atoms, goes through one
-/// `enif_term_to_binary` ([`super::dests`]); anything else in it, by the
-/// walk, as the rest of the request.
+/// on this thread). `Dests`, a list of pids, references and atoms, goes
+/// through one `enif_term_to_binary` ([`super::dests`]); anything else in
+/// it, and `Msg`, by the walk, which gives up (`large`) once it has
+/// written `limit` bytes past the list.
 pub fn dests_with<'a, R>(
     env: Env<'a>,
     tag: Term<'a>,
     dests: Term<'a>,
     msg: Term<'a>,
+    limit: usize,
     f: impl FnOnce(Encoded<'_>) -> R,
 ) -> R {
     with_encoder(
@@ -131,13 +132,28 @@ pub fn dests_with<'a, R>(
                 refs,
                 ..
             } = e;
-            if super::dests::write(ext.as_slice(), memo, buf, text, refs).is_none() {
+            let listed = super::dests::write(ext.as_slice(), memo, buf, text, refs).is_some();
+            e.limit = e.buf.len().saturating_add(limit);
+            if !listed {
                 e.term(env, dests);
             }
             e.term(env, msg);
         },
         f,
     )
+}
+
+/// The number of cells of `list` if it has at most `n` (walking at most
+/// `n + 1`); `None` if it has more.
+pub fn cells_upto(list: Term<'_>, n: usize) -> Option<usize> {
+    let mut rest = list;
+    for count in 0..=n {
+        match rest.list_get_cell() {
+            Ok((_, tail)) => rest = tail,
+            Err(_) => return Some(count),
+        }
+    }
+    None
 }
 
 /// Runs `encode` on this thread's encoder, emptied for a new element of at
