@@ -27,8 +27,8 @@
 %%               own loop (the mean over the peers).
 %%
 %% The sender makes K fan-outs back to back (K = 1,000,000 div targets for
-%% messages up to 1 KB, 200,000 div targets above: 1,000 and 100, 200 and
-%% 20; ECALL_BENCH_FANOUT_ROUNDS sets it);
+%% messages up to 1 KB, 500,000 div targets above: 1,000 and 100, 500 and
+%% 50; ECALL_BENCH_FANOUT_ROUNDS sets it);
 %% a point ends when every target has had all K (each counts, and checks
 %% that round numbers come in order; a collector per peer tells A when all
 %% of its targets have). Then every target's count is checked: exactly K.
@@ -129,12 +129,12 @@ variants() ->
     end.
 
 %% Rounds per point: ECALL_BENCH_FANOUT_ROUNDS, else 1,000,000 deliveries
-%% for messages up to 1 KB, 200,000 for larger ones (about 4 s for `!'
-%% here, and 0.5 s or more for the fastest variants: shorter runs varied
-%% by tens of percent from run to run).
+%% for messages up to 1 KB, 500,000 for larger ones (4-17 s for `!' here,
+%% and 0.25 s or more for the fastest variants: runs of 0.1 s varied by
+%% tens of percent from run to run).
 -spec rounds(pos_integer(), pos_integer()) -> pos_integer().
 rounds(Targets, Size) ->
-    Deliveries = case Size =< 1024 of true -> 1000000; false -> 200000 end,
+    Deliveries = case Size =< 1024 of true -> 1000000; false -> 500000 end,
     case os:getenv("ECALL_BENCH_FANOUT_ROUNDS") of
         false -> max(1, Deliveries div Targets);
         K -> list_to_integer(K)

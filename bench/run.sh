@@ -14,10 +14,12 @@
 # ECALL_BENCH_BIG_SCALE scales the sizes, default 1.0; ECALL_BENCH_PROBE=native
 # sends the small-message probe by `!' whatever the variant);
 # fanout: one sender to 1,000 and 10,000 targets over 1 and 3 peers,
-# messages of 200 B and 10 KB, by `!', ecall:send/2 and a manifold-style
-# per-node partitioner (delivered msg/s, send time per fan-out, CPU and
-# wire bytes per message, A's peak memory; ECALL_BENCH_FANOUT_TARGETS,
-# _PEERS, _SIZES and _ROUNDS override, comma-separated);
+# messages of 200 B and 10 KB, by `!', ecall:send/2, a manifold-style
+# per-node partitioner and ecall:send_many/2, beside the bound (each peer's
+# own loop to its targets) (delivered msg/s, send time per fan-out, CPU and
+# wire bytes per message, A's peak memory; about 2.5 min;
+# ECALL_BENCH_FANOUT_TARGETS, _PEERS, _SIZES and _ROUNDS override,
+# comma-separated);
 # latency: a probe's call round trips, idle and under N writers;
 # pingpong: closed-loop callers (1, 8, 64, 1,000, and 1 with 100,000 messages queued;
 # ECALL_BENCH_CALLERS=C1,C2,.. for other counts)
