@@ -20,11 +20,12 @@
 %%               and gives each worker its sub-list; each worker does
 %%               [P ! M || P <- Sub]. One partitioner per node and one
 %%               worker per pid keep each target's messages in order.
-%%   local       the bound, not a way to send: each peer's own process
+%%   local       not a way to send, a yardstick: each peer's own process
 %%               makes its targets' K rounds ([P ! M || P <- Pids]), with
-%%               no network and nothing on A. No fan-out from A delivers
-%%               faster on the same machine; its us/fan-out is the peers'
-%%               own loop (the mean over the peers).
+%%               no network and nothing on A. Its CPU per delivered
+%%               message is what delivery alone costs the peers, which
+%%               any fan-out from A pays too; its us/fan-out is the
+%%               peers' own loop (the mean over the peers).
 %%
 %% The sender makes K fan-outs back to back (K = 1,000,000 div targets for
 %% messages up to 1 KB, 500,000 div targets above: 1,000 and 100, 500 and

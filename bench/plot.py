@@ -69,7 +69,7 @@ def fanout(folder, base, rows):
     points = sorted({(int(r["peers"]), int(r["targets"]), int(r["msg_bytes"])) for r in rows})
     variants = [v for v in ["native", "ecall_send", "manifold", "send_many", "local"]
                 if any(r["variant"] == v for r in rows)]
-    label = {"local": "local (the bound: the peers' own loop)"}
+    label = {"local": "local (each peer's own ! loop, no network)"}
     fig, ax = plt.subplots(figsize=(11, 4))
     width = 0.8 / max(1, len(variants))
     for i, variant in enumerate(variants):
