@@ -899,6 +899,18 @@ micro() ->
               "a map of 8,000 pairs after ~.1f us~n",
               [per_call(fun() -> ecall_nif:encoded_size(List) end, 1000) / 1000,
                per_call(fun() -> ecall_nif:encoded_size(Map) end, 1000) / 1000]),
+    %% send_many's targets of one node: ecall_nif:push_many/4 writes the
+    %% list through one call into the VM (term_to_binary/1's own writer);
+    %% the walk meets each pid once, its cache of other nodes' pids
+    %% missing every time, and gives up such a list at 16 KiB.
+    Many = pids_like(Sink, 4096),
+    {ecall_transport_nif, {_, NifPeer, _, _}} = ecall_conn:peer(B),
+    large = ecall_nif:encoded_size({send_many, Many, 1}),
+    io:format("micro: a send_many request with 4,096 pids of B, us: term_to_binary of the "
+              "list ~.1f, ecall_nif:push_many/4 of it ~.1f; the walk gives it up after ~.1f~n",
+              [per_call(fun() -> term_to_binary(Many) end, 200) / 1000,
+               per_call(fun() -> ok = ecall_nif:push_many(NifPeer, Many, 1, false) end, 50) / 1000,
+               per_call(fun() -> ecall_nif:encoded_size({send_many, Many, 1}) end, 200) / 1000]),
     %% Requests around the encoder's bound (ecall_nif's INLINE_MAX, 16 KiB):
     %% below it the NIF encodes them inline, above it the push gives up and
     %% goes by term_to_iovec and a dirty-scheduler copy (`iovec').
@@ -939,6 +951,16 @@ micro() ->
     write_results("micro", Rows),
     peer:stop(Peer),
     ok.
+
+%% N pids of Pid's node and creation, numbered from 100,000 (processes
+%% that need not exist: sends to them are dropped).
+pids_like(Pid, N) ->
+    <<131, 88, Rest/binary>> = term_to_binary(Pid),
+    %% NEW_PID_EXT: the node's atom, then id, serial and creation, 4 bytes each.
+    AtomLen = byte_size(Rest) - 12,
+    <<Atom:AtomLen/binary, _Id:32, _Serial:32, Creation:32>> = Rest,
+    [binary_to_term(<<131, 88, Atom/binary, I:32, 0:32, Creation:32>>)
+     || I <- lists:seq(100000, 100000 + N - 1)].
 
 %% Pushes of one size: 4 MiB of them at most, each row starting with an
 %% empty queue, so that the byte budget (64 MiB) never makes a push wait

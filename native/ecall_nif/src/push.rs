@@ -93,7 +93,7 @@ fn push_many<'a>(
     };
     let pushed = many(env, &peer, dests, msg, room, encode::INLINE_MAX);
     // The list's share of a 1 ms timeslice (see MANY_NORMAL).
-    let percent = i32::try_from(n * 100 / 16_384).unwrap_or(100).max(1);
+    let percent = i32::try_from(n / 100).unwrap_or(100).clamp(1, 100);
     rustler::schedule::consume_timeslice(env, percent);
     pushed
 }
@@ -111,13 +111,13 @@ fn push_many_dirty<'a>(
     many(env, &peer, dests, msg, room, usize::MAX)
 }
 
-/// The most targets `push_many/4` encodes on a normal scheduler. The list
-/// goes through the VM at some 40-70 ns a remote pid here (the same as
-/// `term_to_binary/1` of such a list), so 4,096 hold the scheduler about
-/// 0.15-0.3 ms, and the call reports that share of its timeslice. Longer
-/// lists go on a dirty scheduler, whose round trip is dear: every node of
-/// a fan-out pays it (by it, `bench/run.sh fanout` at 1,000 targets over 3
-/// peers took the sender 3 to 4 times as long).
+/// The most targets `push_many/4` encodes on a normal scheduler. For
+/// 4,096 pids of the peer the whole push took 0.37 ms here, 0.14 ms of it
+/// the list through the VM (`bench/run.sh micro`), and the call reports
+/// its share of a 1 ms timeslice at 0.1 µs a target. Longer lists go on a
+/// dirty scheduler, whose round trip is dear: every node of a fan-out
+/// pays it (by it, `bench/run.sh fanout` at 1,000 targets over 3 peers
+/// took the sender 3 to 4 times as long).
 const MANY_NORMAL: usize = 4096;
 
 fn many<'a>(
