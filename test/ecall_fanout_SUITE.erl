@@ -83,7 +83,8 @@ registered_names(Config) ->
 %% (ecall_nif:push_many/4): 1,000 pids on B each get the message once, and
 %% go on the wire in 15 bytes each (their node as an atom id, not its
 %% name); then pids, an alias and names of B in one list: each target gets
-%% it once, and the name not registered is counted.
+%% it once, and the name not registered is counted; then a message too big
+%% for the caller's scheduler.
 a_long_list_of_every_kind(Config) ->
     B = ?config(b, Config),
     Pids = [erpc:call(B, erlang, spawn, [?MODULE, target, [self()]]) || _ <- lists:seq(1, 1000)],
@@ -104,7 +105,11 @@ a_long_list_of_every_kind(Config) ->
     #{receivers := #{dead_letters := D0}} = erpc:call(B, ecall, stats, []),
     Some = lists:sublist(Pids, 20),
     ok = ecall:send_many(Some ++ [Alias, {ecall_fanout_long, B}, {nobody_here, B}], mixed),
-    [?assertEqual([mixed], collect(T)) || T <- Some ++ [APid, Named]],
+    %% A message past 16 KiB: its list is encoded on a dirty scheduler.
+    Big = {big, binary:copy(<<"b">>, 20000)},
+    ok = ecall:send_many(Some, Big),
+    [?assertEqual([mixed, Big], collect(T)) || T <- Some],
+    [?assertEqual([mixed], collect(T)) || T <- [APid, Named]],
     #{receivers := #{dead_letters := D1}} = erpc:call(B, ecall, stats, []),
     ?assertEqual(1, D1 - D0).
 

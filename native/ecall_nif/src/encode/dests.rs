@@ -29,25 +29,18 @@ use ecall_dist::wire::etf::{
 };
 
 /// Appends the list `ext` (its `term_to_binary`, version byte included)
-/// to `out`, its atoms rewritten as ids where they have one, and counts
-/// them in `text` and `refs`. `None` (and `out` as it was) if `ext` is not
-/// a proper list of pids, references and atoms as the VM writes them.
-pub fn write(
-    ext: &[u8],
-    memo: &mut AtomMemo,
-    out: &mut Vec<u8>,
-    text: &mut bool,
-    refs: &mut u64,
-) -> Option<()> {
+/// to `out`, its atoms rewritten as ids where they have one. Returns
+/// whether an atom stayed text and how many went as ids; `None` (and `out`
+/// as it was) if `ext` is not a proper list of pids, references and atoms
+/// as the VM writes them.
+pub fn write(ext: &[u8], memo: &mut AtomMemo, out: &mut Vec<u8>) -> Option<(bool, u64)> {
     let start = out.len();
-    let (mut t, mut r) = (*text, *refs);
-    let written = rewrite(ext, memo, out, &mut t, &mut r);
+    let (mut text, mut refs) = (false, 0);
+    let written = rewrite(ext, memo, out, &mut text, &mut refs);
     if written.is_none() {
         out.truncate(start);
-        return None;
     }
-    (*text, *refs) = (t, r);
-    Some(())
+    written.map(|()| (text, refs))
 }
 
 fn rewrite(
@@ -165,27 +158,20 @@ mod tests {
             atom(b"dests_test_name"),
             pid(node, 2),
         ]);
-        let (mut memo, mut out, mut text, mut refs) = (AtomMemo::new(), Vec::new(), false, 0);
-        write(&ext, &mut memo, &mut out, &mut text, &mut refs).expect("a list of destinations");
+        let (mut memo, mut out) = (AtomMemo::new(), Vec::new());
+        let counts = write(&ext, &mut memo, &mut out).expect("a list of destinations");
         assert_eq!(expanded(&out), ext[1..]);
         // Every atom got an id (the process-wide table has room): four
         // references, no text, and a pid in 15 bytes.
-        assert_eq!((text, refs), (false, 4));
+        assert_eq!(counts, (false, 4));
         assert_eq!(out.len(), 5 + 15 + (3 + 2 + 4 + 12) + 2 + 15 + 1);
     }
 
     #[test]
     fn the_empty_list() {
-        let (mut memo, mut out, mut text, mut refs) = (AtomMemo::new(), vec![9], false, 0);
-        write(
-            &[VERSION, NIL_EXT],
-            &mut memo,
-            &mut out,
-            &mut text,
-            &mut refs,
-        )
-        .expect("[]");
-        assert_eq!(out, [9, NIL_EXT]);
+        let (mut memo, mut out) = (AtomMemo::new(), vec![9]);
+        let counts = write(&[VERSION, NIL_EXT], &mut memo, &mut out).expect("[]");
+        assert_eq!((out, counts), (vec![9, NIL_EXT], (false, 0)));
     }
 
     #[test]
@@ -204,9 +190,9 @@ mod tests {
             vec![],
         ];
         for ext in bad {
-            let (mut memo, mut out, mut text, mut refs) = (AtomMemo::new(), vec![9], false, 0);
-            assert!(write(&ext, &mut memo, &mut out, &mut text, &mut refs).is_none());
-            assert_eq!((out, text, refs), (vec![9], false, 0), "{ext:?}");
+            let (mut memo, mut out) = (AtomMemo::new(), vec![9]);
+            assert!(write(&ext, &mut memo, &mut out).is_none());
+            assert_eq!(out, [9], "{ext:?}");
         }
     }
 }

@@ -109,8 +109,9 @@ pub fn term_with<'a, R>(
 /// thread's buffer and hands the bytes to `f` (which must not encode again
 /// on this thread). `Dests`, a list of pids, references and atoms, goes
 /// through one `enif_term_to_binary` ([`super::dests`]); anything else in
-/// it, and `Msg`, by the walk, which gives up (`large`) once it has
-/// written `limit` bytes past the list.
+/// it, and `Msg`, by the walk. `Msg` is written first, so that an encode
+/// that gives it up (`large`, past `limit` bytes) has not paid for the
+/// list; the two then change places.
 pub fn dests_with<'a, R>(
     env: Env<'a>,
     tag: Term<'a>,
@@ -124,20 +125,23 @@ pub fn dests_with<'a, R>(
         |e| {
             write::tuple_header(&mut e.buf, 3);
             e.term(env, tag);
-            let ext = dests.to_binary();
-            let Encoder {
-                memo,
-                buf,
-                text,
-                refs,
-                ..
-            } = e;
-            let listed = super::dests::write(ext.as_slice(), memo, buf, text, refs).is_some();
-            e.limit = e.buf.len().saturating_add(limit);
-            if !listed {
-                e.term(env, dests);
-            }
+            let at = e.buf.len();
+            e.limit = at.saturating_add(limit);
             e.term(env, msg);
+            if e.large {
+                return;
+            }
+            let msg_len = e.buf.len() - at;
+            e.limit = usize::MAX;
+            let ext = dests.to_binary();
+            match super::dests::write(ext.as_slice(), &mut e.memo, &mut e.buf) {
+                Some((text, refs)) => {
+                    e.text |= text;
+                    e.refs += refs;
+                }
+                None => e.term(env, dests),
+            }
+            e.buf[at..].rotate_left(msg_len);
         },
         f,
     )
