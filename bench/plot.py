@@ -55,12 +55,7 @@ def main():
                 ax.set_ylabel(title)
                 ax.grid(True, alpha=0.3)
             axes[0][0].legend(fontsize=8)
-            fig.suptitle(f"{base}: {title}")
-            fig.tight_layout()
-            out = os.path.join(folder, f"{base}-{suffix}.png")
-            fig.savefig(out, dpi=90)
-            plt.close(fig)
-            print("plot:", out)
+            save(fig, f"{base}: {title}", folder, f"{base}-{suffix}.png")
 
 
 def fanout(folder, base, rows):
@@ -85,9 +80,14 @@ def fanout(folder, base, rows):
     ax.set_ylabel("delivered messages a second")
     ax.grid(True, axis="y", alpha=0.3)
     ax.legend(fontsize=8)
-    fig.suptitle(f"{base}: one sender to many targets")
+    save(fig, f"{base}: one sender to many targets", folder, f"{base}-rate.png")
+
+
+def save(fig, title, folder, name):
+    """Titles the figure and writes it to folder/name."""
+    fig.suptitle(title)
     fig.tight_layout()
-    out = os.path.join(folder, f"{base}-rate.png")
+    out = os.path.join(folder, name)
     fig.savefig(out, dpi=90)
     plt.close(fig)
     print("plot:", out)
