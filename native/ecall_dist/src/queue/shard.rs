@@ -260,20 +260,14 @@ impl Shard {
 
     /// Queues a frame of one large request, `payload` bytes of which are
     /// the request's, after what the shard holds: the open batch is sealed
-    /// first (order). Its atoms are text (it comes from `term_to_binary`).
+    /// first (order).
     fn queue_alone<R>(
         &self,
         bytes: Vec<u8>,
         payload: usize,
         under_lock: impl FnOnce(Backlog) -> R,
     ) -> Option<R> {
-        let frame = Frame {
-            bytes,
-            count: 1,
-            payload,
-            text: true,
-            refs: 0,
-        };
+        let frame = Frame::alone(bytes, payload);
         let mut g = self.lock();
         if g.closed {
             return None;

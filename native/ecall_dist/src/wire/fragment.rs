@@ -129,13 +129,7 @@ mod tests {
         bytes.extend_from_slice(&big);
         BatchHeader::seal(&mut bytes, header.as_bytes().len(), 1);
         let payload = bytes.len() - header.as_bytes().len();
-        let frame = Frame {
-            bytes,
-            count: 1,
-            payload,
-            text: true,
-            refs: 0,
-        };
+        let frame = Frame::alone(bytes, payload);
         let ranges = InFlight::ranges(&frame.bytes).unwrap();
         let expect: Vec<u8> = ranges
             .iter()

@@ -21,6 +21,20 @@ pub struct Frame {
     pub refs: u64,
 }
 
+impl Frame {
+    /// The frame of one large request, `payload` bytes of which are the
+    /// request's, its atoms as text (it comes from `term_to_binary`).
+    pub fn alone(bytes: Vec<u8>, payload: usize) -> Self {
+        Frame {
+            bytes,
+            count: 1,
+            payload,
+            text: true,
+            refs: 0,
+        }
+    }
+}
+
 /// Appends plain frame `frame` (`<len:32> 112 131 control 131 payload`) to
 /// `out` as it goes out on a connection with atom cache `cache`:
 /// - every atom an id reference (`text` false, see [`crate::wire::fixed_atom_ids`]):
