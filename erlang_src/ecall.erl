@@ -88,8 +88,8 @@ send_many(Dests, Msg) ->
     case group(Dests, node(), [], '$none', [], #{}) of
         {Local, Remote} ->
             lists:foreach(fun(To) -> To ! Msg end, Local),
-            maps:foreach(fun(Node, Targets) ->
-                                 ecall_route:send_many(Node, lists:reverse(Targets), Msg)
+            maps:foreach(fun(Node, Dests1) ->
+                                 ecall_route:send_many(Node, lists:reverse(Dests1), Msg)
                          end, Remote);
         badarg ->
             erlang:error(badarg, [Dests, Msg])
@@ -115,8 +115,8 @@ send_group(Scope, Group, Msg) ->
     erlang:error(badarg, [Scope, Group, Msg]).
 
 %% Local destinations in order, and the others by node (each list
-%% reversed); `badarg' for anything that is not a proper list of
-%% destinations. `Me' is node(). Consecutive targets of one node (a run)
+%% reversed, a name without its node); `badarg' for anything that is not
+%% a proper list of destinations. `Me' is node(). Consecutive targets of one node (a run)
 %% gather in `Run' and go into the map when the node changes: targets
 %% listed node by node, as most callers list them, cost one map update a
 %% node, not one a target.
@@ -128,12 +128,13 @@ group([To | Rest], Me, Local, Cur, Run, Remote) when is_pid(To); is_reference(To
         Cur -> group(Rest, Me, Local, Cur, [To | Run], Remote);
         Node -> switch(Rest, Me, Local, Cur, Run, Remote, Node, To)
     end;
-group([{Name, Node} = To | Rest], Me, Local, Cur, Run, Remote)
+group([{Name, Node} | Rest], Me, Local, Cur, Run, Remote)
   when is_atom(Name), is_atom(Node) ->
+    %% By its name alone: the node is the map's key.
     case Node of
         Me -> group(Rest, Me, [Name | Local], Cur, Run, Remote);
-        Cur -> group(Rest, Me, Local, Cur, [To | Run], Remote);
-        _ -> switch(Rest, Me, Local, Cur, Run, Remote, Node, To)
+        Cur -> group(Rest, Me, Local, Cur, [Name | Run], Remote);
+        _ -> switch(Rest, Me, Local, Cur, Run, Remote, Node, Name)
     end;
 group([To | Rest], Me, Local, Cur, Run, Remote) when is_atom(To) ->
     group(Rest, Me, [To | Local], Cur, Run, Remote);

@@ -73,14 +73,14 @@ send_remote(Node, Dest, To, Msg, Urgent) ->
             native(Node, To, Msg)
     end.
 
-%% @doc Sends `Msg' to each of `Targets' on the other node `Node' (each
-%% as ecall:send/2 names it: a pid, an alias or `{Name, Node}'): one
+%% @doc Sends `Msg' to each of `Dests' on the other node `Node' (a pid,
+%% an alias, or the name a process is registered under there): one
 %% request through the transport of its connection when it has one and
 %% the peer knows the request, else each as send_remote/5 sends it. The
 %% same order rules as send_remote/5, per target.
--spec send_many(node(), [pid() | reference() | {atom(), node()}], term()) -> ok.
-send_many(Node, Targets, Msg) ->
-    Dests = [dest(T) || T <- Targets],
+-spec send_many(node(), [pid() | reference() | atom()], term()) -> ok.
+send_many(Node, Dests, Msg) ->
+    Native = fun(_Dest, To) -> native(Node, To, Msg) end,
     case ecall_conn:route(Node) of
         {Mod, State} when Mod =/= closing ->
             after_native(Node),
@@ -88,25 +88,23 @@ send_many(Node, Targets, Msg) ->
                 ok -> ok;
                 %% A send has no error to return (see send_remote/5).
                 overload -> ok;
-                closed -> each_native(Node, Targets, Msg);
-                unsupported -> each_remote(Node, Dests, Targets, Msg)
+                closed -> each(Node, Dests, Native);
+                unsupported -> each(Node, Dests, fun(Dest, To) ->
+                                                         send_remote(Node, Dest, To, Msg, false)
+                                                 end)
             end;
         _UndefinedOrClosing ->
-            each_native(Node, Targets, Msg)
+            each(Node, Dests, Native)
     end.
 
--spec dest(pid() | reference() | {atom(), node()}) -> pid() | reference() | atom().
-dest({Name, _Node}) -> Name;
-dest(To) -> To.
-
--spec each_native(node(), [ecall:dest()], term()) -> ok.
-each_native(Node, Targets, Msg) ->
-    lists:foreach(fun(To) -> native(Node, To, Msg) end, Targets).
-
--spec each_remote(node(), [pid() | reference() | atom()], [ecall:dest()], term()) -> ok.
-each_remote(Node, Dests, Targets, Msg) ->
-    lists:foreach(fun({Dest, To}) -> send_remote(Node, Dest, To, Msg, false) end,
-                  lists:zip(Dests, Targets)).
+%% Send(Dest, To) for each of `Dests' of `Node', To as ecall:send/2 names
+%% it (a name as {Name, Node}).
+-spec each(node(), [pid() | reference() | atom()],
+           fun((pid() | reference() | atom(), ecall:dest()) -> term())) -> ok.
+each(Node, Dests, Send) ->
+    lists:foreach(fun(Name) when is_atom(Name) -> Send(Name, {Name, Node});
+                     (To) -> Send(To, To)
+                  end, Dests).
 
 %% A send by `!': after the close of the node's connection, if it is
 %% closing (transport then `!'), and remembered for the next send to

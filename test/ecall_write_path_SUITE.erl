@@ -86,7 +86,8 @@ closed_loop_calls_are_urgent(Config) ->
 %% protocol 0 and sends the calls unmarked, so B's links count no reply
 %% urgent; this node's links still count them urgent (this node's writer
 %% does not hold them back). With the fallback claiming protocol 1 this
-%% case failed on B's count.
+%% case failed on B's count. A send_many to it goes as one send per
+%% target.
 urgent_calls_to_a_first_release_peer(Config) ->
     B = ?config(b, Config),
     connect_back(B),
@@ -115,7 +116,18 @@ urgent_calls_to_a_first_release_peer(Config) ->
         ok = closed_loop_of_calls(B),
         {UA1, UB1} = urgent_counts(B),
         ?assert(UA1 - UA0 >= 1),
-        ?assertEqual(UB0, UB1)
+        ?assertEqual(UB0, UB1),
+        %% Nor does it know send_many: one push per target, a name too.
+        Echoes = [erpc:call(B, erlang, spawn, [ecall_test_nodes, echo_loop, []])
+                  || _ <- lists:seq(1, 3)],
+        true = erpc:call(B, erlang, register, [ecall_write_path_echo, hd(Echoes)]),
+        {ok, #{pushed := P0}} = ecall:stats(B),
+        Ref = make_ref(),
+        ok = ecall:send_many([{ecall_write_path_echo, B} | Echoes], {echo, self(), Ref}),
+        {ok, #{pushed := P1}} = ecall:stats(B),
+        ?assertEqual(4, P1 - P0),
+        [receive Ref -> ok after 10000 -> ct:fail({no_echo, I}) end || I <- lists:seq(1, 4)],
+        [exit(E, kill) || E <- Echoes]
     after
         _ = erpc:call(B, code, soft_purge, [Mod]),
         {module, Mod} = erpc:call(B, code, load_file, [Mod]),
