@@ -952,15 +952,17 @@ micro() ->
     peer:stop(Peer),
     ok.
 
-%% N pids of Pid's node and creation, numbered from 100,000 (processes
-%% that need not exist: sends to them are dropped).
+%% N pids of Pid's node and creation that name no process there (sends
+%% to them are dropped): numbers 1 to N (a node takes a number past 32,767
+%% for a corrupted term) with serial 8,000, which a node reaches only
+%% after 8,000 times its process table of spawns.
 pids_like(Pid, N) ->
     <<131, 88, Rest/binary>> = term_to_binary(Pid),
     %% NEW_PID_EXT: the node's atom, then id, serial and creation, 4 bytes each.
     AtomLen = byte_size(Rest) - 12,
     <<Atom:AtomLen/binary, _Id:32, _Serial:32, Creation:32>> = Rest,
-    [binary_to_term(<<131, 88, Atom/binary, I:32, 0:32, Creation:32>>)
-     || I <- lists:seq(100000, 100000 + N - 1)].
+    [binary_to_term(<<131, 88, Atom/binary, I:32, 8000:32, Creation:32>>)
+     || I <- lists:seq(1, N)].
 
 %% Pushes of one size: 4 MiB of them at most, each row starting with an
 %% empty queue, so that the byte budget (64 MiB) never makes a push wait

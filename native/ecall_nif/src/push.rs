@@ -112,7 +112,7 @@ fn push_many_dirty<'a>(
 }
 
 /// The most targets `push_many/4` encodes on a normal scheduler. For
-/// 4,096 pids of the peer the whole push took 0.37 ms here, 0.14 ms of it
+/// 4,096 pids of the peer the whole push took 0.2-0.3 ms here, 0.08-0.15 of it
 /// the list through the VM (`bench/run.sh micro`), and the call reports
 /// its share of a 1 ms timeslice at 0.1 µs a target. Longer lists go on a
 /// dirty scheduler, whose round trip is dear: every node of a fan-out
