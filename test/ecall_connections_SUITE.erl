@@ -41,7 +41,9 @@ init_per_suite(Config) ->
 end_per_suite(_Config) ->
     ok = application:stop(ecall).
 
-%% A node with another cookie cannot connect to our C-node.
+%% A node with another cookie cannot connect to our C-node; the refusal is
+%% counted and logged. The peer may hear the socket close before the count
+%% is made, so the case waits for the warning, which follows the count.
 wrong_cookie_refused_incoming(_Config) ->
     {ok, Peer, _} = peer:start_link(#{exec => ecall_test_nodes:node_exec(),
                                       connection => standard_io,
@@ -50,9 +52,25 @@ wrong_cookie_refused_incoming(_Config) ->
                                    wait_boot => 60000}),
     [Id | _] = ecall:identities(),
     Refused0 = refused(Id),
-    ?assertEqual(pang, peer:call(Peer, net_adm, ping, [Id], 30000)),
-    ?assertEqual(Refused0 + 1, refused(Id)),
+    ok = logger:add_handler(ecall_test_rust_log, ecall_test_nodes, #{config => #{pid => self()}}),
+    try
+        ?assertEqual(pang, peer:call(Peer, net_adm, ping, [Id], 30000)),
+        await_refusal_warning(),
+        ?assertEqual(Refused0 + 1, refused(Id))
+    after
+        _ = logger:remove_handler(ecall_test_rust_log)
+    end,
     peer:stop(Peer).
+
+await_refusal_warning() ->
+    receive
+        {rust_log, warning, Text} ->
+            case string:find(Text, <<"incoming handshake refused">>) of
+                nomatch -> await_refusal_warning();
+                _ -> ok
+            end
+    after 10000 -> ct:fail(no_refusal_warning)
+    end.
 
 refused(Id) ->
     #{identities := Ids} = ecall:stats(),
