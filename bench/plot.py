@@ -79,7 +79,9 @@ def fanout(folder, base, rows):
     ax.set_yscale("log")
     ax.set_ylabel("delivered messages a second")
     ax.grid(True, axis="y", alpha=0.3)
-    ax.legend(fontsize=8)
+    # Room above the bars for the legend in one row.
+    ax.set_ylim(top=ax.get_ylim()[1] * 8)
+    ax.legend(fontsize=8, ncol=len(variants), loc="upper center")
     save(fig, f"{base}: one sender to many targets", folder, f"{base}-rate.png")
 
 
