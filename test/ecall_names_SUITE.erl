@@ -166,11 +166,12 @@ tls_links_from_ssl_dist_opt(Config) ->
     ?assertEqual(ok, peer:call(PX, ecall, connect, [NY], 30000)),
     ?assertEqual({ok, NY}, peer:call(PX, ecall, call, [NY, erlang, node, []], 30000)),
     %% The reply can come before the link's writer has counted the
-    %% request: read the counters once the links have counted everything.
-    Markers = peer:call(PX, ecall_test_nodes, flush_links, [NY], 30000),
+    %% request: read the counters once a marker behind it on every link
+    %% has come back (the markers' own counts may still lag).
+    _ = peer:call(PX, ecall_test_nodes, flush_links, [NY], 30000),
     {ok, Stats} = peer:call(PX, ecall, stats, [NY]),
     ?assertEqual(2, maps:get(links_up, Stats)),
-    ?assert(maps:get(requests, Stats) >= 1 + Markers),
+    ?assert(maps:get(requests, Stats) >= 1),
     ?assertMatch({error, {unsupported_tls, "client option verify is not verify_peer"}},
                  peer:call(PZ, ecall_cnode, cnode, [])),
     ?assertEqual(erlang, peer:call(PZ, ecall_conn, transport, [])),
