@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{identity, Epmd, COOKIE};
+use common::{counted, identity, Epmd, COOKIE};
 use std::process::Command;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
@@ -125,5 +125,5 @@ async fn out_of_descriptors_the_accept_loop_backs_off() {
     if let Err(e) = conn {
         panic!("no connection after the limit was restored: {e}");
     }
-    assert_eq!(id.accepted.load(Relaxed), accepted + 1);
+    assert_eq!(counted(&id.accepted, accepted + 1).await, accepted + 1);
 }

@@ -8,7 +8,7 @@
 
 mod common;
 
-use common::{corpus, identity, unique, Epmd, COOKIE, WAIT};
+use common::{corpus, counted, identity, unique, Epmd, COOKIE, WAIT};
 use ecall_dist::internals::inbound::{self, MAX_INCOMING_FRAME};
 use ecall_dist::Identity;
 use erl_dist::handshake::{ClientSideHandshake, HandshakeStatus};
@@ -170,17 +170,7 @@ async fn random_handshakes_are_refused() {
             .unwrap();
     });
     let tried = u64::from(n.load(Relaxed));
-    // Refusals are counted when the handshake task ends, just after the
-    // socket closes: wait for the count, bounded.
-    let t0 = std::time::Instant::now();
-    while id.refused.load(Relaxed) < tried {
-        assert!(
-            t0.elapsed() < WAIT,
-            "{} of {tried} refusals counted",
-            id.refused.load(Relaxed)
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    assert_eq!(counted(&id.refused, tried).await, tried, "refusals counted");
     assert_eq!(id.accepted.load(Relaxed), 0);
     answers_ping(&id).await;
 }
@@ -210,11 +200,8 @@ async fn pending_handshakes_are_bounded() {
     drop(idle);
     // Each idle connection ends its handshake (refused) when it sees the
     // close; then there is room again.
-    let t0 = std::time::Instant::now();
-    while id.refused.load(Relaxed) < MAX_PENDING_HANDSHAKES as u64 {
-        assert!(t0.elapsed() < WAIT, "{} refused", id.refused.load(Relaxed));
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let all = MAX_PENDING_HANDSHAKES as u64;
+    assert_eq!(counted(&id.refused, all).await, all, "refused");
     answers_ping(&id).await;
 }
 

@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::{epmd_names, host, identity, unique, Epmd, COOKIE, WAIT};
+use common::{counted, epmd_names, host, identity, unique, Epmd, COOKIE, WAIT};
 use ecall_dist::wire::etf::element_body;
 use ecall_dist::{BatchCaps, Identity, LinkDown, LinkEvents, Peer, PeerConfig, Push};
 use eetf::{Atom, FixInteger, Term, Tuple};
@@ -493,8 +493,8 @@ async fn ping_from_erl_and_cookie_checks() {
 
     let mut bad = Erl::start(&epmd, "another_cookie", &[], &eval);
     assert_eq!(bad.line().await, "pang");
-    assert_eq!(id.refused.load(std::sync::atomic::Ordering::Relaxed), 1);
-    assert_eq!(id.accepted.load(std::sync::atomic::Ordering::Relaxed), 1);
+    assert_eq!(counted(&id.refused, 1).await, 1);
+    assert_eq!(counted(&id.accepted, 1).await, 1);
 
     // Outgoing, with the wrong cookie: the peer refuses the handshake.
     let mut sink = Erl::start(&epmd, COOKIE, &[], &sink_eval(1));

@@ -5,12 +5,29 @@
 use ecall_dist::{Identity, IdentityConfig, Listen};
 use std::net::TcpListener;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::process::{Child, Command};
 
 pub const COOKIE: &str = "ecall_test_cookie";
 pub const WAIT: Duration = Duration::from_secs(30);
+
+/// Waits until `counter` reaches `want`, for at most [`WAIT`], and
+/// returns what it reads then. For the counts an identity makes when a
+/// handshake task ends (`accepted`, `refused`): the task counts after its
+/// last message, or after the socket closed, so the other side can be done
+/// first. Nothing signals the count; it is polled.
+pub async fn counted(counter: &AtomicU64, want: u64) -> u64 {
+    let t0 = std::time::Instant::now();
+    loop {
+        let n = counter.load(Relaxed);
+        if n >= want || t0.elapsed() > WAIT {
+            return n;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
 
 pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
