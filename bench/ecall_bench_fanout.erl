@@ -130,9 +130,9 @@ variants() ->
     end.
 
 %% Rounds per point: ECALL_BENCH_FANOUT_ROUNDS, else 1,000,000 deliveries
-%% for messages up to 1 KB, 500,000 for larger ones (4-17 s for `!' here,
-%% and 0.25 s or more for the fastest variants: runs of 0.1 s varied by
-%% tens of percent from run to run).
+%% for messages up to 1 KB, 500,000 for larger ones, so that the fastest
+%% variants run for a few tenths of a second, not a few hundredths (the
+%% `wall_s' column of the run's CSV).
 -spec rounds(pos_integer(), pos_integer()) -> pos_integer().
 rounds(Targets, Size) ->
     Deliveries = case Size =< 1024 of true -> 1000000; false -> 500000 end,

@@ -116,8 +116,9 @@ fn push_many_dirty<'a>(
 /// the list through the VM (`bench/run.sh micro`), and the call reports
 /// its share of a 1 ms timeslice at 0.1 µs a target. Longer lists go on a
 /// dirty scheduler, whose round trip is dear: every node of a fan-out
-/// pays it (by it, `bench/run.sh fanout` at 1,000 targets over 3 peers
-/// took the sender 3 to 4 times as long).
+/// pays it (with every list there, `bench/run.sh fanout` at commit
+/// cf175ed takes the sender 3 to 4 times as long at 1,000 targets over 3
+/// peers).
 const MANY_NORMAL: usize = 4096;
 
 fn many<'a>(
