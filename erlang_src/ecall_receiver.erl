@@ -89,7 +89,7 @@ replay([{send_many, Dests, Msg} | Rest], C, N) when is_list(Dests) ->
     %% replays the caller's other requests too, so each target gets the
     %% caller's messages in order. Targets that are not a pid, an alias or
     %% a name (or an improper tail) are counted malformed, the others still
-%% served.
+    %% served.
     send_each(Dests, Msg, C),
     replay(Rest, C, N + 1);
 replay([{cast, M, F, A} | Rest], C, N) when is_atom(M), is_atom(F), is_list(A) ->

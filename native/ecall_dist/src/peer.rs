@@ -117,12 +117,18 @@ impl Peer {
 
     /// Counts a request that the caller's overflow policy dropped.
     pub fn note_overflow_drop(&self) {
-        (self.core.stats.overflow_drops).fetch_add(1, Ordering::Relaxed);
+        self.core
+            .stats
+            .overflow_drops
+            .fetch_add(1, Ordering::Relaxed);
     }
 
     /// Whether link `k` is connected now.
     pub fn link_up(&self, k: usize) -> bool {
-        (self.core.links.get(k)).is_some_and(|l| l.stats.up.load(Ordering::Relaxed))
+        self.core
+            .links
+            .get(k)
+            .is_some_and(|l| l.stats.up.load(Ordering::Relaxed))
     }
 
     /// Whether a small push to link `k` would now be written by its caller

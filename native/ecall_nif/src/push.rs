@@ -3,8 +3,9 @@
 //! encoded and queued on a dirty scheduler (`encode_large/1` and
 //! `push_encoded/4`, which also sends a big message straight to its
 //! target); a list of targets in one call into the VM (`push_many/4`, or
-//! `push_many_dirty/4` for a long one); what a push answers; and the encode as Erlang sees it
-//! (`encode/1`, `encoded_size/1`, for tests and the benchmark).
+//! `push_many_dirty/4` for a long one); what a push answers; and the
+//! encode as Erlang sees it (`encode/1`, `encoded_size/1`, for tests and
+//! the benchmark).
 
 use crate::{atoms, encode, EncodedRes, PeerRes, RoomRes};
 use ecall_dist::{Peer, Push};
@@ -112,8 +113,8 @@ fn push_many_dirty<'a>(
 }
 
 /// The most targets `push_many/4` encodes on a normal scheduler. For
-/// 4,096 pids of the peer the whole push took 0.2-0.3 ms here, 0.08-0.15 of it
-/// the list through the VM (`bench/run.sh micro`), and the call reports
+/// 4,096 pids of the peer the whole push took 0.2-0.3 ms here, 0.08-0.15
+/// of it the list through the VM (`bench/run.sh micro`), and the call reports
 /// its share of a 1 ms timeslice at 0.1 µs a target. Longer lists go on a
 /// dirty scheduler, whose round trip is dear: every node of a fan-out
 /// pays it (with every list there, `bench/run.sh fanout` at commit
@@ -162,9 +163,9 @@ fn encode_large<'a>(env: Env<'a>, msg: Term<'a>) -> Term<'a> {
 /// the message (`{send, Dest, ` in external format, no version byte;
 /// empty when what was encoded is the whole request). Runs on a dirty
 /// scheduler: copying megabytes there holds no normal scheduler. Same
-/// results as `send/4`, but never `large`; the encoded message is freed by a push
-/// that queues it or finds the peer closed, and kept by one that answers
-/// `full` (the caller pushes it again with the room it waits for).
+/// results as `send/4`, but never `large`; the encoded message is freed
+/// by a push that queues it or finds the peer closed, and kept by one that
+/// answers `full` (the caller pushes it again with the room it waits for).
 /// `badarg` for a message pushed already or a bad target.
 #[rustler::nif(schedule = "DirtyCpu")]
 fn push_encoded<'a>(

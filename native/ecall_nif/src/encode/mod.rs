@@ -37,8 +37,8 @@
 //! and the Erlang side has it encoded and copied on a dirty scheduler
 //! (`encode_large/1`).
 //!
-//! Tests: [`atom_memo`], [`dests`], [`two_way`] and [`write`] never call into the VM, and are unit
-//! tested without it (`pure_tests.rs`, a test target of their own: a test
+//! Tests: [`atom_memo`], [`dests`], [`two_way`] and [`write`] never call
+//! into the VM, and are unit tested without it (`pure_tests.rs`, a test target of their own: a test
 //! binary of the NIF library could not link the VM's `enif_*` symbols).
 //! The walk and [`remote`] are tested through Common Test
 //! (`ecall_data_path_SUITE`: every kind of term, through `encode/1`).
@@ -58,11 +58,12 @@ use ecall_dist::Element;
 /// A push gives up encoding a request whose encoding passes this many
 /// bytes (or that holds a binary, a tuple or a map that would take it past
 /// them), and says `large`: the caller then has it encoded and pushed
-/// on a dirty scheduler (`encode_large/1`, `push_encoded/4`). This bounds the time one push holds a normal scheduler,
-/// whatever the term: `bench/run.sh micro` measures how soon a push gives
-/// up a list of a million integers (61 µs here) and a map of 8,000 pairs,
-/// all queued before the encode starts (250 µs). Before the bound, the list
-/// held the scheduler about 8 ms.
+/// on a dirty scheduler (`encode_large/1`, `push_encoded/4`). This bounds
+/// the time one push holds a normal scheduler, whatever the term:
+/// `bench/run.sh micro` measures how soon a push gives up a list of a
+/// million integers (61 µs here) and a map of 8,000 pairs, all queued
+/// before the encode starts (250 µs); without the bound, the list would
+/// hold the scheduler for its whole encode.
 pub const INLINE_MAX: usize = 16 * 1024;
 
 /// One encoded element, as [`term_with`] and [`tuple_with`] hand it over.
