@@ -566,8 +566,11 @@ nodes() ->
 %% @doc Counters: per connected peer, and of this node's receiver pool.
 %%
 %% `identities' lists this node's C-node names with the incoming connections
-%% they accepted and refused (a wrong cookie counts as refused), shed
-%% (`handshakes_shed': too many handshakes under way), `accept_errors', and what
+%% they accepted and refused (a wrong cookie counts as refused), whose
+%% handshake timed out (`handshakes_timed_out'), that were closed to make room
+%% for a newer one while 64 handshakes were under way
+%% (`handshakes_shed_idle': before they sent their name,
+%% `handshakes_shed_stalled': after it), `accept_errors', and what
 %% those connections sent: `inbound_frames', `inbound_answered' (pings),
 %% `inbound_ignored' and `inbound_malformed' (connections closed because a
 %% frame was malformed or over the size bound). `identities_state' is

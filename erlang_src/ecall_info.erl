@@ -51,9 +51,11 @@ node_lines(#{peers := Peers, identities := Ids, receivers := Rx, closed_drops :=
            {registering, Why} -> [line("  C-node identities not registered (~0p); retrying", [Why])];
            _ -> []
        end,
-       [line("  identity ~p: accepted ~b, refused ~b, handshakes shed ~b",
-             [N, maps:get(accepted, I, 0), maps:get(refused, I, 0),
-              maps:get(handshakes_shed, I, 0)])
+       [line("  identity ~p: accepted ~b, refused ~b, timed out ~b, "
+             "shed idle ~b, shed stalled ~b",
+             [N | [maps:get(K, I, 0) || K <- [accepted, refused, handshakes_timed_out,
+                                              handshakes_shed_idle,
+                                              handshakes_shed_stalled]]])
         || #{node := N} = I <- Ids],
        [line("  receivers: batches ~b, requests ~b, malformed ~b, dead letters ~b, "
              "spawn failed ~b",

@@ -14,9 +14,10 @@
 -export([all/0, suite/0, init_per_suite/1, end_per_suite/1]).
 -export([deep_terms_over_links/1, deep_terms_over_accepted_connections/1,
          oversized_frame_closes_one_connection/1, large_message_over_link_in_fragments/1,
+         idle_flood_keeps_no_real_node_out/1, trickle_flood_keeps_no_real_node_out/1,
          unknown_messages_to_discovery_stop_discovery_only/1]).
 %% Run on peers.
--export([deep_list/1, deep_tuple/1, send_and_wait_close/2]).
+-export([deep_list/1, deep_tuple/1, send_and_wait_close/2, flood_start/3, flood_stop/1]).
 
 suite() ->
     [{timetrap, {minutes, 3}}].
@@ -24,6 +25,7 @@ suite() ->
 all() ->
     [deep_terms_over_links, deep_terms_over_accepted_connections,
      oversized_frame_closes_one_connection, large_message_over_link_in_fragments,
+     idle_flood_keeps_no_real_node_out, trickle_flood_keeps_no_real_node_out,
      %% Last: it leaves this node without discovery.
      unknown_messages_to_discovery_stop_discovery_only].
 
@@ -122,12 +124,203 @@ large_message_over_link_in_fragments(Config) ->
     ?assertEqual(maps:get(connects, S0), maps:get(connects, S1)),
     ?assertEqual(0, maps:get(inbound_malformed, S1)).
 
+%% 2,000 connections to one of our identities, from peer C, each left idle
+%% before the handshake, or trickling a handshake's first message one byte a
+%% second, and each opened again about a second after the identity closes it, for
+%% as long as the flood lasts. During the flood, a real node that starts then
+%% connects to the identity (its ping is answered) within a few seconds, and
+%% the links to B keep their traffic. The identity holds at most 64 of the
+%% flood's connections: the others are closed as newer ones come, each
+%% counted as shed before it sent its name, and what C opened adds up to
+%% what the identity counted. Afterwards this node's file descriptors and
+%% memory are back where they were.
+idle_flood_keeps_no_real_node_out(Config) ->
+    flood_case(idle, Config).
+
+trickle_flood_keeps_no_real_node_out(Config) ->
+    flood_case(trickle, Config).
+
+-define(FLOOD, 2000).
+-define(MAX_PENDING, 64).
+
+flood_case(How, Config) ->
+    B = ?config(b, Config),
+    C = ?config(c, Config),
+    [Id | _] = ecall:identities(),
+    #{port := Port} = I0 = maps:get(Id, identities()),
+    {ok, #{connects := Connects}} = ecall:stats(B),
+    {Fds0, Rss0, Mem0} = {fds(), rss_kb(), erlang:memory(total)},
+    Flood = erpc:call(C, ?MODULE, flood_start, [Port, ?FLOOD, How]),
+    During = try during_flood(How, Id, I0, B, C, Flood)
+             catch Class:Reason:Stack -> {Class, Reason, Stack}
+             end,
+    Opened = erpc:call(C, ?MODULE, flood_stop, [Flood]),
+    ok = case During of
+             ok -> ok;
+             {Cl, R, St} -> erlang:raise(Cl, R, St)
+         end,
+    %% Every connection C opened ends counted: shed before its name, or
+    %% refused when C closed it (EOF in the handshake); none stalled after
+    %% a name, none timed out.
+    Ended = fun() -> lists:sum([delta(K, I0, Id) || K <- [shed_idle, refused, shed_stalled,
+                                                          timed_out]]) end,
+    await({all_counted, Opened}, fun() -> Ended() >= Opened end),
+    ct:pal("~p flood: ~b connections opened; shed idle ~b, refused ~b, accepted ~b",
+           [How, Opened, delta(shed_idle, I0, Id), delta(refused, I0, Id),
+            delta(accepted, I0, Id)]),
+    ?assertEqual(Opened, Ended()),
+    ?assertEqual(0, delta(shed_stalled, I0, Id)),
+    ?assertEqual(0, delta(timed_out, I0, Id)),
+    %% D's ping.
+    ?assertEqual(1, delta(accepted, I0, Id)),
+    {ok, #{connects := Connects}} = ecall:stats(B),
+    await({fds, Fds0}, fun() -> fds() =< Fds0 end),
+    {Rss1, Mem1} = {rss_kb(), erlang:memory(total)},
+    ct:pal("~p flood: fds ~b -> ~b, RSS ~b -> ~b KiB, Erlang memory ~b -> ~b bytes",
+           [How, Fds0, fds(), Rss0, Rss1, Mem0, Mem1]),
+    ?assert(Rss1 < Rss0 + 32 * 1024),
+    ?assert(Mem1 < Mem0 + 16 * 1024 * 1024).
+
+%% What holds while the flood goes on.
+during_flood(How, Id, I0, B, C, Flood) ->
+    %% Every connection of the flood was opened, and all but the newest 64
+    %% were closed.
+    await(flood_on, fun() -> delta(shed_idle, I0, Id) >= ?FLOOD - ?MAX_PENDING end),
+    %% A node without ecall, so that it has no connection to the identity
+    %% before its ping.
+    {PeerD, D} = start_peer(false),
+    Opened1 = flood_opened(C, Flood),
+    try
+        T0 = erlang:monotonic_time(millisecond),
+        ?assertEqual(pong, erpc:call(D, net_adm, ping, [Id])),
+        Ms = erlang:monotonic_time(millisecond) - T0,
+        ct:pal("~p flood: a real node's ping answered in ~b ms", [How, Ms]),
+        ?assert(Ms < 5000)
+    after
+        peer:stop(PeerD)
+    end,
+    echo_through_links(B),
+    %% The flood went on throughout: connections closed to make room were
+    %% opened again.
+    await(flood_went_on, fun() -> flood_opened(C, Flood) > Opened1 end).
+
+%% On a peer: a flood of `N' connections to `Port' on this host, each idle
+%% (`idle') or sending the first bytes of a handshake one a second
+%% (`trickle'), each opened again 0.5-1.5 s after the far side closes it.
+%% Returns the flood's process, for flood_stop/1.
+flood_start(Port, N, How) ->
+    spawn(fun() ->
+                  Flooders = [spawn(fun() -> flooder(Port, How, 0) end) || _ <- lists:seq(1, N)],
+                  flood_loop(Flooders)
+          end).
+
+flood_loop(Flooders) ->
+    receive
+        {opened, From} ->
+            [F ! {opened, self()} || F <- Flooders],
+            From ! {opened, self(), lists:sum([receive {opened, F, K} -> K end || F <- Flooders])},
+            flood_loop(Flooders);
+        {stop, From} ->
+            [F ! {stop, self()} || F <- Flooders],
+            From ! {stopped, self(), lists:sum([receive {stopped, F, K} -> K end || F <- Flooders])}
+    end.
+
+%% On a peer: ends the flood; returns how many connections it opened, each
+%% closed now.
+flood_stop(Flood) ->
+    Flood ! {stop, self()},
+    receive {stopped, Flood, Opened} -> Opened end.
+
+%% The connections a flood opened so far.
+flood_opened(C, Flood) ->
+    erpc:call(C, fun() -> Flood ! {opened, self()}, receive {opened, Flood, K} -> K end end).
+
+flooder(Port, How, Opened) ->
+    case gen_tcp:connect({127, 0, 0, 1}, Port, [binary, {active, once}], 10000) of
+        {ok, S} -> flooding(S, Port, How, handshake_start(), Opened + 1);
+        {error, _} -> flood_pause(Port, How, Opened)
+    end.
+
+flooding(S, Port, How, [Byte | Bytes], Opened) ->
+    Every = case How of idle -> infinity; trickle -> 1000 end,
+    receive
+        {tcp_closed, S} ->
+            flood_pause(Port, How, Opened);
+        {tcp, S, _} ->
+            ok = inet:setopts(S, [{active, once}]),
+            flooding(S, Port, How, [Byte | Bytes], Opened);
+        {opened, From} ->
+            From ! {opened, self(), Opened},
+            flooding(S, Port, How, [Byte | Bytes], Opened);
+        {stop, From} ->
+            ok = gen_tcp:close(S),
+            From ! {stopped, self(), Opened}
+    after Every ->
+            _ = gen_tcp:send(S, <<Byte>>),
+            flooding(S, Port, How, Bytes ++ [Byte], Opened)
+    end.
+
+flood_pause(Port, How, Opened) ->
+    Again = erlang:start_timer(500 + rand:uniform(1000), self(), again),
+    flood_paused(Port, How, Opened, Again).
+
+flood_paused(Port, How, Opened, Again) ->
+    receive
+        {opened, From} ->
+            From ! {opened, self(), Opened},
+            flood_paused(Port, How, Opened, Again);
+        {stop, From} ->
+            From ! {stopped, self(), Opened};
+        {timeout, Again, again} ->
+            flooder(Port, How, Opened)
+    end.
+
+%% The first bytes of a plausible handshake: a send_name message's length,
+%% its tag and flags.
+handshake_start() ->
+    binary_to_list(<<0, 30, $N, 0, 0, 0, 0, 16#0d, 16#07, 16#df, 16#7f>>).
+
 %%--------------------------------------------------------------------
 %% Helpers
 
 identities() ->
     #{identities := Ids} = ecall:stats(),
     maps:from_list([{N, I} || #{node := N} = I <- Ids]).
+
+%% How much identity `Id''s counter (`handshakes_' dropped from its name) grew
+%% since `I0'.
+delta(Key, I0, Id) ->
+    Name = case Key of
+               accepted -> accepted;
+               refused -> refused;
+               K -> list_to_atom("handshakes_" ++ atom_to_list(K))
+           end,
+    maps:get(Name, maps:get(Id, identities())) - maps:get(Name, I0).
+
+%% Waits for `Fun' to hold, up to 30 s: counts that nothing signals.
+await(What, Fun) ->
+    await(What, Fun, erlang:monotonic_time(millisecond) + 30000).
+
+await(What, Fun, Deadline) ->
+    case Fun() of
+        true ->
+            ok;
+        false ->
+            erlang:monotonic_time(millisecond) < Deadline orelse ct:fail({timeout, What}),
+            receive after 20 -> await(What, Fun, Deadline) end
+    end.
+
+%% This node's open file descriptors.
+fds() ->
+    {ok, Fds} = file:list_dir("/proc/self/fd"),
+    length(Fds).
+
+%% This node's resident memory, KiB.
+rss_kb() ->
+    {ok, Status} = file:read_file("/proc/self/status"),
+    [_, Rest] = binary:split(Status, <<"VmRSS:">>),
+    [Kb | _] = string:lexemes(Rest, " \t\n"),
+    binary_to_integer(Kb).
 
 %% A round trip through the links: ecall:send to a process on B that
 %% answers with ecall:send.

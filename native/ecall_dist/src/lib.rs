@@ -71,6 +71,6 @@ pub use queue::shard::{BatchCaps, Element};
 #[doc(hidden)]
 pub mod internals {
     pub use crate::link::tuning;
-    pub use crate::net::{cnode, inbound};
+    pub use crate::net::{cnode, inbound, pending};
     pub use crate::queue::shard;
 }

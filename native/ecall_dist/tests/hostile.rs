@@ -175,34 +175,79 @@ async fn random_handshakes_are_refused() {
     answers_ping(&id).await;
 }
 
-/// Connections that never start their handshake hold at most
-/// `MAX_PENDING_HANDSHAKES` sockets: one more is closed at once (counted as
-/// shed), long before the handshake deadline; once they go, handshakes
-/// are served again.
+/// A flood of connections that never start their handshake keeps no real
+/// peer out: each newcomer past `MAX_PENDING_HANDSHAKES` closes the oldest
+/// that has not sent its name (counted as shed, idle), long before the
+/// handshake deadline, so the identity holds at most that many sockets and
+/// a real handshake made during the flood is answered.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn pending_handshakes_are_bounded() {
-    use ecall_dist::internals::cnode::MAX_PENDING_HANDSHAKES;
+async fn a_flood_of_idle_connections_keeps_no_real_peer_out() {
+    use ecall_dist::internals::pending::MAX_PENDING_HANDSHAKES;
+    const FLOOD: usize = 4 * MAX_PENDING_HANDSHAKES;
     let epmd = Epmd::start().await;
     let id = identity(&epmd, COOKIE, Duration::from_secs(1)).await;
+    let t0 = std::time::Instant::now();
     let mut idle = Vec::new();
-    for _ in 0..MAX_PENDING_HANDSHAKES {
+    for _ in 0..FLOOD {
         idle.push(TcpStream::connect(("127.0.0.1", id.port())).await.unwrap());
     }
-    let t0 = std::time::Instant::now();
-    let mut extra = TcpStream::connect(("127.0.0.1", id.port())).await.unwrap();
-    let mut sink = Vec::new();
-    let _ = tokio::time::timeout(WAIT, extra.read_to_end(&mut sink))
-        .await
-        .unwrap();
+    answers_ping(&id).await;
+    // Every connection past the cap, the ping's included, closed one.
+    let shed = (FLOOD + 1 - MAX_PENDING_HANDSHAKES) as u64;
+    assert_eq!(counted(&id.shed_idle, shed).await, shed, "shed idle");
+    // The oldest ones, in the order they came, saw their close.
+    for s in &mut idle[..FLOOD - MAX_PENDING_HANDSHAKES] {
+        let mut sink = Vec::new();
+        let closed = tokio::time::timeout(WAIT, s.read_to_end(&mut sink)).await;
+        assert!(closed.is_ok(), "an evicted connection is still open");
+    }
     // The handshake deadline of these identities is 10 s.
     assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
-    assert_eq!(id.shed.load(Relaxed), 1);
+    assert_eq!(id.accepted.load(Relaxed), 1);
+    assert_eq!(id.shed_stalled.load(Relaxed), 0);
+    assert_eq!(id.timed_out.load(Relaxed), 0);
     drop(idle);
-    // Each idle connection ends its handshake (refused) when it sees the
-    // close; then there is room again.
-    let all = MAX_PENDING_HANDSHAKES as u64;
-    assert_eq!(counted(&id.refused, all).await, all, "refused");
+    // The ones still pending end their handshake (refused) at the close.
+    let left = MAX_PENDING_HANDSHAKES as u64 - 1;
+    assert_eq!(counted(&id.refused, left).await, left, "refused");
+}
+
+/// Connections that send their name and stop hold their slots only while
+/// no newer connection needs one: a real handshake still gets in, closing
+/// the oldest of them (counted as shed, stalled).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_stalled_after_their_name_make_room_oldest_first() {
+    use ecall_dist::internals::pending::MAX_PENDING_HANDSHAKES;
+    let epmd = Epmd::start().await;
+    let id = identity(&epmd, COOKIE, Duration::from_secs(1)).await;
+    let mut stalled = Vec::new();
+    for _ in 0..MAX_PENDING_HANDSHAKES {
+        let stream = TcpStream::connect(("127.0.0.1", id.port())).await.unwrap();
+        let mut local = LocalNode::new(
+            format!("{}@localhost", unique("stall")).parse().unwrap(),
+            Creation::new(1),
+        );
+        local.flags = ecall_dist::internals::cnode::flags();
+        let mut hs = ClientSideHandshake::new(stream.compat(), local, COOKIE);
+        // The status comes after the name was read: this one is named.
+        let status = hs
+            .execute_send_name(erl_dist::LOWEST_DISTRIBUTION_PROTOCOL_VERSION)
+            .await
+            .expect("send_name");
+        assert_eq!(status, HandshakeStatus::Ok);
+        stalled.push(hs);
+    }
     answers_ping(&id).await;
+    assert_eq!(counted(&id.shed_stalled, 1).await, 1, "shed stalled");
+    assert_eq!(id.shed_idle.load(Relaxed), 0);
+    assert_eq!(id.accepted.load(Relaxed), 1);
+    // The oldest one was closed: the rest of its handshake fails at once.
+    let oldest = stalled.remove(0);
+    let rest = tokio::time::timeout(WAIT, oldest.execute_rest(true)).await;
+    assert!(
+        matches!(rest, Ok(Err(_))),
+        "the oldest stalled connection is still open"
+    );
 }
 
 /// A peer whose handshake lacks a flag the links need (here UTF-8 atoms)

@@ -140,7 +140,9 @@ fn cnode_start(
 }
 
 /// One map per identity: `node` (binary), `creation`, `port`, incoming
-/// connections `accepted` and `refused`, and what they sent
+/// connections `accepted`, `refused`, `handshakes_timed_out`, closed to
+/// make room for newer ones (`handshakes_shed_idle`: before their name,
+/// `handshakes_shed_stalled`: after it), and what they sent
 /// (`inbound_frames`, `inbound_answered`, `inbound_ignored`, and
 /// `inbound_malformed`: connections closed on a malformed frame).
 #[rustler::nif]
@@ -154,7 +156,12 @@ fn cnode_info<'a>(env: Env<'a>, cnode: ResourceArc<CNode>) -> NifResult<Vec<Term
                 (atoms::port(), u64::from(i.port())),
                 (atoms::accepted(), i.accepted.load(Relaxed)),
                 (atoms::refused(), i.refused.load(Relaxed)),
-                (atoms::handshakes_shed(), i.shed.load(Relaxed)),
+                (atoms::handshakes_timed_out(), i.timed_out.load(Relaxed)),
+                (atoms::handshakes_shed_idle(), i.shed_idle.load(Relaxed)),
+                (
+                    atoms::handshakes_shed_stalled(),
+                    i.shed_stalled.load(Relaxed),
+                ),
                 (atoms::accept_errors(), i.accept_errors.load(Relaxed)),
             ];
             pairs.extend(inbound_counters(&i.inbound));

@@ -41,7 +41,7 @@ mod atoms {
         pushed, batches, requests, bytes, writes, dropped, connects, disconnects,
         stalls, unconfirmed, cached_atoms, queued_bytes, links_up, overflow_waits, overflow_drops, per_link, link, fragmented, lone, lone_partial, gathers, lull_trials, lulls, flushes, flush_handoffs, ecall_flush, urgent, wakes, closed_drops, links, shards, accepted, refused,
         node, creation, port, inbound_frames, inbound_answered, inbound_ignored, inbound_malformed,
-        handshakes_shed, accept_errors, stopped,
+        handshakes_timed_out, handshakes_shed_idle, handshakes_shed_stalled, accept_errors, stopped,
         // Link-down reasons (see `events::down_reason`).
         stalled, restarted, peer_closed, not_registered, handshake_timeout,
         read, write, connect, malformed, epmd, handshake, other,

@@ -8,6 +8,7 @@
 
 use crate::error::Error;
 use crate::net::inbound::{self, InboundStats};
+use crate::net::pending::{Evicted, Pending, Slot, MAX_PENDING_HANDSHAKES};
 use erl_dist::epmd::{EpmdClient, EpmdError, NodeEntry};
 use erl_dist::handshake::{HandshakeStatus, ServerSideHandshake};
 use erl_dist::node::{Creation, LocalNode, NodeName};
@@ -206,11 +207,17 @@ pub struct Identity {
     cancel: CancellationToken,
     /// Incoming connections accepted (handshake done).
     pub accepted: AtomicU64,
-    /// Incoming connections refused (bad cookie, bad handshake).
+    /// Incoming connections refused (bad cookie, bad handshake, closed by
+    /// the peer before the handshake ended).
     pub refused: AtomicU64,
-    /// Incoming connections closed at once because
-    /// [`MAX_PENDING_HANDSHAKES`] handshakes were under way.
-    pub shed: AtomicU64,
+    /// Incoming handshakes that did not end within the handshake deadline.
+    pub timed_out: AtomicU64,
+    /// Incoming connections closed to make room for a newer one before
+    /// they had sent their name ([`crate::net::pending`]).
+    pub shed_idle: AtomicU64,
+    /// Incoming connections closed to make room for a newer one after
+    /// their name, before their handshake ended ([`crate::net::pending`]).
+    pub shed_stalled: AtomicU64,
     /// Failed `accept` calls (each followed by a short wait).
     pub accept_errors: AtomicU64,
     /// What peers sent on accepted connections (`malformed` counts the
@@ -239,7 +246,9 @@ impl Identity {
             cancel: CancellationToken::new(),
             accepted: AtomicU64::new(0),
             refused: AtomicU64::new(0),
-            shed: AtomicU64::new(0),
+            timed_out: AtomicU64::new(0),
+            shed_idle: AtomicU64::new(0),
+            shed_stalled: AtomicU64::new(0),
             accept_errors: AtomicU64::new(0),
             inbound: Arc::default(),
             _epmd: keep,
@@ -289,13 +298,6 @@ impl Drop for Identity {
     }
 }
 
-/// Most incoming connections whose handshake is under way at once, per
-/// identity. A connection past that is closed at once and counted
-/// (`shed`): a flood of connections that never finish their handshake
-/// then holds at most this many sockets until the handshake deadline,
-/// instead of every file descriptor of the node.
-pub const MAX_PENDING_HANDSHAKES: usize = 64;
-
 /// Registers `name` with the local epmd; returns the connection that keeps
 /// it registered and the creation. epmd forgets a name when the connection
 /// that registered it closes, which it notices a little after the close: a
@@ -331,12 +333,16 @@ async fn register(
     }
 }
 
+/// How often, at most, a flood of incoming connections is logged.
+const SHED_LOG_EVERY: std::time::Duration = Duration::from_secs(10);
+
 async fn accept_loop(
     id: std::sync::Weak<Identity>,
     listener: TcpListener,
     cancel: CancellationToken,
 ) {
-    let pending = Arc::new(tokio::sync::Semaphore::new(MAX_PENDING_HANDSHAKES));
+    let pending = Pending::new(MAX_PENDING_HANDSHAKES);
+    let mut next_shed_log = tokio::time::Instant::now();
     // After an accept error (EMFILE when the process is out of file
     // descriptors), wait before the next accept: retrying at once spins a
     // core and takes descriptors the rest of the node needs. Doubles up to
@@ -367,56 +373,82 @@ async fn accept_loop(
                 continue;
             }
         };
-        let Ok(permit) = Arc::clone(&pending).try_acquire_owned() else {
-            // Counted, not logged one by one: a flood would flood the log.
-            me.shed.fetch_add(1, Ordering::Relaxed);
-            drop(stream);
-            continue;
-        };
-        let cancel = cancel.clone();
-        tokio::spawn(async move {
-            let _ = stream.set_nodelay(true);
-            let hs = tokio::time::timeout(me.handshake_timeout(), async {
-                let stream = match &me.config.tls {
-                    None => crate::net::stream::LinkStream::Tcp(stream),
-                    Some(tls) => tls.accept(stream).await?,
-                };
-                server_handshake(&me, stream).await
-            })
-            .await;
-            drop(permit);
-            match hs {
-                Ok(Ok((stream, peer))) => {
-                    me.accepted.fetch_add(1, Ordering::Relaxed);
-                    tracing::info!(node = me.node(), peer = %peer, "incoming connection");
-                    // The identity is not held while the connection lasts:
-                    // dropping it must cancel every connection it serves.
-                    let (tick, node) = (me.tick(), me.node().to_string());
-                    let stats = Arc::clone(&me.inbound);
-                    drop(me);
-                    let reason = serve_passive(stream, tick, &stats, cancel).await;
-                    if reason.starts_with("malformed") {
-                        tracing::warn!(node, peer = %peer, reason, "incoming connection closed");
-                    } else {
-                        tracing::info!(node, peer = %peer, reason, "incoming connection closed");
-                    }
-                }
-                Ok(Err(e)) => {
-                    me.refused.fetch_add(1, Ordering::Relaxed);
-                    tracing::warn!(node = me.node(), error = %e, "incoming handshake refused");
-                }
-                Err(_) => {
-                    me.refused.fetch_add(1, Ordering::Relaxed);
-                    tracing::warn!(node = me.node(), "incoming handshake timed out");
-                }
+        let (slot, evicted) = pending.admit();
+        if let Some(why) = evicted {
+            match why {
+                Evicted::Idle => me.shed_idle.fetch_add(1, Ordering::Relaxed),
+                Evicted::Stalled => me.shed_stalled.fetch_add(1, Ordering::Relaxed),
+            };
+            // Logged at most every few seconds: a flood would flood the log.
+            let now = tokio::time::Instant::now();
+            if now >= next_shed_log {
+                next_shed_log = now + SHED_LOG_EVERY;
+                tracing::warn!(
+                    node = me.node(),
+                    max_pending = MAX_PENDING_HANDSHAKES,
+                    shed_idle = me.shed_idle.load(Ordering::Relaxed),
+                    shed_stalled = me.shed_stalled.load(Ordering::Relaxed),
+                    "incoming handshakes at their cap: the connections doing the least are \
+                     closed to make room (counted since start)"
+                );
             }
-        });
+        }
+        tokio::spawn(serve_incoming(me, stream, slot, cancel.clone()));
+    }
+}
+
+/// One incoming connection: its handshake, under the handshake deadline
+/// and for as long as it keeps its slot, then, if accepted, what it sends.
+async fn serve_incoming(
+    me: Arc<Identity>,
+    stream: TcpStream,
+    slot: Slot,
+    cancel: CancellationToken,
+) {
+    let _ = stream.set_nodelay(true);
+    let hs = tokio::select! {
+        hs = tokio::time::timeout(me.handshake_timeout(), async {
+            let stream = match &me.config.tls {
+                None => crate::net::stream::LinkStream::Tcp(stream),
+                Some(tls) => tls.accept(stream).await?,
+            };
+            server_handshake(&me, stream, &slot).await
+        }) => hs,
+        // Counted by the accept loop, which took the slot back.
+        _ = slot.closed() => return,
+    };
+    drop(slot);
+    match hs {
+        Ok(Ok((stream, peer))) => {
+            me.accepted.fetch_add(1, Ordering::Relaxed);
+            tracing::info!(node = me.node(), peer = %peer, "incoming connection");
+            // The identity is not held while the connection lasts:
+            // dropping it must cancel every connection it serves.
+            let (tick, node) = (me.tick(), me.node().to_string());
+            let stats = Arc::clone(&me.inbound);
+            drop(me);
+            let reason = serve_passive(stream, tick, &stats, cancel).await;
+            if reason.starts_with("malformed") {
+                tracing::warn!(node, peer = %peer, reason, "incoming connection closed");
+            } else {
+                tracing::info!(node, peer = %peer, reason, "incoming connection closed");
+            }
+        }
+        Ok(Err(e)) => {
+            me.refused.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(node = me.node(), error = %e, "incoming handshake refused");
+        }
+        Err(_) => {
+            me.timed_out.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(node = me.node(), "incoming handshake timed out");
+        }
     }
 }
 
 async fn server_handshake(
     me: &Identity,
     stream: crate::net::stream::LinkStream,
+    slot: &Slot,
 ) -> Result<(crate::net::stream::LinkStream, String), String> {
     // OTP's TLS distribution frames handshake messages with 4 bytes.
     let tls = matches!(stream, crate::net::stream::LinkStream::Tls(_));
@@ -426,6 +458,7 @@ async fn server_handshake(
         Some(_) => {}
         None => return Err("peer asked for a dynamic name".into()),
     }
+    slot.named();
     let (stream, peer) = hs
         .execute_rest(HandshakeStatus::Ok)
         .await
