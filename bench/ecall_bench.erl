@@ -24,7 +24,8 @@
 %% Started by bench/run.sh, which starts A; A starts B with `peer'.
 -module(ecall_bench).
 
--export([echo/1, main/1, receiver/3, aggregator/3, big_sink/2, tick_sink/0, deliver/2]).
+-export([echo/1, main/1, receiver/3, aggregator/3, big_sink/2, tick_sink/0, deliver/2,
+         wire_out/1]).
 %% The cluster mode, run on its nodes.
 -export([node_facts/0, cluster_sink/0, cluster_load/5]).
 %% Shared with the big and fanout modes (ecall_bench_big, ecall_bench_fanout).
@@ -1159,6 +1160,7 @@ point(B, Variant, Op, N, K, P, OnStart) ->
     garbage_collect(),
     S0 = stats(B),
     Back0 = back_stats(B),
+    Wire0 = wire(B),
     Rss0 = vm_rss(),
     Sampler = spawn_link(fun() -> sample(#{mem => 0, rq => 0, rss => Rss0, carriers => 0}) end),
     CpuA0 = cpu_seconds(os:getpid()),
@@ -1179,6 +1181,7 @@ point(B, Variant, Op, N, K, P, OnStart) ->
     Peak = receive {sampled, S} -> S end,
     S1 = stats(B),
     Back1 = back_stats(B),
+    Wire = wire(B) - Wire0,
     Wall = erlang:convert_time_unit(T1 - T0, native, microsecond) / 1.0e6,
     Elapsed = case Op of
                   %% Casts and calls: wall time to verified completion, as
@@ -1228,6 +1231,9 @@ point(B, Variant, Op, N, K, P, OnStart) ->
       elapsed => Elapsed, wall => Wall,
       cpu_a => CpuA, cpu_b => CpuB,
       cpu_us_per_op => (CpuA + CpuB) * 1.0e6 / Total,
+      cpu_a_us_per_op => CpuA * 1.0e6 / Total,
+      cpu_b_us_per_op => CpuB * 1.0e6 / Total,
+      wire_bytes_per_op => Wire / Total,
       sched_util_a => utilisation(Wall0, Wall1),
       peak_mem_mb => maps:get(mem, Peak) / 1048576,
       start_rss_mb => Rss0 / 1048576,
@@ -1237,6 +1243,25 @@ point(B, Variant, Op, N, K, P, OnStart) ->
       avg_batch => case Batches of 0 -> 0.0; _ -> Delta(requests) / Batches end,
       bytes_per_write => case Writes of 0 -> 0.0; _ -> Delta(bytes) / Writes end,
       lost => Total - Counted}.
+
+%% Bytes A and B wrote to each other's sockets, both ways (see wire_out/1).
+wire(B) ->
+    wire_out(B) + erpc:call(B, ?MODULE, wire_out, [node()]).
+
+%% Bytes this node wrote to its sockets towards `Peer': every distribution
+%% connection of this node (to the peer, and the peer's C-node links,
+%% which carry only ticks this way; the bench's nodes have no others), and
+%% this node's own C-node links to the peer when its connection uses them.
+%% On TLS distribution the distribution connections are not ports and
+%% are not counted.
+wire_out(Peer) ->
+    Dist = lists:sum([Oct || {_, Port} <- erlang:system_info(dist_ctrl), is_port(Port),
+                             {ok, [{send_oct, Oct}]} <- [inet:getstat(Port, [send_oct])]]),
+    Links = case ecall:stats(Peer) of
+                {ok, #{transport := nif, bytes := Bytes}} -> Bytes;
+                _ -> 0
+            end,
+    Dist + Links.
 
 %% The function each writer calls K times with its receiver and the payload.
 operation(native, send, _B) -> fun erlang:send/2;
@@ -1376,17 +1401,21 @@ clock_ticks() ->
 %% Output
 
 -define(COLS, [op, variant, payload, writers, pause_ms, per_writer, intended, rate, elapsed,
-               wall, cpu_a, cpu_b, cpu_us_per_op, sched_util_a, peak_mem_mb, max_run_queue,
+               wall, cpu_a, cpu_b, cpu_us_per_op, cpu_a_us_per_op, cpu_b_us_per_op,
+               wire_bytes_per_op, sched_util_a, peak_mem_mb, max_run_queue,
                avg_batch, bytes_per_write, lost, start_rss_mb, peak_rss_mb, peak_carriers_mb]).
 
+%% The CPU columns are µs per operation: both nodes, then A and B apart;
+%% wire: bytes written between the nodes, both ways, per operation.
 print(Rows) ->
-    io:format("~n~-5s ~-13s ~7s ~9s ~9s ~7s ~6s ~6s ~7s ~6s ~8s ~7s ~7s ~8s ~5s ~8s~n",
-              ["op", "variant", "writers", "intended", "ops/s", "elapsed", "cpuA", "cpuB",
-               "us/op", "util%", "peak MB", "max rq", "batch", "B/write", "lost", "RSS MB"]),
-    [io:format("~-5s ~-13s ~7b ~9b ~9b ~7.1f ~6.1f ~6.1f ~7.2f ~6.1f ~8.1f ~7b ~7.1f ~8.1f ~5b ~8.1f~n",
+    io:format("~n~-5s ~-13s ~7s ~9s ~9s ~7s ~7s ~6s ~6s ~6s ~6s ~8s ~7s ~7s ~8s ~5s ~8s~n",
+              ["op", "variant", "writers", "intended", "ops/s", "elapsed", "us/op", "A", "B",
+               "wire", "util%", "peak MB", "max rq", "batch", "B/write", "lost", "RSS MB"]),
+    [io:format("~-5s ~-13s ~7b ~9b ~9b ~7.1f ~7.2f ~6.2f ~6.2f ~6b ~6.1f ~8.1f ~7b ~7.1f ~8.1f ~5b ~8.1f~n",
                [maps:get(op, R), maps:get(variant, R), maps:get(writers, R),
                 round(maps:get(intended, R)), round(maps:get(rate, R)), maps:get(elapsed, R),
-                maps:get(cpu_a, R), maps:get(cpu_b, R), maps:get(cpu_us_per_op, R),
+                maps:get(cpu_us_per_op, R), maps:get(cpu_a_us_per_op, R),
+                maps:get(cpu_b_us_per_op, R), round(maps:get(wire_bytes_per_op, R)),
                 100 * maps:get(sched_util_a, R), maps:get(peak_mem_mb, R),
                 maps:get(max_run_queue, R), float(maps:get(avg_batch, R)),
                 float(maps:get(bytes_per_write, R)), maps:get(lost, R),

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-"""Plots the CSVs of one results folder: rate, CPU per operation and peak
-sender memory against writers, one panel per operation, one line per
-variant; and for the fanout mode's fanout.csv, delivered messages a
+"""Plots the CSVs of one results folder: rate, CPU per operation (both
+nodes; and each node apart, A solid and B dashed), wire bytes per
+operation and peak sender memory against writers, one panel per
+operation, one line per variant; and for the fanout mode's fanout.csv, delivered messages a
 second per point, one bar per variant.
 Usage: bench/plot.py bench/results/<date>-<host> [label]"""
 import csv
@@ -16,6 +17,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 METRICS = [
     ("rate", "achieved ops/s", "rate"),
     ("cpu_us_per_op", "CPU µs per operation (both nodes)", "cpu"),
+    (("cpu_a_us_per_op", "cpu_b_us_per_op"), "CPU µs per operation, A solid, B dashed", "cpu-nodes"),
+    ("wire_bytes_per_op", "bytes on the wire per operation (both ways)", "wire"),
     ("peak_mem_mb", "peak erlang:memory(total) on A, MB", "memory"),
 ]
 
@@ -37,16 +40,22 @@ def main():
         ops = sorted({r["op"] for r in rows}, key=["send", "cast", "call"].index)
         base = name[: -len(".csv")]
         for key, title, suffix in METRICS:
+            keys = key if isinstance(key, tuple) else (key,)
+            # A CSV of an older bench lacks the newer columns.
+            if any(k not in rows[0] for k in keys):
+                continue
             fig, axes = plt.subplots(1, len(ops), figsize=(5 * len(ops), 4), squeeze=False)
             for ax, op in zip(axes[0], ops):
-                for variant in sorted({r["variant"] for r in rows}):
-                    pts = sorted(
-                        (int(r["writers"]), float(r[key]))
-                        for r in rows
-                        if r["op"] == op and r["variant"] == variant
-                    )
-                    if pts:
-                        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=variant)
+                for i, variant in enumerate(sorted({r["variant"] for r in rows})):
+                    for k, style in zip(keys, ["-", "--"]):
+                        pts = sorted(
+                            (int(r["writers"]), float(r[k]))
+                            for r in rows
+                            if r["op"] == op and r["variant"] == variant
+                        )
+                        if pts:
+                            ax.plot([p[0] for p in pts], [p[1] for p in pts], style, marker="o",
+                                    color=f"C{i}", label=variant if style == "-" else None)
                 if key == "rate":
                     pts = sorted({(int(r["writers"]), float(r["intended"])) for r in rows if r["op"] == op})
                     ax.plot([p[0] for p in pts], [p[1] for p in pts], "k:", label="intended")
