@@ -374,12 +374,10 @@ async fn accept_loop(
             }
         };
         let (slot, evicted) = pending.admit();
-        if let Some(why) = evicted {
-            match why {
-                Evicted::Idle => me.shed_idle.fetch_add(1, Ordering::Relaxed),
-                Evicted::Stalled => me.shed_stalled.fetch_add(1, Ordering::Relaxed),
-            };
-            // Logged at most every few seconds: a flood would flood the log.
+        if evicted.is_some() {
+            // Counted by the connection that closes; logged at most every
+            // few seconds (a flood would flood the log), with the counts
+            // so far.
             let now = tokio::time::Instant::now();
             if now >= next_shed_log {
                 next_shed_log = now + SHED_LOG_EVERY;
@@ -414,8 +412,13 @@ async fn serve_incoming(
             };
             server_handshake(&me, stream, &slot).await
         }) => hs,
-        // Counted by the accept loop, which took the slot back.
-        _ = slot.closed() => return,
+        why = slot.closed() => {
+            match why {
+                Evicted::Idle => me.shed_idle.fetch_add(1, Ordering::Relaxed),
+                Evicted::Stalled => me.shed_stalled.fetch_add(1, Ordering::Relaxed),
+            };
+            return;
+        }
     };
     drop(slot);
     match hs {

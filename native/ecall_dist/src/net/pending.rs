@@ -17,9 +17,12 @@
 //! connection and as many connections arrive as there are slots before it
 //! ends.
 //!
-//! The slots are counted here; the caller counts and logs what was closed.
+//! The slots are counted here; the caller counts and logs what was closed
+//! (a connection told to close counts itself, as [`Slot::closed`] says why,
+//! so that one whose handshake failed at the same moment counts once).
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use tokio_util::sync::CancellationToken;
 
@@ -65,6 +68,7 @@ pub struct Slot {
     pending: Arc<Pending>,
     id: u64,
     close: CancellationToken,
+    named: AtomicBool,
 }
 
 impl Pending {
@@ -105,6 +109,7 @@ impl Pending {
             pending: Arc::clone(self),
             id,
             close,
+            named: AtomicBool::new(false),
         };
         (slot, evicted)
     }
@@ -130,6 +135,7 @@ impl Slot {
     /// The connection sent its name: it is taken back only after every
     /// connection that has not.
     pub fn named(&self) {
+        self.named.store(true, Ordering::Relaxed);
         if let Some(e) = self
             .pending
             .lock()
@@ -142,9 +148,14 @@ impl Slot {
     }
 
     /// Ends when the slot was taken back for a newer connection: the
-    /// connection must close.
-    pub async fn closed(&self) {
-        self.close.cancelled().await
+    /// connection must close. Says why it was chosen.
+    pub async fn closed(&self) -> Evicted {
+        self.close.cancelled().await;
+        if self.named.load(Ordering::Relaxed) {
+            Evicted::Stalled
+        } else {
+            Evicted::Idle
+        }
     }
 }
 
@@ -203,6 +214,17 @@ mod tests {
         // a's slot was already taken back: dropping it leaves the others.
         drop(a);
         assert_eq!(p.len(), 2);
+    }
+
+    #[tokio::test]
+    async fn a_closed_slot_says_why_it_was_chosen() {
+        let p = Pending::new(1);
+        let (a, _) = p.admit();
+        let (b, _) = p.admit();
+        assert_eq!(a.closed().await, Evicted::Idle);
+        b.named();
+        let (_c, _) = p.admit();
+        assert_eq!(b.closed().await, Evicted::Stalled);
     }
 
     #[test]
