@@ -256,6 +256,11 @@ handle_info({ecall_link, K, {down, Reason, Unconfirmed}}, #st{up = Up, down_logg
         true -> ok
     end,
     release(St#st.node, K, maps:get(K, Up, undefined), {link_down, Reason}),
+    %% Callers waiting on it by id (the NIF transport's calls) too.
+    ok = case St#st.peer of
+             {Mod, State} -> Mod:link_down(State, K, {link_down, Reason});
+             undefined -> ok
+         end,
     {noreply, St#st{up = maps:remove(K, Up), down_logged = DL#{K => true}}};
 handle_info({ecall_link, _K, {alive, OurNode}}, #st{node = Node} = St) ->
     %% The peer still holds our previous connection under that name (it has

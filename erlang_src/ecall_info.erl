@@ -58,8 +58,9 @@ node_lines(#{peers := Peers, identities := Ids, receivers := Rx, closed_drops :=
                                               handshakes_shed_stalled]]])
         || #{node := N} = I <- Ids],
        [line("  receivers: batches ~b, requests ~b, malformed ~b, dead letters ~b, "
-             "spawn failed ~b",
-             [maps:get(K, Rx) || K <- [batches, requests, malformed, dead_letters, spawn_failed]]),
+             "spawn failed ~b, late replies ~b",
+             [maps:get(K, Rx) || K <- [batches, requests, malformed, dead_letters, spawn_failed,
+                                       late_replies]]),
         line("  dropped at closes (node-wide): ~b", [CD])],
        [line("peer ~p: connecting", [N]) || N <- Opening],
        lists:append([peer(N, S) || {N, S} <- lists:sort(maps:to_list(Peers))]),

@@ -13,6 +13,7 @@
          send/4, push/4, push_many/4, push_many_dirty/4, encode_large/1, push_encoded/4,
          caller_link/1, wait_room/3,
          peer_flusher/2, flush/2]).
+-export([call_wait/2, call_cancel/1, call_reply/2, calls_fail/3]).
 -export([encode/1, encoded_size/1]).
 
 -on_load(init/0).
@@ -138,12 +139,15 @@ encode_large(_Msg) -> erlang:nif_error(nif_not_loaded).
 
 %% Queues what encode_large/1 encoded: `{direct, ToExt}' straight to `To'
 %% on the peer (a pid, a registered name or an alias; `ToExt' is
-%% term_to_binary(To)), which decodes it in that process, or `{relay, Prefix}' as a request the peer's
-%% receiver replays, `Prefix' followed by the message (in external format
-%% without the version byte: `{send, Dest, ' before a message, or nothing
-%% when what was encoded is the whole request). A push that answers `{full, _}' keeps the encoding
-%% for the retry; any other frees it.
--spec push_encoded(peer(), {direct | relay, binary()}, encoded(), room() | false) ->
+%% term_to_binary(To)), which decodes it in that process; `{relay, Prefix}'
+%% as a request the peer's receiver replays, `Prefix' followed by the
+%% message (in external format without the version byte: `{send, Dest, '
+%% before a message, or nothing when what was encoded is the whole
+%% request); or `{binary, Prefix}', the same with the encoding, version
+%% byte included, as the bytes of a binary whose header ends `Prefix'. A
+%% push that answers `{full, _}' keeps the encoding for the retry; any
+%% other frees it.
+-spec push_encoded(peer(), {direct | relay | binary, binary()}, encoded(), room() | false) ->
           ok | closed | {full, non_neg_integer()}.
 push_encoded(_Peer, _Target, _Encoded, _Room) -> erlang:nif_error(nif_not_loaded).
 
@@ -182,3 +186,26 @@ caller_link(_Peer) -> erlang:nif_error(nif_not_loaded).
 %% back when the term is garbage.
 -spec wait_room(peer(), non_neg_integer(), reference()) -> wait | {retry, room()}.
 wait_room(_Peer, _Size, _Ref) -> erlang:nif_error(nif_not_loaded).
+
+%% Calls waiting for their replies (native/ecall_nif/src/calls.rs).
+
+%% Registers the calling process as waiting for a reply under `Ref', on
+%% the link that carries its requests to `Peer': the id its request
+%% carries, or `closed' when that link is not up.
+-spec call_wait(peer(), reference()) -> {ok, non_neg_integer()} | closed.
+call_wait(_Peer, _Ref) -> erlang:nif_error(nif_not_loaded).
+
+%% Gives up a call: `true' if no reply will reach its caller, `false' if
+%% the reply was handed over already.
+-spec call_cancel(non_neg_integer()) -> boolean().
+call_cancel(_Id) -> erlang:nif_error(nif_not_loaded).
+
+%% Sends `{Ref, Reply}' to the process waiting for call `Id'; `false' when
+%% none waits (the reply is dropped).
+-spec call_reply(non_neg_integer(), term()) -> boolean().
+call_reply(_Id, _Reply) -> erlang:nif_error(nif_not_loaded).
+
+%% Fails the calls waiting on a link of `Peer' (`all': any of its links):
+%% each caller gets `{Ref, {badrpc, Reason}}'. Returns how many.
+-spec calls_fail(peer(), non_neg_integer() | all, term()) -> non_neg_integer().
+calls_fail(_Peer, _Link, _Reason) -> erlang:nif_error(nif_not_loaded).

@@ -18,7 +18,8 @@
 -module(ecall_proxy).
 -behaviour(ecall_transport).
 
--export([open/3, send/4, send_many/3, push/3, loop_starts/1, reply_watcher/1, stats/1, close/2]).
+-export([open/3, send/4, send_many/3, push/3, call/6, cancel/2, link_down/3, loop_starts/1,
+         reply_watcher/1, stats/1, close/2]).
 -export([init/4]).
 
 %% A transport change (see close/2): how long the proxies may take to send
@@ -70,6 +71,20 @@ send_many(_Pool, _Dests, _Msg) ->
 -spec push(pool(), ecall_transport:request(), boolean()) -> ok.
 push(#pool{protocol = Protocol} = Pool, Request, Urgent) ->
     pick(Pool) ! {do, ecall_transport:wire(Request, Urgent, Protocol)},
+    ok.
+
+%% Calls through the proxies are answered by alias (reply_watcher/1).
+-spec call(pool(), reference(), module(), atom(), [term()], boolean()) -> watched.
+call(_Pool, _Ref, _M, _F, _A, _Urgent) ->
+    watched.
+
+-spec cancel(pool(), term()) -> false.
+cancel(_Pool, _Id) ->
+    false.
+
+%% The proxies have no links.
+-spec link_down(pool(), non_neg_integer(), term()) -> ok.
+link_down(_Pool, _K, _Why) ->
     ok.
 
 -spec loop_starts(pool()) -> pos_integer() | off.

@@ -1,9 +1,12 @@
 %% @private
 %% One receiver worker: replays each `{batch, Requests}' in order (see
 %% ecall_transport:request()): `{send, To, Msg}' is `To ! Msg', `{cast, M,
-%% F, A}' spawns M:F(A...) and `{call, Alias, M, F, A}' spawns a process
-%% that applies it and sends the reply to `Alias' (ecall_request:run_call/5),
-%% marked urgent when the call came as `{call, Alias, M, F, A, urgent}'.
+%% F, A}' spawns M:F(A...), and a call spawns a process that applies it and
+%% sends the reply back: `{call, From, Id, M, F, A}' as `{reply, Id, Reply}'
+%% to node `From' (ecall_request:run_call/6), `{call, Alias, M, F, A}' to
+%% `Alias' (ecall_request:run_call/5); either marked urgent when the call
+%% came with `urgent' last. `{reply, Id, Reply}' goes to the caller of
+%% this node waiting under `Id' (ecall_nif:call_reply/2).
 %%
 %% A special process (proc_lib + sys) rather than a gen_server: the loop is
 %% the hot path on the receiving node. It answers system messages, so
@@ -95,6 +98,17 @@ replay([{send_many, Dests, Msg} | Rest], C, N) when is_list(Dests) ->
 replay([{cast, M, F, A} | Rest], C, N) when is_atom(M), is_atom(F), is_list(A) ->
     _ = spawn_or_count(C, ecall_request, run_cast, [M, F, A]),
     replay(Rest, C, N + 1);
+replay([{call, From, Id, M, F, A} | Rest], C, N)
+  when is_atom(From), is_integer(Id), is_atom(M), is_atom(F), is_list(A) ->
+    call_by_id(C, From, Id, M, F, A, false),
+    replay(Rest, C, N + 1);
+replay([{call, From, Id, M, F, A, urgent} | Rest], C, N)
+  when is_atom(From), is_integer(Id), is_atom(M), is_atom(F), is_list(A) ->
+    call_by_id(C, From, Id, M, F, A, true),
+    replay(Rest, C, N + 1);
+replay([{reply, Id, Reply} | Rest], C, N) when is_integer(Id) ->
+    reply(Id, Reply, C),
+    replay(Rest, C, N + 1);
 replay([{call, Alias, M, F, A} | Rest], C, N)
   when is_reference(Alias), is_atom(M), is_atom(F), is_list(A) ->
     call(C, Alias, M, F, A, false),
@@ -119,6 +133,26 @@ call(C, Alias, M, F, A, Urgent) ->
     case spawn_or_count(C, ecall_request, run_call, [Alias, M, F, A, Urgent]) of
         ok -> ok;
         {error, Why} -> ecall:send_reply(Alias, {Alias, {badrpc, Why}}, Urgent)
+    end.
+
+-spec call_by_id(counters:counters_ref(), node(), integer(), module(), atom(), list(),
+                 boolean()) -> ok.
+call_by_id(C, From, Id, M, F, A, Urgent) ->
+    case spawn_or_count(C, ecall_request, run_call, [From, Id, M, F, A, Urgent]) of
+        ok -> ok;
+        {error, Why} -> ecall_route:reply(From, Id, {badrpc, Why}, Urgent)
+    end.
+
+%% A reply to a call of this node. One that finds no caller waiting (it
+%% timed out, or its link failed) is counted; so is one on a node whose NIF
+%% is not loaded (no call of this node waits by id: malformed).
+-spec reply(integer(), term(), counters:counters_ref()) -> ok.
+reply(Id, Reply, C) ->
+    try ecall_nif:call_reply(Id, Reply) of
+        true -> ok;
+        false -> counters:add(C, ?LATE_REPLIES, 1)
+    catch
+        error:_ -> counters:add(C, ?MALFORMED, 1)
     end.
 
 %% spawn/3 raises system_limit when the process table is full: counted, and

@@ -6,4 +6,5 @@
 -define(MALFORMED, 3).
 -define(DEAD_LETTERS, 4).
 -define(SPAWN_FAILED, 5).
--define(COUNTERS, 5).
+-define(LATE_REPLIES, 6).
+-define(COUNTERS, 6).

@@ -7,7 +7,7 @@
 -module(ecall_request).
 
 -export([cast/4, call/5, call/6, urgent/1, closed_loop/0, returned/0, run_call/5,
-         run_cast/3]).
+         run_call/6, run_cast/3]).
 
 %% Urgency. Wins: closed-loop calls 67 % faster per call for one caller and
 %% 104 % for 8, and a probe's call under load 179 % faster at the median
@@ -76,26 +76,64 @@ call(Node, M, F, A, Timeout, Urgent) ->
         undefined ->
             erpc_call(Node, M, F, A, Timeout);
         {Mod, State} ->
-            case Mod:reply_watcher(State) of
+            %% Made here, next to the receive that waits for its reply: the
+            %% compiler then lets that receive skip the messages the caller
+            %% already had (a process with a long mailbox does not scan it
+            %% on every call).
+            Ref = make_ref(),
+            case Mod:call(State, Ref, M, F, A, Urgent) of
+                {ok, Id} ->
+                    wait_reply(Mod, State, Id, Ref, Timeout);
+                watched ->
+                    call_watched(Node, Mod, State, M, F, A, Timeout, Urgent);
                 closed ->
                     erpc_call(Node, M, F, A, Timeout);
-                {ok, Watcher} ->
-                    %% Made here, next to the receive that waits for its
-                    %% reply: the compiler then lets that receive skip the
-                    %% messages the caller already had (a process with a
-                    %% long mailbox does not scan it on every call).
-                    Mref = monitor(process, Watcher, [{alias, reply_demonitor}]),
-                    case Mod:push(State, {call, Mref, M, F, A}, Urgent) of
-                        ok ->
-                            wait_reply(Mref, Timeout);
-                        closed ->
-                            demonitor(Mref, [flush]),
-                            erpc_call(Node, M, F, A, Timeout);
-                        overload ->
-                            %% A call always says so: it has no result.
-                            demonitor(Mref, [flush]),
-                            {error, overload}
-                    end
+                overload ->
+                    %% A call always says so: it has no result.
+                    {error, overload}
+            end
+    end.
+
+%% A call answered by id (ecall_transport:call/6): the reply, or a failure
+%% of its path, comes as `{Ref, Reply}'. A call that times out is given up
+%% first: if its reply was handed over already, it is taken from the
+%% mailbox, so that no reply reaches the caller after the call returned.
+-spec wait_reply(module(), term(), term(), reference(), timeout()) ->
+          {ok, term()} | {error, term()}.
+wait_reply(Mod, State, Id, Ref, Timeout) ->
+    receive
+        {Ref, Reply} ->
+            result(Reply)
+    after Timeout ->
+        case Mod:cancel(State, Id) of
+            true ->
+                {error, {badrpc, timeout}};
+            false ->
+                receive {Ref, Reply} -> result(Reply) end
+        end
+    end.
+
+%% A call answered by alias, for transports and peers without calls by
+%% id: the caller monitors the process that stands for its path, with an
+%% alias for the reply.
+-spec call_watched(node(), module(), term(), module(), atom(), list(), timeout(), boolean()) ->
+          {ok, term()} | {error, term()}.
+call_watched(Node, Mod, State, M, F, A, Timeout, Urgent) ->
+    case Mod:reply_watcher(State) of
+        closed ->
+            erpc_call(Node, M, F, A, Timeout);
+        {ok, Watcher} ->
+            %% Made next to the receive, as in call/6.
+            Mref = monitor(process, Watcher, [{alias, reply_demonitor}]),
+            case Mod:push(State, {call, Mref, M, F, A}, Urgent) of
+                ok ->
+                    wait_alias(Mref, Timeout);
+                closed ->
+                    demonitor(Mref, [flush]),
+                    erpc_call(Node, M, F, A, Timeout);
+                overload ->
+                    demonitor(Mref, [flush]),
+                    {error, overload}
             end
     end.
 
@@ -150,8 +188,8 @@ returned() ->
     _ = put(?LAST_CALL, erlang:monotonic_time(microsecond)),
     ok.
 
--spec wait_reply(reference(), timeout()) -> {ok, term()} | {error, term()}.
-wait_reply(Mref, Timeout) ->
+-spec wait_alias(reference(), timeout()) -> {ok, term()} | {error, term()}.
+wait_alias(Mref, Timeout) ->
     receive
         {Mref, Reply} ->
             result(Reply);
@@ -169,6 +207,9 @@ wait_reply(Mref, Timeout) ->
     end.
 
 -spec result(ecall_transport:reply()) -> {ok, term()} | {error, term()}.
+%% A big reply, as the peer encoded it (ecall_transport_nif:push_large/3):
+%% decoded here, by its caller.
+result({external, Encoded}) when is_binary(Encoded) -> result(binary_to_term(Encoded));
 result({value, {error, _} = Error}) -> Error;
 result({value, Value}) -> {ok, Value};
 result({exception, Class, Reason, Stack}) -> {error, {exception, Class, Reason, Stack}};
@@ -195,25 +236,35 @@ erpc_call(Node, M, F, A, Timeout) ->
         exit:{signal, Reason} -> {error, {exception, exit, Reason, []}}
     end.
 
-%% @doc On the receiving node: runs a linked call and sends the reply back
-%% through this node's own ecall connection (batched, or at once when
-%% `Urgent': its caller is in a closed loop), or `!' without one.
+%% @doc On the receiving node: runs a call answered by id and sends the
+%% reply to node `From' (ecall_route:reply/4), through this node's own
+%% ecall connection to it (batched, or at once when `Urgent': its caller
+%% is in a closed loop), or `!' without one.
+-spec run_call(node(), non_neg_integer(), module(), atom(), list(), boolean()) -> ok.
+run_call(From, Id, M, F, A, Urgent) ->
+    ecall_route:reply(From, Id, apply_call(M, F, A), Urgent).
+
+%% @doc On the receiving node: runs a call answered by alias and sends the
+%% reply to `Alias', as run_call/6 does.
 -spec run_call(reference(), module(), atom(), list(), boolean()) -> term().
 run_call(Alias, M, F, A, Urgent) ->
-    Reply = try {value, apply(M, F, A)}
-            catch
-                throw:Value -> {value, Value};
-                error:Reason:Stack -> {exception, error, Reason, callee_stack(Stack)};
-                %% No stack trace for an exit, as erpc gives none.
-                exit:Reason -> {exception, exit, Reason, []}
-            end,
-    ecall:send_reply(Alias, {Alias, Reply}, Urgent).
+    ecall:send_reply(Alias, {Alias, apply_call(M, F, A)}, Urgent).
+
+-spec apply_call(module(), atom(), list()) -> ecall_transport:reply().
+apply_call(M, F, A) ->
+    try {value, apply(M, F, A)}
+    catch
+        throw:Value -> {value, Value};
+        error:Reason:Stack -> {exception, error, Reason, callee_stack(Stack)};
+        %% No stack trace for an exit, as erpc gives none.
+        exit:Reason -> {exception, exit, Reason, []}
+    end.
 
 %% The stack trace of the called function, without the frames of ecall
 %% that ran it (as erpc gives it).
 -spec callee_stack(list()) -> list().
 callee_stack(Stack) ->
-    lists:takewhile(fun({?MODULE, run_call, _, _}) -> false;
+    lists:takewhile(fun({?MODULE, apply_call, _, _}) -> false;
                        (_) -> true
                     end, Stack).
 

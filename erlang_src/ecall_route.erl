@@ -37,7 +37,7 @@
 %% caller per switch to a transport.
 -module(ecall_route).
 
--export([send_to/3, send_remote/5, send_many/3]).
+-export([send_to/3, send_remote/5, send_many/3, reply/4]).
 
 %% Process dictionary key: the nodes this process sent to by `!' since its
 %% last send to them through a transport (see native/3).
@@ -72,6 +72,30 @@ send_remote(Node, Dest, To, Msg, Urgent) ->
         _UndefinedOrClosing ->
             native(Node, To, Msg)
     end.
+
+%% @doc On the node that ran a call answered by id: its reply, `{reply,
+%% Id, Reply}', to a receiver of the caller's node `From', through the
+%% transport of the connection to it, else by `!' to its first receiver.
+%% A reply is the replying process's last message: it has no order to keep
+%% with others. One the transport refuses for want of room goes by `!'
+%% too: its caller waits for it.
+-spec reply(node(), non_neg_integer(), ecall_transport:reply(), boolean()) -> ok.
+reply(From, Id, Reply, Urgent) ->
+    Request = {reply, Id, Reply},
+    case ecall_conn:route(From) of
+        {Mod, State} when Mod =/= closing ->
+            case Mod:push(State, Request, Urgent) of
+                ok -> ok;
+                _ClosedOrOverload -> native_reply(From, Request)
+            end;
+        _UndefinedOrClosing ->
+            native_reply(From, Request)
+    end.
+
+-spec native_reply(node(), ecall_transport:request()) -> ok.
+native_reply(From, Request) ->
+    _ = erlang:send({ecall_receiver:name(1), From}, {batch, [Request]}),
+    ok.
 
 %% @doc Sends `Msg' to each of `Dests' on the other node `Node' (a pid,
 %% an alias, or the name a process is registered under there): one

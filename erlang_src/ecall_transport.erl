@@ -24,26 +24,42 @@
 %% comes from a caller in a closed loop (ecall_request:closed_loop/0): the
 %% peer sends its reply without waiting for other requests to batch with
 %% it. Only sent to a peer of protocol 1 or more (wire/3).
+%%
+%% A call is answered one of two ways. `{call, From, Id, M, F, A}' (peers
+%% of protocol 3 or more, through the NIF transport): the peer sends
+%% `{reply, Id, Reply}' to a receiver of node `From', which hands it to
+%% the caller waiting under `Id' (ecall_nif:call_reply/2). `{call, Alias,
+%% M, F, A}': the peer sends `{Alias, Reply}' to `Alias'.
 -type request() :: {send, Dest :: pid() | reference() | atom(), Msg :: term()}
                  | {send_many, [Dest :: pid() | reference() | atom()], Msg :: term()}
                  | {cast, module(), atom(), [term()]}
+                 | {call, From :: node(), Id :: non_neg_integer(), module(), atom(), [term()]}
+                 | {call, From :: node(), Id :: non_neg_integer(), module(), atom(), [term()],
+                    urgent}
+                 | {reply, Id :: non_neg_integer(), reply()}
                  | {call, Alias :: reference(), module(), atom(), [term()]}
                  | {call, Alias :: reference(), module(), atom(), [term()], urgent}.
-%% What a linked call's reply carries back to `Alias', as `{Alias, Reply}'.
+%% What a call's reply carries back: to `Alias', as `{Alias, Reply}'; to a
+%% caller waiting under an id, as `{Ref, Reply}'.
 -type reply() :: {value, term()} | {exception, error | exit, term(), list()}
-               | {exception, term()} | {badrpc, term()}.
+               | {exception, term()} | {badrpc, term()}
+               %% A big reply to a call answered by id: the other forms, in
+               %% external format, decoded by the caller.
+               | {external, binary()}.
 -type push_result() :: ok | closed | overload.
 -type t() :: {module(), term()}.
 %% What a peer's receivers accept, learnt when the connection opens
 %% (ecall_receiver_sup:hello/1): 0, the first releases (no `hello/1'); 1,
-%% also urgent calls; 2, also `send_many' (one message to many targets).
+%% also urgent calls; 2, also `send_many' (one message to many targets);
+%% 3, also calls answered by id (`{call, From, Id, ...}', `{reply, Id,
+%% Reply}').
 -type protocol() :: non_neg_integer().
 -export_type([request/0, reply/0, push_result/0, t/0, protocol/0]).
 
 -export([protocol/0, wire/3, loops/0, loop_starts/1]).
 
 %% This node's protocol: what its receivers accept.
--define(PROTOCOL, 2).
+-define(PROTOCOL, 3).
 
 %% Opens the transport to `Node', whose receiver pool has the names given
 %% and accepts what `Protocol' says.
@@ -81,6 +97,25 @@
 %% by loops/0 and count with loop_starts/1 below.
 -callback loop_starts(State :: term()) -> pos_integer() | off.
 
+%% Queues a call of `M:F(A...)' whose caller waits for the reply under
+%% `Ref' (its own make_ref()): `{ok, Id}', the reply then comes as `{Ref,
+%% Reply}' (a failure of the path as `{Ref, {badrpc, Reason}}'), and
+%% cancel/2 gives it up; `watched' when the transport, or the peer, does not
+%% answer calls by id (the caller then monitors reply_watcher/1's process
+%% and pushes `{call, Alias, ...}'); or as push/3.
+-callback call(State :: term(), Ref :: reference(), M :: module(), F :: atom(), A :: [term()],
+               Urgent :: boolean()) ->
+    {ok, Id :: term()} | watched | push_result().
+
+%% Gives up a call that call/6 queued: `true' if its reply will not reach
+%% the caller, `false' if the reply was handed over already (it is in the
+%% caller's mailbox, or about to be).
+-callback cancel(State :: term(), Id :: term()) -> boolean().
+
+%% Link `K' went down (`Why': `{link_down, Reason}'): the calls waiting on
+%% it fail.
+-callback link_down(State :: term(), K :: non_neg_integer(), Why :: term()) -> ok.
+
 %% The process that stands for the path carrying the calling process's
 %% requests: it exits when that path fails (with `{link_down, Reason}' or
 %% the connection's reason). A caller monitors it, with an alias for the
@@ -104,6 +139,8 @@ protocol() ->
 %% what that means (an older receiver would count it malformed and the
 %% caller would wait out its timeout).
 -spec wire(request(), boolean(), protocol()) -> request().
+wire({call, From, Id, M, F, A}, true, _Protocol) when is_atom(From), is_integer(Id) ->
+    {call, From, Id, M, F, A, urgent};
 wire({call, Alias, M, F, A}, true, Protocol) when Protocol >= 1 ->
     {call, Alias, M, F, A, urgent};
 wire(Request, _Urgent, _Protocol) ->

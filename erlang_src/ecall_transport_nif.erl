@@ -10,7 +10,8 @@
 -module(ecall_transport_nif).
 -behaviour(ecall_transport).
 
--export([open/3, send/4, send_many/3, push/3, loop_starts/1, reply_watcher/1, stats/1, close/2]).
+-export([open/3, send/4, send_many/3, push/3, call/6, cancel/2, link_down/3, loop_starts/1,
+         reply_watcher/1, stats/1, close/2]).
 -export([caller_link/1]).
 
 %% For the peer's flusher (see flusher/2); flush_loop/2 is called by its
@@ -144,14 +145,69 @@ push({_, Peer, Protocol, _} = State, Request0, Urgent) ->
     push_with(State, element(1, Request),
               fun(Room) ->
                       case ecall_nif:push(Peer, Request, Room, Urgent) of
-                          large ->
-                              %% A cast's or call's large arguments: the
-                              %% whole request encoded on a dirty scheduler.
-                              {_, Encoded} = ecall_nif:encode_large(Request),
-                              ecall_nif:push_encoded(Peer, {relay, <<>>}, Encoded, Room);
+                          large -> push_large(Peer, Request, Room);
                           Result -> Result
                       end
               end).
+
+%% A request whose encoding passes what the NIF encodes inline (16 KiB),
+%% encoded on a dirty scheduler. A cast's or call's large arguments: the
+%% whole request. A call's reply: the reply alone, and from ?DIRECT bytes
+%% on as a binary, `{reply, Id, {external, Encoded}}': the receiver on the
+%% caller's node then hands the binary to the caller, which decodes it
+%% (ecall_request:result/1), instead of holding the receiver for as long as
+%% the decode of a big term takes.
+-spec push_large(ecall_nif:peer(), ecall_transport:request(), ecall_nif:room() | false) ->
+          ok | closed | {full, non_neg_integer()}.
+push_large(Peer, {reply, Id, Reply}, Room) ->
+    {Size, Encoded} = ecall_nif:encode_large(Reply),
+    case Size >= ?DIRECT of
+        true ->
+            %% {reply, Id, {external, <<>>}} without the empty binary's
+            %% length: the encoded reply's length and bytes follow.
+            <<131, Ext/binary>> = term_to_binary({reply, Id, {external, <<>>}}),
+            Prefix = <<(binary:part(Ext, 0, byte_size(Ext) - 4))/binary, Size:32>>,
+            ecall_nif:push_encoded(Peer, {binary, Prefix}, Encoded, Room);
+        false ->
+            %% {reply, Id, ...} around the reply's own encoding.
+            <<131, 104, 2, Ext/binary>> = term_to_binary({reply, Id}),
+            ecall_nif:push_encoded(Peer, {relay, <<104, 3, Ext/binary>>}, Encoded, Room)
+    end;
+push_large(Peer, Request, Room) ->
+    {_, Encoded} = ecall_nif:encode_large(Request),
+    ecall_nif:push_encoded(Peer, {relay, <<>>}, Encoded, Room).
+
+%% A call whose reply the caller waits for under `Ref': registered with
+%% the NIF under an id (which stands for the caller and `Ref' on this
+%% node; see native/ecall_nif/src/calls.rs), then pushed as `{call,
+%% node(), Id, M, F, A}'. Peers before protocol 3 answer calls by alias
+%% only: `watched'.
+-spec call(state(), reference(), module(), atom(), [term()], boolean()) ->
+          {ok, non_neg_integer()} | watched | ecall_transport:push_result().
+call({_, Peer, Protocol, _} = State, Ref, M, F, A, Urgent) when Protocol >= 3 ->
+    case ecall_nif:call_wait(Peer, Ref) of
+        {ok, Id} ->
+            case push(State, {call, node(), Id, M, F, A}, Urgent) of
+                ok ->
+                    {ok, Id};
+                NotQueued ->
+                    _ = ecall_nif:call_cancel(Id),
+                    NotQueued
+            end;
+        closed ->
+            closed
+    end;
+call(_State, _Ref, _M, _F, _A, _Urgent) ->
+    watched.
+
+-spec cancel(state(), non_neg_integer()) -> boolean().
+cancel(_State, Id) ->
+    ecall_nif:call_cancel(Id).
+
+-spec link_down(state(), non_neg_integer(), term()) -> ok.
+link_down({_, Peer, _, _}, K, Why) ->
+    _ = ecall_nif:calls_fail(Peer, K, Why),
+    ok.
 
 %% Pushes the request, with `false' or with the room set aside for it.
 -type pusher() :: fun((ecall_nif:room() | false) -> ok | closed | {full, non_neg_integer()}).
@@ -246,10 +302,12 @@ stats({_, Peer, _, _}) ->
     (ecall_nif:peer_stats(Peer))#{transport => nif}.
 
 -spec close(state(), term()) -> non_neg_integer().
-close({_, Peer, _, _}, _Why) ->
-    %% Callers waiting on replies monitor the link watchers, which the
-    %% connection process ends with the reason.
+close({_, Peer, _, _}, Why) ->
+    %% Callers waiting on replies by alias monitor the link watchers, which
+    %% the connection process ends with the reason; those waiting by id
+    %% fail here, once nothing more can be queued.
     ok = ecall_nif:peer_close(Peer),
+    _ = ecall_nif:calls_fail(Peer, all, Why),
     %% What the close dropped, and what its links dropped before (failed
     %% writes, reaps): the peer's counters go with it.
     #{closed_drops := Closed, dropped := Lost} = ecall_nif:peer_stats(Peer),

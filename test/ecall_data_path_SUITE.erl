@@ -486,18 +486,29 @@ big_messages_go_straight_in_order(Config) ->
     ?assertEqual(length(Msgs) + Bigs, P1 - P0),
     ?assertEqual(length(Msgs), R1 - R0),
     Sink ! stop,
-    %% A big call result goes straight to the caller's alias: B pushes a
-    %% fence and the reply, and this node's receivers replay only the
-    %% fence (a relayed reply would be one push, replayed here).
+    %% A big call result goes back as its encoding: B pushes the reply
+    %% alone, and this node's receiver hands over a binary, which the
+    %% caller decodes (a receiver never decodes the big term).
     ecall_test_nodes:connect_back(B),
     {ok, #{pushed := BP0}} = erpc:call(B, ecall, stats, [node()]),
     #{receivers := #{requests := AR0}} = ecall:stats(),
+    Workers = [whereis(ecall_receiver:name(I)) || I <- lists:seq(1, ecall_config:receivers())],
+    [erlang:trace(W, true, ['receive']) || W <- Workers],
     Result = Big(7),
     ?assertEqual({ok, Result}, ecall:call(B, ecall_test_nodes, echo, [Result])),
+    Replayed = receive
+                   {trace, _, 'receive', {batch, [{reply, _, {external, Encoded}}]}} ->
+                       byte_size(Encoded)
+               after 5000 ->
+                   ct:fail(no_encoded_reply)
+               end,
+    [erlang:trace(W, false, ['receive']) || W <- Workers],
+    ecall_test_nodes:flush_traces(),
+    ?assert(Replayed >= 262144),
     ok = ecall_test_nodes:sync_receivers(node()),
     {ok, #{pushed := BP1}} = erpc:call(B, ecall, stats, [node()]),
     #{receivers := #{requests := AR1}} = ecall:stats(),
-    ?assertEqual(2, BP1 - BP0),
+    ?assertEqual(1, BP1 - BP0),
     ?assertEqual(1, AR1 - AR0).
 
 mirror_hashes(Owner) ->

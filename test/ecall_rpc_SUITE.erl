@@ -103,11 +103,13 @@ call_results_match_fallback(Config) ->
     peer:stop(Peer).
 
 %% A call that times out returns {error, {badrpc, timeout}}, and its reply,
-%% when it comes later, never reaches the caller's mailbox.
+%% when it comes later, never reaches the caller's mailbox: the receiver
+%% finds no caller waiting under its id, and counts it.
 call_timeout_no_late_reply(Config) ->
     B = ?config(b, Config),
     connect_back(B),
     Self = self(),
+    #{receivers := #{late_replies := Late0}} = ecall:stats(),
     Workers = [whereis(ecall_receiver:name(I)) || I <- lists:seq(1, ecall_config:receivers())],
     [erlang:trace(W, true, ['receive']) || W <- Workers],
     ?assertEqual({error, {badrpc, timeout}}, ecall:call(B, ecall_test_nodes, block, [Self], 200)),
@@ -116,7 +118,7 @@ call_timeout_no_late_reply(Config) ->
     %% The reply comes back in a batch to one of our receiver workers ...
     W = receive
             {trace, W0, 'receive', {batch, Elems}} when is_pid(W0) ->
-                ?assertMatch([{send, Ref, {Ref, {value, late}}}] when is_reference(Ref), Elems),
+                ?assertMatch([{reply, Id, {value, late}}] when is_integer(Id), Elems),
                 W0
         after 5000 -> ct:fail(no_late_reply_batch)
         end,
@@ -125,7 +127,8 @@ call_timeout_no_late_reply(Config) ->
     receive {trace, W, 'receive', {batch, []}} -> ok after 5000 -> ct:fail(worker_stuck) end,
     [erlang:trace(X, false, ['receive']) || X <- Workers],
     flush_traces(),
-    receive Late -> ct:fail({late_reply, Late}) after 0 -> ok end.
+    receive Late -> ct:fail({late_reply, Late}) after 0 -> ok end,
+    ?assertMatch(#{receivers := #{late_replies := L}} when L =:= Late0 + 1, ecall:stats()).
 
 %% When a link goes down, the calls waiting on it return {badrpc,
 %% {link_down, _}} at once; calls on the other link are not disturbed.

@@ -15,8 +15,9 @@
 //! Here: the resources and the library's `init!`. The NIFs, by topic:
 //! [`identity`] (C-node identities), [`peer`] (a peer's life, its flusher,
 //! waiting for room), [`push`] (the pushes, and the encode seen from
-//! Erlang), [`events`] (link events, and the counters `peer_stats/1`
-//! reads), [`log`] (Rust logs to `logger`). The encoder: [`encode`].
+//! Erlang), [`calls`] (calls waiting for their replies), [`events`] (link
+//! events, and the counters `peer_stats/1` reads), [`log`] (Rust logs to
+//! `logger`). The encoder: [`encode`].
 #![deny(missing_docs)]
 #![warn(clippy::all)]
 
@@ -25,6 +26,7 @@ use rustler::{Env, LocalPid, Resource, Term};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
 
+mod calls;
 mod encode;
 mod events;
 mod identity;
@@ -36,8 +38,8 @@ mod runtime;
 mod atoms {
     rustler::atoms! {
         ecall_log, name_taken,
-        ok, error, send, send_many, full, closed, large, wait, retry, direct, relay, ecall_link, ecall_cnode, ecall_room,
-        up, down, alive, badarg,
+        ok, error, send, send_many, full, closed, large, wait, retry, direct, relay, binary, ecall_link, ecall_cnode, ecall_room,
+        up, down, alive, badarg, badrpc, all,
         pushed, batches, requests, bytes, writes, dropped, connects, disconnects,
         stalls, unconfirmed, cached_atoms, queued_bytes, links_up, overflow_waits, overflow_drops, per_link, link, fragmented, lone, lone_partial, gathers, lull_trials, lulls, flushes, flush_handoffs, ecall_flush, urgent, wakes, closed_drops, links, shards, accepted, refused,
         node, creation, port, inbound_frames, inbound_answered, inbound_ignored, inbound_malformed,

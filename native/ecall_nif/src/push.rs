@@ -24,7 +24,7 @@ fn reserved(room: Term<'_>, peer: &Arc<Peer>) -> usize {
 }
 
 /// The shard of the calling process: a stable hash of its pid.
-fn caller_shard(env: Env<'_>) -> usize {
+pub(crate) fn caller_shard(env: Env<'_>) -> usize {
     // A local pid is an immediate: its term word names the process for its
     // whole life, which is all per-caller order needs. Mixed here (the
     // finaliser of splitmix64: processes spawned one after the other get
@@ -158,10 +158,12 @@ fn encode_large<'a>(env: Env<'a>, msg: Term<'a>) -> Term<'a> {
 /// Queues a message `encode_large/1` encoded: `{direct, ToExt}` straight
 /// to `To` on the peer (a pid, a registered name or an alias; `ToExt` is
 /// `term_to_binary(To)`), which decodes it in that process, as a message
-/// sent with `!` (`Peer::push_direct`); or `{relay, Prefix}` as a request
+/// sent with `!` (`Peer::push_direct`); `{relay, Prefix}` as a request
 /// the peer's receiver replays, `Prefix` being the request's front up to
 /// the message (`{send, Dest, ` in external format, no version byte;
-/// empty when what was encoded is the whole request). Runs on a dirty
+/// empty when what was encoded is the whole request); or `{binary,
+/// Prefix}`, the same with the encoding as the bytes of a binary, whose
+/// header (`BINARY_EXT` and the length) ends `Prefix`. Runs on a dirty
 /// scheduler: copying megabytes there holds no normal scheduler. Same
 /// results as `send/4`, but never `large`; the encoded message is freed
 /// by a push that queues it or finds the peer closed, and kept by one that
@@ -194,6 +196,12 @@ fn push_encoded<'a>(
         let body = ecall_dist::wire::etf::element_body(bytes).ok_or(rustler::Error::BadArg)?;
         let parts = [front.as_slice(), body];
         let len = front.len() + body.len();
+        (peer.peer.push_alone(shard, &parts, reserved), len)
+    } else if kind == atoms::binary() {
+        // The encoding itself, version byte and all, as the bytes of the
+        // binary whose header ends `front`.
+        let parts = [front.as_slice(), bytes];
+        let len = front.len() + bytes.len();
         (peer.peer.push_alone(shard, &parts, reserved), len)
     } else {
         return Err(rustler::Error::BadArg);
