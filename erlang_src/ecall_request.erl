@@ -255,18 +255,41 @@ apply_call(M, F, A) ->
     try {value, apply(M, F, A)}
     catch
         throw:Value -> {value, Value};
-        error:Reason:Stack -> {exception, error, Reason, callee_stack(Stack)};
+        error:Reason:Stack -> {exception, error, Reason, callee_stack(Stack, M, F, A)};
         %% No stack trace for an exit, as erpc gives none.
         exit:Reason -> {exception, exit, Reason, []}
     end.
 
-%% The stack trace of the called function, without the frames of ecall
-%% that ran it (as erpc gives it).
--spec callee_stack(list()) -> list().
-callee_stack(Stack) ->
-    lists:takewhile(fun({?MODULE, apply_call, _, _}) -> false;
-                       (_) -> true
-                    end, Stack).
+%% The stack trace of the called function without the frames of ecall
+%% that ran it, as erpc:call/4 gives it: a function that raised without a
+%% frame of its own (a BIF such as erlang:error/1) is named with its
+%% arguments, `{M, F, A, []}'; one whose frame is not at the top gets
+%% `{M, F, Arity, []}' in place of ecall's frames.
+-spec callee_stack(list(), module(), atom(), list()) -> list().
+callee_stack([Cut | _], M, F, A) when element(1, Cut) =:= ?MODULE,
+                                      element(2, Cut) =:= apply_call ->
+    [{M, F, A, []}];
+callee_stack([{M, F, A, _} = Frame, Cut | _], M, F, A) when element(1, Cut) =:= ?MODULE,
+                                                            element(2, Cut) =:= apply_call ->
+    [Frame];
+callee_stack(Stack, M, F, A) ->
+    callee_frames(Stack, Stack, M, F, length(A)).
+
+-spec callee_frames(list(), list(), module(), atom(), arity()) -> list().
+callee_frames([], Stack, _M, _F, _Arity) ->
+    %% ecall's frame is not in it (a trace cut short): all of it.
+    Stack;
+callee_frames([{M, F, Arity, _} = Frame, Cut | _], _Stack, M, F, Arity)
+  when element(1, Cut) =:= ?MODULE, element(2, Cut) =:= apply_call ->
+    [Frame];
+callee_frames([Cut | _], _Stack, M, F, Arity) when element(1, Cut) =:= ?MODULE,
+                                                   element(2, Cut) =:= apply_call ->
+    [{M, F, Arity, []}];
+callee_frames([Frame | Rest], Stack, M, F, Arity) ->
+    case callee_frames(Rest, Stack, M, F, Arity) of
+        Stack -> Stack;
+        Frames -> [Frame | Frames]
+    end.
 
 %% @doc On the receiving node: runs a cast, as erpc:cast/4 would.
 -spec run_cast(module(), atom(), list()) -> term().

@@ -91,15 +91,29 @@ call_results_match_fallback(Config) ->
          ?assertEqual({F, Expected}, {F, ecall:call(C, ecall_test_nodes, F, A, 5000)})
      end || {F, A, Expected} <- Cases],
     %% An error carries its class and the called function's stack trace,
-    %% the same on both paths; so does a function missing on the peer.
-    Raised = [{fail, [error, boom], boom}, {no_such_function, [], undef}],
+    %% the same on both paths (the erpc path's is erpc's own); so does a
+    %% function missing on the peer, and a BIF called directly, which has
+    %% no frame of its own: erpc names it with its arguments.
+    Raised = [{ecall_test_nodes, fail, [error, boom], boom,
+               [{ecall_test_nodes, fail, 2, '_'}]},
+              {ecall_test_nodes, no_such_function, [], undef,
+               [{ecall_test_nodes, no_such_function, [], '_'}]},
+              {erlang, error, [oops], oops, [{erlang, error, [oops], []}]},
+              {erlang, atom_to_list, [1], badarg, [{erlang, atom_to_list, [1], '_'}]},
+              {lists, nth, [0, []], function_clause, [{lists, nth, [0, []], '_'}]}],
     [begin
-         Via = ecall:call(B, ecall_test_nodes, F, A),
-         ?assertEqual(Via, ecall:call(C, ecall_test_nodes, F, A, 5000)),
-         ?assertMatch({error, {exception, error, R, [{ecall_test_nodes, F, _, _} | _]}}, Via)
-     end || {F, A, R} <- Raised],
+         Via = ecall:call(B, M, F, A),
+         ?assertEqual({M, F, Via}, {M, F, ecall:call(C, M, F, A, 5000)}),
+         {error, {exception, error, R, Stack}} = Via,
+         ?assertEqual(length(Top), length(lists:sublist(Stack, length(Top)))),
+         [?assertMatch({Mod, Fun, ArgsOrArity, _}, Frame)
+          || {{Mod, Fun, ArgsOrArity, _}, Frame} <- lists:zip(Top, lists:sublist(Stack, length(Top)))]
+     end || {M, F, A, R, Top} <- Raised],
+    %% Exits and throws carry no stack, on both paths.
+    [?assertEqual({F, ecall:call(C, erlang, F, [x], 5000)}, {F, ecall:call(B, erlang, F, [x])})
+     || F <- [exit, throw]],
     {ok, #{pushed := P1}} = ecall:stats(B),
-    ?assertEqual(length(Cases) + length(Raised), P1 - P0),
+    ?assertEqual(length(Cases) + length(Raised) + 2, P1 - P0),
     peer:stop(Peer).
 
 %% A call that times out returns {error, {badrpc, timeout}}, and its reply,
