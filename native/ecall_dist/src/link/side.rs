@@ -115,14 +115,16 @@ impl WriteSide {
     }
 
     /// Writes `bufs` to the socket with the write deadline, and logs what
-    /// the socket took (see `link/sent.rs`).
+    /// the socket took (see `link/sent.rs`). TLS is flushed with them.
     pub(super) async fn write(
         &mut self,
         ls: &LinkStats,
         bufs: &[&[u8]],
         deadline: Option<Duration>,
     ) -> Result<(), LinkDown> {
-        write_with_deadline(ls, &mut self.wr, bufs, deadline, &mut self.sent).await
+        write_with_deadline(ls, &mut self.wr, bufs, deadline, &mut self.sent).await?;
+        self.wr.flushed();
+        Ok(())
     }
 
     /// [`WriteSide::write`] of what `scratch` holds, and then [`WriteSide::trim`].
@@ -134,7 +136,21 @@ impl WriteSide {
         let r =
             write_with_deadline(ls, &mut self.wr, &[&self.scratch], deadline, &mut self.sent).await;
         self.trim();
-        r
+        r?;
+        self.wr.flushed();
+        Ok(())
+    }
+
+    /// Hands the TLS records a non-blocking write left with TLS to the
+    /// socket, with the write deadline (see `LinkWrite::unsent`).
+    pub(super) async fn flush(
+        &mut self,
+        ls: &LinkStats,
+        deadline: Option<Duration>,
+    ) -> Result<(), LinkDown> {
+        write_with_deadline(ls, &mut self.wr, &[], deadline, &mut self.sent).await?;
+        self.wr.flushed();
+        Ok(())
     }
 
     /// Does not let one huge write pin its memory in the buffers.
@@ -168,14 +184,15 @@ impl WriteSide {
         } else {
             self.sent.requests(requests);
         }
-        partial
+        // TLS records the socket did not take are the writer's too.
+        partial || self.wr.unsent()
     }
 
-    /// Whether a lone write may use this side: plain TCP (a TLS record is
-    /// the writer's to write), and nothing left of an earlier lone write
-    /// (the writer, already woken, writes it; requests queue behind it).
+    /// Whether a lone write may use this side: nothing left of an earlier
+    /// lone write or flush (the writer, already woken, writes it; requests
+    /// queue behind it).
     fn takes_lone(&self) -> bool {
-        self.wr.can_try_write() && self.pending.is_empty()
+        self.pending.is_empty() && !self.wr.unsent()
     }
 }
 
@@ -272,8 +289,8 @@ impl LinkShared {
     /// flushing, takes a batch from each of `mine` and writes them
     /// with one non-blocking `send` from this thread, as the writer would.
     /// The writer is woken instead when its side is not lent (it is about
-    /// to sleep, or awake), cannot take a plain write (TLS, a rest still
-    /// pending), or a shard holds a full batch or [`GATHER_BYTES`]: a
+    /// to sleep, or awake), has a rest of an earlier write still pending,
+    /// or a shard holds a full batch or [`GATHER_BYTES`]: a
     /// load that big is the writer's, which gathers and fragments. A rest
     /// the socket did not take goes to the writer, woken for it (its room
     /// goes back to the budget at once, as a lone write's does: at most

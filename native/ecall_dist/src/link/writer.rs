@@ -237,11 +237,8 @@ impl LinkWriter {
             // right after this writer's last write would find a busy link).
             link.quiet_since
                 .store(super::side::clock(), Ordering::Relaxed);
-            // Flushes on the caller's side are plain writes (not TLS).
-            link.flushable.store(
-                peer.config.flusher && self.side.as_ref().is_some_and(|s| s.wr.can_try_write()),
-                Ordering::Relaxed,
-            );
+            link.flushable
+                .store(peer.config.flusher, Ordering::Relaxed);
             *lock(&link.parked) = self.side.take();
         }
         let woke = tokio::select! {
@@ -262,6 +259,14 @@ impl LinkWriter {
             tracing::error!(link = self.k + 1, "link writer lost its socket");
             return Some(LinkDown::Write(std::io::ErrorKind::Other));
         };
+        if side.pending.is_empty() && side.wr.unsent() {
+            // TLS records a lone write or a flush left with TLS: out
+            // before anything else (order).
+            let r = side.flush(&link.stats, self.deadline).await;
+            if let Err(down) = r {
+                return Some(down);
+            }
+        }
         if !side.pending.is_empty() {
             // What a lone write or a flush left: before anything else
             // (order). It completes one request, or a flush's batches.

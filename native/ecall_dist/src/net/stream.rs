@@ -209,8 +209,9 @@ pub enum LinkRead {
 pub enum LinkWrite {
     /// Of plain TCP.
     Tcp(OwnedWriteHalf),
-    /// Of TLS.
-    Tls(WriteHalf<TlsStream<TcpStream>>),
+    /// Of TLS, and whether TLS holds records that a non-blocking write
+    /// ([`LinkWrite::try_write`]) could not hand to the socket.
+    Tls(WriteHalf<TlsStream<TcpStream>>, bool),
 }
 
 impl LinkStream {
@@ -233,27 +234,59 @@ impl LinkStream {
             }
             LinkStream::Tls(s) => {
                 let (r, w) = tokio::io::split(*s);
-                (LinkRead::Tls(r), LinkWrite::Tls(w))
+                (LinkRead::Tls(r), LinkWrite::Tls(w, false))
             }
         }
     }
 }
 
 impl LinkWrite {
-    /// A non-blocking write from any thread (a lone write: link/side.rs),
-    /// on plain TCP only: a TLS record cannot be written half without the
-    /// TLS state, so there it is `WouldBlock` and the writer writes.
-    pub(crate) fn try_write(&self, buf: &[u8]) -> io::Result<usize> {
+    /// A non-blocking write from any thread (a lone write or a flush:
+    /// link/side.rs): the bytes taken, or `WouldBlock`. Under TLS the
+    /// bytes go through the connection's TLS state, which the reader
+    /// shares under the split's lock: when the reader holds it, or TLS
+    /// cannot take the bytes now, this is `WouldBlock` too. The records of
+    /// what was taken go to the socket as far as it takes them; what it
+    /// does not take stays with TLS ([`LinkWrite::unsent`]), for the
+    /// writer's next write or flush.
+    pub(crate) fn try_write(&mut self, buf: &[u8]) -> io::Result<usize> {
         match self {
             LinkWrite::Tcp(w) => w.try_write(buf),
-            LinkWrite::Tls(_) => Err(io::ErrorKind::WouldBlock.into()),
+            LinkWrite::Tls(w, unsent) => {
+                let mut cx = Context::from_waker(noop_waker());
+                let n = match Pin::new(&mut *w).poll_write(&mut cx, buf) {
+                    Poll::Ready(r) => r?,
+                    Poll::Pending => return Err(io::ErrorKind::WouldBlock.into()),
+                };
+                *unsent = !matches!(Pin::new(&mut *w).poll_flush(&mut cx), Poll::Ready(Ok(())));
+                Ok(n)
+            }
         }
     }
 
-    /// Whether [`LinkWrite::try_write`] can write at all.
-    pub(crate) fn can_try_write(&self) -> bool {
-        matches!(self, LinkWrite::Tcp(_))
+    /// Whether TLS holds records a non-blocking write left unsent: the
+    /// writer flushes before anything else.
+    pub(crate) fn unsent(&self) -> bool {
+        matches!(self, LinkWrite::Tls(_, true))
     }
+
+    /// Notes that the writer flushed (see [`LinkWrite::unsent`]).
+    pub(crate) fn flushed(&mut self) {
+        if let LinkWrite::Tls(_, unsent) = self {
+            *unsent = false;
+        }
+    }
+}
+
+/// A waker that does nothing: a non-blocking write polls once and does not
+/// wait (the writer, woken for what is left, registers its own).
+fn noop_waker() -> &'static std::task::Waker {
+    struct Noop;
+    impl std::task::Wake for Noop {
+        fn wake(self: Arc<Self>) {}
+    }
+    static WAKER: std::sync::OnceLock<std::task::Waker> = std::sync::OnceLock::new();
+    WAKER.get_or_init(|| std::task::Waker::from(Arc::new(Noop)))
 }
 
 /// Bytes written to TCP socket `fd` that its peer has not acknowledged
@@ -308,7 +341,7 @@ macro_rules! delegate_write {
             ) -> Poll<io::Result<usize>> {
                 match self.get_mut() {
                     Self::Tcp(s) => Pin::new(s).poll_write(cx, buf),
-                    Self::Tls(s) => Pin::new(s).poll_write(cx, buf),
+                    Self::Tls(s, ..) => Pin::new(s).poll_write(cx, buf),
                 }
             }
 
@@ -319,28 +352,28 @@ macro_rules! delegate_write {
             ) -> Poll<io::Result<usize>> {
                 match self.get_mut() {
                     Self::Tcp(s) => Pin::new(s).poll_write_vectored(cx, bufs),
-                    Self::Tls(s) => Pin::new(s).poll_write_vectored(cx, bufs),
+                    Self::Tls(s, ..) => Pin::new(s).poll_write_vectored(cx, bufs),
                 }
             }
 
             fn is_write_vectored(&self) -> bool {
                 match self {
                     Self::Tcp(s) => s.is_write_vectored(),
-                    Self::Tls(s) => s.is_write_vectored(),
+                    Self::Tls(s, ..) => s.is_write_vectored(),
                 }
             }
 
             fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
                 match self.get_mut() {
                     Self::Tcp(s) => Pin::new(s).poll_flush(cx),
-                    Self::Tls(s) => Pin::new(s).poll_flush(cx),
+                    Self::Tls(s, ..) => Pin::new(s).poll_flush(cx),
                 }
             }
 
             fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
                 match self.get_mut() {
                     Self::Tcp(s) => Pin::new(s).poll_shutdown(cx),
-                    Self::Tls(s) => Pin::new(s).poll_shutdown(cx),
+                    Self::Tls(s, ..) => Pin::new(s).poll_shutdown(cx),
                 }
             }
         }
