@@ -29,6 +29,11 @@
 %% Node}', as with `!'.
 
 -type call_result() :: {ok, term()} | {error, term()}.
+
+%% send_many/2: lists of at most this many targets, each on a node of its
+%% own, go as one send each (see one_per_node/4). Not measured beyond the
+%% one-per-node broadcast over 3 peers (bench/run.sh fanout).
+-define(ONE_PER_NODE_MAX, 16).
 %% What call/4,5 return: see the table of {@link call/5}.
 
 -type send_option() :: urgent.
@@ -85,6 +90,17 @@ send(To, Msg, Opts) ->
 %% destinations.
 -spec send_many([dest()], term()) -> ok.
 send_many(Dests, Msg) ->
+    case one_per_node(Dests, node(), [], ?ONE_PER_NODE_MAX) of
+        true ->
+            %% A few targets, each on a node of its own (a broadcast to one
+            %% process per node): a send each costs less than the grouping.
+            lists:foreach(fun(To) -> send(To, Msg) end, Dests);
+        false ->
+            send_grouped(Dests, Msg)
+    end.
+
+-spec send_grouped([dest()], term()) -> ok.
+send_grouped(Dests, Msg) ->
     case group(Dests, node(), [], '$none', [], #{}) of
         {Local, Remote} ->
             lists:foreach(fun(To) -> To ! Msg end, Local),
@@ -113,6 +129,30 @@ send_group(Scope, Group, Msg) when is_atom(Scope) ->
     end;
 send_group(Scope, Group, Msg) ->
     erlang:error(badarg, [Scope, Group, Msg]).
+
+%% Whether `Dests' is a proper list of at most `Max' destinations whose
+%% remote ones are each on a node of their own (local ones go by `!'
+%% either way). Anything else (a longer list, two targets on one node, a
+%% bad destination) is left to the grouping, which also raises badarg.
+-spec one_per_node(term(), node(), [node()], non_neg_integer()) -> boolean().
+one_per_node([], _Me, _Seen, _Max) ->
+    true;
+one_per_node(_Dests, _Me, _Seen, 0) ->
+    false;
+one_per_node([To | Rest], Me, Seen, Max) when is_pid(To); is_reference(To) ->
+    one_on(node(To), Rest, Me, Seen, Max);
+one_per_node([{Name, Node} | Rest], Me, Seen, Max) when is_atom(Name), is_atom(Node) ->
+    one_on(Node, Rest, Me, Seen, Max);
+one_per_node([To | Rest], Me, Seen, Max) when is_atom(To) ->
+    one_per_node(Rest, Me, Seen, Max - 1);
+one_per_node(_Bad, _Me, _Seen, _Max) ->
+    false.
+
+-spec one_on(node(), term(), node(), [node()], pos_integer()) -> boolean().
+one_on(Me, Rest, Me, Seen, Max) ->
+    one_per_node(Rest, Me, Seen, Max - 1);
+one_on(Node, Rest, Me, Seen, Max) ->
+    not lists:member(Node, Seen) andalso one_per_node(Rest, Me, [Node | Seen], Max - 1).
 
 %% Local destinations in order, and the others by node (each list
 %% reversed, a name without its node); `badarg' for anything that is not

@@ -103,6 +103,11 @@ native_reply(From, Request) ->
 %% the peer knows the request, else each as send_remote/5 sends it. The
 %% same order rules as send_remote/5, per target.
 -spec send_many(node(), [pid() | reference() | atom()], term()) -> ok.
+send_many(Node, [Dest], Msg) ->
+    %% One target on that node (a broadcast to one process per node): a
+    %% send, which costs less than a list of one.
+    _ = send_remote(Node, Dest, to(Node, Dest), Msg, false),
+    ok;
 send_many(Node, Dests, Msg) ->
     Native = fun(_Dest, To) -> native(Node, To, Msg) end,
     case ecall_conn:route(Node) of
@@ -126,9 +131,12 @@ send_many(Node, Dests, Msg) ->
 -spec each(node(), [pid() | reference() | atom()],
            fun((pid() | reference() | atom(), ecall:dest()) -> term())) -> ok.
 each(Node, Dests, Send) ->
-    lists:foreach(fun(Name) when is_atom(Name) -> Send(Name, {Name, Node});
-                     (To) -> Send(To, To)
-                  end, Dests).
+    lists:foreach(fun(Dest) -> Send(Dest, to(Node, Dest)) end, Dests).
+
+%% A target of `Node' as ecall:send/2 names it: a name as {Name, Node}.
+-spec to(node(), pid() | reference() | atom()) -> ecall:dest().
+to(Node, Name) when is_atom(Name) -> {Name, Node};
+to(_Node, To) -> To.
 
 %% A send by `!': after the close of the node's connection, if it is
 %% closing (transport then `!'), and remembered for the next send to

@@ -11,16 +11,18 @@
 -export([all/0, suite/0, init_per_suite/1, end_per_suite/1]).
 -export([every_target_once_in_order/1, local_remote_and_dead_targets/1,
          registered_names/1, a_long_list_of_every_kind/1, bad_input_sends_nothing/1,
-         a_peer_that_goes_away_midway/1, a_pg_group_on_two_nodes/1]).
+         a_peer_that_goes_away_midway/1, a_pg_group_on_two_nodes/1,
+         one_target_per_node_goes_as_sends/1]).
 %% Run on B.
--export([target/1, alias_target/1, pg_start/1]).
+-export([target/1, alias_target/1, pg_start/1, trace_requests/1]).
 
 suite() ->
     [{timetrap, {minutes, 3}}].
 
 all() ->
     [every_target_once_in_order, local_remote_and_dead_targets, registered_names,
-     a_long_list_of_every_kind, bad_input_sends_nothing, a_peer_that_goes_away_midway, a_pg_group_on_two_nodes].
+     a_long_list_of_every_kind, bad_input_sends_nothing, a_peer_that_goes_away_midway, a_pg_group_on_two_nodes,
+     one_target_per_node_goes_as_sends].
 
 init_per_suite(Config) ->
     ecall_test_nodes:start_b(Config).
@@ -199,6 +201,51 @@ alias_target(Owner) ->
     target(Owner).
 
 %% A target: keeps what it receives, in order, until asked.
+%% A broadcast to one process per node (a local one and one on B): the
+%% target on B gets each message as a send (`{send, Pid, Msg}' in B's
+%% batches, not a `{send_many, ...}' of one), so it costs what a loop of
+%% send/2 does; in order with the caller's send/2 to it, and with a
+%% send_many/2 of two targets on B, which goes as one request.
+one_target_per_node_goes_as_sends(Config) ->
+    B = ?config(b, Config),
+    Local = spawn_link(?MODULE, target, [self()]),
+    [TB, TB2] = [erpc:call(B, erlang, spawn, [?MODULE, target, [self()]]) || _ <- [1, 2]],
+    Tracer = erpc:call(B, erlang, spawn, [?MODULE, trace_requests, [self()]]),
+    receive {tracing, Tracer} -> ok after 10000 -> ct:fail(no_tracer) end,
+    lists:foreach(fun(I) ->
+                          ok = ecall:send_many([Local, TB], {seq, 3 * I}),
+                          ecall:send(TB, {seq, 3 * I + 1}),
+                          ok = ecall:send_many([TB, TB2], {seq, 3 * I + 2})
+                  end, lists:seq(1, 20)),
+    ?assertEqual([{seq, S} || I <- lists:seq(1, 20), S <- [3 * I, 3 * I + 1, 3 * I + 2]],
+                 collect(TB)),
+    ?assertEqual([{seq, 3 * I} || I <- lists:seq(1, 20)], collect(Local)),
+    Tracer ! {stop, self()},
+    Requests = receive {traced, Tracer, Rs} -> Rs after 10000 -> ct:fail(no_trace) end,
+    Sends = [S || {send, To, {seq, S}} <- Requests, To =:= TB],
+    Many = [S || {send_many, _, {seq, S}} <- Requests],
+    ?assertEqual([3 * I || I <- lists:seq(1, 20)],
+                 [S || S <- Sends, S rem 3 =:= 0]),
+    ?assertEqual([3 * I + 2 || I <- lists:seq(1, 20)], Many).
+
+%% On B: traces what B's receivers get, until `{stop, From}'; then sends
+%% From every request of those batches, in order.
+trace_requests(Owner) ->
+    Workers = [whereis(ecall_receiver:name(I)) || I <- lists:seq(1, ecall_config:receivers())],
+    [erlang:trace(W, true, ['receive']) || W <- Workers],
+    Owner ! {tracing, self()},
+    receive {stop, From} -> ok end,
+    [erlang:trace(W, false, ['receive']) || W <- Workers],
+    Ref = erlang:trace_delivered(all),
+    From ! {traced, self(), traced_requests(Ref, [])}.
+
+traced_requests(Ref, Acc) ->
+    receive
+        {trace, _, 'receive', {batch, Rs}} -> traced_requests(Ref, lists:reverse(Rs, Acc));
+        {trace, _, 'receive', _} -> traced_requests(Ref, Acc);
+        {trace_delivered, all, Ref} -> lists:reverse(Acc)
+    end.
+
 target(Owner) ->
     target(Owner, []).
 
