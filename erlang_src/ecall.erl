@@ -535,10 +535,14 @@ add_error(N, E, RpcErr, Errors) ->
     end.
 
 %% @doc Connects to `Node' now (discovery does it on its own for nodes that
-%% run ecall). Returns when every link is up.
+%% run ecall). Returns when every link is up; `{error, not_started}' when
+%% the application is not started.
 -spec connect(node()) -> ok | {error, term()}.
 connect(Node) when is_atom(Node) ->
+    Started = started(),
     if
+        not Started ->
+            {error, not_started};
         Node =:= node() ->
             {error, local_node};
         true ->
@@ -575,20 +579,25 @@ usable() ->
 %% @doc Closes the connection to `Node'. What is still queued for it is
 %% dropped (counted in `closed_drops'); later sends use native distribution
 %% until the next `connect/1' (discovery reconnects only when the peer joins
-%% again).
--spec disconnect(node()) -> ok | {error, not_connected}.
+%% again). `{error, not_started}' when the application is not started.
+-spec disconnect(node()) -> ok | {error, not_connected | not_started}.
 disconnect(Node) when is_atom(Node) ->
-    case whereis(ecall_conn:name(Node)) of
-        undefined -> {error, not_connected};
-        Pid -> ecall_conn:stop(Pid)
+    case {started(), whereis(ecall_conn:name(Node))} of
+        {false, _} -> {error, not_started};
+        {true, undefined} -> {error, not_connected};
+        {true, Pid} -> ecall_conn:stop(Pid)
     end;
 disconnect(Node) ->
     erlang:error(badarg, [Node]).
 
-%% @doc Peers with a connection process, and its state.
--spec connections() -> [map()].
+%% @doc Peers with a connection process, and its state; `{error,
+%% not_started}' when the application is not started.
+-spec connections() -> [map()] | {error, not_started}.
 connections() ->
-    [catch ecall_conn:info(Pid) || Pid <- ecall_conn_sup:conns()].
+    case started() of
+        true -> ecall_conn_sup:infos();
+        false -> {error, not_started}
+    end.
 
 %% @doc This node's own C-node identities, such as `a_ecall_1@host': the
 %% hidden names its links connect from (they show in `nodes(hidden)' of
@@ -633,7 +642,7 @@ stats() ->
 
 -spec node_stats() -> #{atom() => term()}.
 node_stats() ->
-    Peers = maps:from_list([{N, S} || #{node := N} <- connections(),
+    Peers = maps:from_list([{N, S} || #{node := N} <- ecall_conn_sup:infos(),
                                       {ok, S} <- [stats(N)]]),
     Ids = case ecall_cnode:cnode() of
               {ok, CNode} ->

@@ -15,69 +15,72 @@
 
 -type check() :: pos_integer | non_neg_integer | boolean | {one_of, [atom()]}
                | {pos_integer_or, atom()}.
+%% When a key is read (see spec/0).
+-type read() :: start | open | use.
 -type error() :: {bad_config, atom(), term()} | {unknown_config_key, atom()}.
 -export_type([error/0]).
 
-%% Key => {Check, Default, What it is}. doc/configuration.md is this table
-%% ({@link doc/0}).
--spec spec() -> #{atom() => {check(), term(), string()}}.
+%% Key => {Check, Default, When, What it is}. doc/configuration.md is this
+%% table ({@link doc/0}). When it is read: `start' (when the application
+%% starts), `open' (when a connection to a peer opens: a change applies to
+%% connections opened after it), `use' (each time it is used).
+-spec spec() -> #{atom() => {check(), term(), read(), string()}}.
 spec() ->
-    #{links => {{pos_integer_or, auto}, auto,
+    #{links => {{pos_integer_or, auto}, auto, start,
                 "C-node links (and identities) per peer (auto: one per two schedulers, "
                 "at least 1, at most 2)"},
-      shards => {{pos_integer_or, schedulers}, schedulers,
+      shards => {{pos_integer_or, schedulers}, schedulers, open,
                  "queues per peer (schedulers: one per scheduler)"},
-      receivers => {{pos_integer_or, schedulers}, schedulers,
+      receivers => {{pos_integer_or, schedulers}, schedulers, start,
                     "receiver workers on this node (schedulers: one per scheduler)"},
-      max_batch_count => {pos_integer, 1000,
+      max_batch_count => {pos_integer, 1000, open,
                           "most requests in one batch"},
-      max_batch_bytes => {pos_integer, 1048576,
+      max_batch_bytes => {pos_integer, 1048576, open,
                           "most bytes in one batch"},
-      max_queue_bytes => {pos_integer, 67108864,
+      max_queue_bytes => {pos_integer, 67108864, open,
                           "byte budget of one peer's queues"},
-      overflow => {{one_of, [block, error, drop]}, block,
+      overflow => {{one_of, [block, error, drop]}, block, use,
                    "what a full budget does to a caller"},
-      stall_timeout => {non_neg_integer, 30000,
+      stall_timeout => {non_neg_integer, 30000, open,
                         "ms a link may take for a bounded piece of a write before "
                         "it is reaped; 0: never"},
-      connect_timeout => {pos_integer, 10000,
+      connect_timeout => {pos_integer, 10000, open,
                           "ms ecall:connect/1 waits for every link to be up"},
-      handshake_timeout => {pos_integer, 5000,
+      handshake_timeout => {pos_integer, 5000, start,
                             "ms one link's connection attempt (epmd, TCP, handshake) may take"},
-      backoff_min => {pos_integer, 100,
+      backoff_min => {pos_integer, 100, open,
                       "ms before the first reconnect attempt of a link"},
-      backoff_max => {pos_integer, 5000,
+      backoff_max => {pos_integer, 5000, open,
                       "most ms between reconnect attempts (doubling from backoff_min)"},
-      gather => {boolean, true,
+      gather => {boolean, true, open,
                  "a busy link waits up to 1-2 ms for 128 requests before it writes "
                  "(urgent requests end the wait; a wait that brings fewer than 8 "
                  "stops the link's waits for 100 ms); false: it never waits"},
-      lulls => {boolean, true,
+      lulls => {boolean, true, open,
                 "a gathering link whose waits hold a closed loop back (their company "
                 "came at once, then stopped) tries not gathering for 10 ms, and stops "
-                "gathering for a while if that wrote more (read when a connection "
-                "opens); false: no trials"},
-      flusher => {boolean, true,
+                "gathering for a while if that wrote more; false: no trials"},
+      flusher => {boolean, true, open,
                   "a push that finds its link's writer asleep has a process of the "
                   "peer write what is queued, on a scheduler, instead of waking the "
-                  "writer thread (read when a connection opens); false: it wakes the writer"},
-      urgent => {boolean, true,
-                 "calls of callers in a closed loop go urgent, not held back for company "
-                 "(read when a connection opens); false: they wait like any request"},
-      discovery => {boolean, true,
+                  "writer thread; false: it wakes the writer"},
+      urgent => {boolean, true, open,
+                 "calls of callers in a closed loop go urgent, not held back for company; "
+                 "false: they wait like any request"},
+      discovery => {boolean, true, start,
                     "connect to every node that runs ecall (pg group)"},
-      transport => {{one_of, [nif, erlang]}, nif,
+      transport => {{one_of, [nif, erlang]}, nif, open,
                     "nif: Rust C-node links; erlang: the pure-Erlang proxies"},
-      telemetry_interval => {{pos_integer_or, infinity}, infinity,
-                             "ms between [ecall, stats] telemetry events (read at start); "
+      telemetry_interval => {{pos_integer_or, infinity}, infinity, start,
+                             "ms between [ecall, stats] telemetry events; "
                              "infinity: only on demand"}}.
 
 %% @doc doc/configuration.md, made from {@link spec/0}: a test fails when
 %% the file and the table disagree (`make config-doc' writes it again).
 -spec doc() -> unicode:chardata().
 doc() ->
-    Rows = [io_lib:format("| `~s` | ~s | `~0p` | ~s |~n", [K, values(C), D, What])
-            || {K, {C, D, What}} <- lists:sort(maps:to_list(spec()))],
+    Rows = [io_lib:format("| `~s` | ~s | `~0p` | ~s | ~s |~n", [K, values(C), D, read(R), What])
+            || {K, {C, D, R, What}} <- lists:sort(maps:to_list(spec()))],
     ["# ecall: configuration\n\n"
      "<!-- Made by ecall_config:doc/0 from ecall_config:spec/0 (make config-doc). -->\n\n"
      "ecall is configured through the environment of the application `ecall`:\n"
@@ -85,18 +88,25 @@ doc() ->
      "`config :ecall, key: value` in Elixir. Every key is checked when the\n"
      "application starts: an unknown key or a bad value stops the start with\n"
      "`{bad_config, Key, Value}` or `{unknown_config_key, Key}` and an error in\n"
-     "the log. A change made at run time (`application:set_env/3`) to a key\n"
-     "marked \"read when a connection opens\" applies to connections opened\n"
-     "after it.\n"
+     "the log. The column \"read\" says when ecall reads a key, and so when a\n"
+     "change made at run time (`application:set_env/3`) applies: *at start*\n"
+     "(after the application restarts), *at open* (to connections opened after\n"
+     "the change; `ecall:disconnect/1` then `ecall:connect/1` opens one again),\n"
+     "or *at use* (at once).\n"
      "Which settings matter, and when to change them: `operations.md`.\n\n"
-     "| key | values | default | what it does |\n"
-     "| --- | --- | --- | --- |\n",
+     "| key | values | default | read | what it does |\n"
+     "| --- | --- | --- | --- | --- |\n",
      Rows].
 
 %% @doc Writes {@link doc/0} to `File'.
 -spec write_doc(file:filename()) -> ok | {error, term()}.
 write_doc(File) ->
     file:write_file(File, unicode:characters_to_binary(doc())).
+
+-spec read(read()) -> string().
+read(start) -> "at start";
+read(open) -> "at open";
+read(use) -> "at use".
 
 -spec values(check()) -> string().
 values(pos_integer) -> "integer > 0";
@@ -113,7 +123,7 @@ validate() ->
     Env = lists:sort(application:get_all_env(ecall)),
     try
         _ = [case maps:find(Key, Spec) of
-                 {ok, {Check, _, _}} -> check(Key, Check, Value);
+                 {ok, {Check, _, _, _}} -> check(Key, Check, Value);
                  error -> throw({unknown_config_key, Key})
              end || {Key, Value} <- Env],
         check_backoff(get(backoff_min), get(backoff_max))
@@ -132,7 +142,7 @@ check_backoff(_Min, Max) -> erlang:error({bad_config, backoff_max, Max}).
 -spec get(atom()) -> term().
 get(Key) ->
     case maps:find(Key, spec()) of
-        {ok, {Check, Default, _}} ->
+        {ok, {Check, Default, _, _}} ->
             case application:get_env(ecall, Key) of
                 {ok, V} -> check(Key, Check, V);
                 undefined -> Default

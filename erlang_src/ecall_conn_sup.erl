@@ -3,7 +3,7 @@
 -module(ecall_conn_sup).
 -behaviour(supervisor).
 
--export([start_link/0, init/1, start_conn/1, conns/0, counters/0, closed_drops/0,
+-export([start_link/0, init/1, start_conn/1, conns/0, infos/0, counters/0, closed_drops/0,
          add_closed_drops/1, keep_last/2, last/1, last_all/0]).
 
 %% The index of the node-wide connection counter, read by name with
@@ -41,6 +41,12 @@ start_conn(Node) ->
 -spec conns() -> [pid()].
 conns() ->
     [Pid || {_, Pid, _, _} <- supervisor:which_children(?MODULE), is_pid(Pid)].
+
+%% @doc What each connection process says of itself (ecall_conn:info/1);
+%% one that ended meanwhile gives its exit instead.
+-spec infos() -> [map() | {'EXIT', term()}].
+infos() ->
+    [catch ecall_conn:info(Pid) || Pid <- conns()].
 
 %% @doc Node-wide counters of connections: 1, requests dropped on close
 %% (read them with closed_drops/0, add with add_closed_drops/1).

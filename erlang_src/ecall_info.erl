@@ -43,7 +43,7 @@ lines(Node) ->
 
 -spec node_lines(map()) -> [string()].
 node_lines(#{peers := Peers, identities := Ids, receivers := Rx, closed_drops := CD}) ->
-    Opening = [N || #{node := N, published := false} <- ecall:connections()],
+    Opening = [N || #{node := N, published := false} <- ecall_conn_sup:infos()],
     Closed = lists:sort(maps:to_list(maps:without(maps:keys(Peers), ecall_conn_sup:last_all()))),
     lists:append(
       [[line("ecall on ~p: ~p transport", [node(), ecall_conn:transport()])],

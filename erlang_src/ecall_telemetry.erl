@@ -96,7 +96,7 @@ measure() ->
         false ->
             ok;
         true ->
-            _ = [measure(N) || #{node := N} <- ecall:connections()],
+            _ = [measure(N) || #{node := N} <- ecall_conn_sup:infos()],
             execute([ecall, receivers, stats], ecall_receiver_sup:counts(), #{})
     end.
 

@@ -15,7 +15,7 @@
          spawn_failure_is_counted_and_answered/1, restart_cycles_start_first_time/1,
          order_holds_across_reconnects/1, a_node_that_crashes_is_written_down/1,
          a_peer_without_ecall_says_so/1, not_started_says_so/1,
-         configuration_doc_matches_spec/1]).
+         configuration_doc_matches_spec/1, settings_apply_when_read/1]).
 %% logger handler.
 -export([log/2]).
 %% Run on peers.
@@ -32,7 +32,8 @@ all() ->
      receiver_answers_system_messages,
      spawn_failure_is_counted_and_answered, restart_cycles_start_first_time,
      order_holds_across_reconnects, a_node_that_crashes_is_written_down,
-     a_peer_without_ecall_says_so, not_started_says_so, configuration_doc_matches_spec].
+     a_peer_without_ecall_says_so, not_started_says_so, configuration_doc_matches_spec,
+     settings_apply_when_read].
 
 init_per_suite(Config) ->
     ok = ecall_test_nodes:start_ecall(),
@@ -459,6 +460,10 @@ not_started_says_so(_Config) ->
     ?assertEqual({error, not_started}, erpc:call(Node, ecall, stats, [node()])),
     ?assertEqual({error, not_started}, erpc:call(Node, ecall, info, [node()])),
     ?assertEqual({error, not_started}, erpc:call(Node, ecall, last_stats, [node()])),
+    ?assertEqual({error, not_started}, erpc:call(Node, ecall, connections, [])),
+    ?assertEqual({error, not_started}, erpc:call(Node, ecall, connect, [node()])),
+    ?assertEqual({error, not_started}, erpc:call(Node, ecall, disconnect, [node()])),
+    ?assertEqual([], erpc:call(Node, ecall, identities, [])),
     [Line] = erpc:call(Node, ecall, info_lines, []),
     ?assertEqual(1, string:str(Line, "ecall is not started on")),
     ?assertEqual(ok, erpc:call(Node, ecall, info, [])),
@@ -498,3 +503,26 @@ configuration_doc_matches_spec(_Config) ->
     ?assertEqual(Made, OnDisk),
     [?assertNotEqual(nomatch, binary:match(OnDisk, <<"| `", (atom_to_binary(K))/binary, "` |">>))
      || K <- maps:keys(ecall_config:spec())].
+
+%% A key is read when configuration.md says: `max_queue_bytes' when a
+%% connection opens, `overflow' at each use. Both set at run time on an
+%% open connection: a cast still goes (the budget is the one the
+%% connection opened with). Once the connection opens again, the same cast
+%% is refused at once: a budget of 1 byte, and `error' read at the push.
+settings_apply_when_read(_Config) ->
+    {Peer, C} = start_peer(),
+    ok = ecall:connect(C),
+    ?assertMatch(#{max_queue_bytes := {_, _, open, _}, overflow := {_, _, use, _}},
+                 ecall_config:spec()),
+    ok = application:set_env(ecall, max_queue_bytes, 1),
+    ok = application:set_env(ecall, overflow, error),
+    try
+        ?assertEqual(ok, ecall:cast(C, erlang, node, [])),
+        ok = ecall:disconnect(C),
+        ok = ecall:connect(C),
+        ?assertEqual({error, overload}, ecall:cast(C, erlang, node, []))
+    after
+        ok = application:unset_env(ecall, max_queue_bytes),
+        ok = application:unset_env(ecall, overflow),
+        peer:stop(Peer)
+    end.

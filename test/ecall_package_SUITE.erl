@@ -22,7 +22,7 @@ app_props() ->
     Props.
 
 spec_defaults() ->
-    lists:sort([{Key, Default} || {Key, {_, Default, _}} <- maps:to_list(ecall_config:spec())]).
+    lists:sort([{Key, Default} || {Key, {_, Default, _, _}} <- maps:to_list(ecall_config:spec())]).
 
 %% application:get_all_env(ecall) shows every setting with its default.
 env_is_the_spec_defaults(_Config) ->
