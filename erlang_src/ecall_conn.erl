@@ -23,7 +23,7 @@
 -behaviour(gen_server).
 
 -export([start_link/1, name/1, await/1, await_close/1, peer/1, route/1, watcher/2, info/1,
-         stop/1, stop/2, transport/0]).
+         stop/1, stop/2, transport/0, plain/1]).
 -export([init/1, handle_continue/2, handle_call/3, handle_cast/2, handle_info/2, terminate/2]).
 
 -include_lib("kernel/include/logger.hrl").
@@ -104,6 +104,28 @@ await_close(Node) ->
             receive {'DOWN', Ref, process, Pid, _} -> ok end;
         _ ->
             ok
+    end.
+
+%% @doc Traffic to `Node' goes by plain distribution (`!', erpc) because
+%% no ecall connection to it is up: said once per node, at notice, so that
+%% the default log shows that the links are not in use (and again after a
+%% connection to it has been up). Quiet before the application starts.
+-spec plain(node()) -> ok.
+plain(Node) ->
+    try ets:member(ecall_plain_said, Node) of
+        true ->
+            ok;
+        false ->
+            case ets:insert_new(ecall_plain_said, {Node}) of
+                true ->
+                    ?LOG_NOTICE("ecall: no ecall connection to ~p is up: traffic to it goes "
+                                "by plain distribution (! and erpc) until one is "
+                                "(ecall:connect/1, or discovery if ecall runs there)", [Node]);
+                false ->
+                    ok
+            end
+    catch
+        error:badarg -> ok
     end.
 
 -spec start_link(node()) -> {ok, pid()} | {error, term()}.
@@ -296,7 +318,9 @@ maybe_publish(#st{published = false, links = L, up = Up, node = Node, peer = Pee
     %% persistent_term:put/2 of a new key costs no global GC; only erase
     %% and overwrite do, and those happen once per connection lifetime.
     persistent_term:put({ecall_peer, Node}, Peer),
-    ?LOG_INFO("ecall: connected to ~p over ~b links (~p transport)", [Node, L, T]),
+    %% Traffic to it by plain distribution from now on is said again.
+    _ = ets:delete(ecall_plain_said, Node),
+    ?LOG_NOTICE("ecall: connected to ~p over ~b links (~p transport)", [Node, L, T]),
     Now = erlang:monotonic_time(),
     ecall_telemetry:execute([ecall, connection, up],
                             #{duration => Now - St#st.started, links => L},
@@ -339,7 +363,7 @@ terminate(Reason, #st{node = Node, peer = Peer, published = P, waiting = W, up =
     %% persistent term costs a scan of the processes; once per close.
     _ = P andalso persistent_term:put({ecall_peer, Node}, {closing, self()}),
     _ = [release(Node, K, Watcher, Why) || {K, Watcher} <- maps:to_list(Up)],
-    Drops = close(Node, Peer, Why),
+    Drops = close(Node, Peer, Why, {St#st.transport, L}),
     _ = P andalso drain(Node, L),
     _ = P andalso persistent_term:erase({ecall_peer, Node}),
     case Drops of
@@ -382,11 +406,11 @@ drain(Node, Links) ->
 %% peer's last stats are kept (ecall:last_stats/1): its live counters go
 %% with it. Returns what was queued at the close and what the links had
 %% lost before (reaps, failed writes), or `none' without a transport.
--spec close(node(), ecall_transport:t() | undefined, term()) ->
+-spec close(node(), ecall_transport:t() | undefined, term(), {nif | erlang, non_neg_integer()}) ->
           {non_neg_integer(), non_neg_integer()} | none.
-close(_Node, undefined, _Why) ->
+close(_Node, undefined, _Why, _Path) ->
     none;
-close(Node, {Mod, State}, Why) ->
+close(Node, {Mod, State}, Why, {Transport, Links}) ->
     Dropped = Mod:close(State, Why),
     Stats = Mod:stats(State),
     %% The NIF transport counts what the close found queued apart from
@@ -397,17 +421,11 @@ close(Node, {Mod, State}, Why) ->
     ok = ecall_conn_sup:keep_last(Node, Stats#{state => closed, reason => Why,
                                                closed_drops => Queued,
                                                closed_at => erlang:system_time(millisecond)}),
-    %% A close the user asked for (disconnect/1), or a move to the NIF
-    %% transport, that dropped nothing is routine; any other close (the
-    %% peer went down, a transport process died) is shown by OTP's default
-    %% logger configuration.
-    Level = case {Dropped, Why} of
-                {0, normal} -> info;
-                {0, transport_change} -> info;
-                _ -> notice
-            end,
-    ?LOG(Level, "ecall: connection to ~p closed (~0p): ~b queued requests dropped, ~b lost "
-         "on its links before (ecall:last_stats(~p))", [Node, Why, Queued, Lost, Node]),
+    %% Shown by OTP's default logger configuration, as the connection's up
+    %% line is: which transport a peer's traffic takes is visible.
+    ?LOG_NOTICE("ecall: connection to ~p closed (~0p; ~p transport, ~b links): ~b queued "
+                "requests dropped, ~b lost on its links before (ecall:last_stats(~p))",
+                [Node, Why, Transport, Links, Queued, Lost, Node]),
     {Queued, Lost}.
 
 -spec reason(term()) -> term().

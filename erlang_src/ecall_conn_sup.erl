@@ -28,6 +28,9 @@ init([]) ->
     %% Node -> the stats of its last closed connection (ecall:last_stats/1),
     %% written by the closing connection process.
     _ = ets:new(ecall_last_stats, [named_table, public]),
+    %% Nodes whose traffic went by plain distribution with no connection up,
+    %% said once each (ecall_conn:plain/1).
+    _ = ets:new(ecall_plain_said, [named_table, public, {read_concurrency, true}]),
     %% Requests dropped when connections closed (see ecall_conn).
     persistent_term:put({ecall, conn_counters}, counters:new(?COUNTERS, [write_concurrency])),
     Conn = #{id => ecall_conn, start => {ecall_conn, start_link, []},

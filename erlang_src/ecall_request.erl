@@ -38,6 +38,7 @@
 cast(Node, M, F, A) ->
     case ecall_conn:peer(Node) of
         undefined ->
+            ecall_conn:plain(Node),
             erpc:cast(Node, M, F, A);
         {Mod, State} ->
             case Mod:push(State, {cast, M, F, A}, false) of
@@ -74,6 +75,7 @@ call(Node, M, F, A, Timeout, _Urgent) when Node =:= node() ->
 call(Node, M, F, A, Timeout, Urgent) ->
     case ecall_conn:peer(Node) of
         undefined ->
+            ecall_conn:plain(Node),
             erpc_call(Node, M, F, A, Timeout);
         {Mod, State} ->
             %% Made here, next to the receive that waits for its reply: the

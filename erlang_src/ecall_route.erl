@@ -69,7 +69,10 @@ send_remote(Node, Dest, To, Msg, Urgent) ->
                 %% `drop' the message is dropped and counted.
                 overload -> Msg
             end;
-        _UndefinedOrClosing ->
+        undefined ->
+            ecall_conn:plain(Node),
+            native(Node, To, Msg);
+        {closing, _} ->
             native(Node, To, Msg)
     end.
 
@@ -122,7 +125,10 @@ send_many(Node, Dests, Msg) ->
                                                          send_remote(Node, Dest, To, Msg, false)
                                                  end)
             end;
-        _UndefinedOrClosing ->
+        undefined ->
+            ecall_conn:plain(Node),
+            each(Node, Dests, Native);
+        {closing, _} ->
             each(Node, Dests, Native)
     end.
 

@@ -15,7 +15,8 @@
          spawn_failure_is_counted_and_answered/1, restart_cycles_start_first_time/1,
          order_holds_across_reconnects/1, a_node_that_crashes_is_written_down/1,
          a_peer_without_ecall_says_so/1, not_started_says_so/1,
-         configuration_doc_matches_spec/1, settings_apply_when_read/1]).
+         configuration_doc_matches_spec/1, settings_apply_when_read/1,
+         connection_up_and_down_are_notices/1]).
 %% logger handler.
 -export([log/2]).
 %% Run on peers.
@@ -33,7 +34,7 @@ all() ->
      spawn_failure_is_counted_and_answered, restart_cycles_start_first_time,
      order_holds_across_reconnects, a_node_that_crashes_is_written_down,
      a_peer_without_ecall_says_so, not_started_says_so, configuration_doc_matches_spec,
-     settings_apply_when_read].
+     settings_apply_when_read, connection_up_and_down_are_notices].
 
 init_per_suite(Config) ->
     ok = ecall_test_nodes:start_ecall(),
@@ -431,7 +432,9 @@ a_node_that_crashes_is_written_down(Config) ->
 
 %% A peer where ecall is not running, with its code but not started or
 %% without its code: connecting says so in a plain term and in one warning,
-%% and calls to it still go, by plain distribution.
+%% and traffic to it still goes, by plain distribution. That traffic is
+%% said once, at notice (OTP's default logger level), however much of it
+%% there is: two sends, a cast and a call make one line.
 a_peer_without_ecall_says_so(_Config) ->
     ok = logger:add_handler(?MODULE, ?MODULE, #{config => #{pid => self()}}),
     try
@@ -444,11 +447,62 @@ a_peer_without_ecall_says_so(_Config) ->
              ?assertEqual({error, {ecall_not_running, Node}}, ecall:connect(Node)),
              await_warning(["ecall is not running on", atom_to_list(Node)]),
              ?assertEqual({error, not_connected}, ecall:stats(Node)),
+             Init = erpc:call(Node, erlang, whereis, [init]),
+             _ = ecall:send(Init, not_for_init),
+             _ = ecall:send(Init, not_for_init),
+             ok = ecall:cast(Node, erlang, node, []),
              ?assertEqual({ok, Node}, ecall:call(Node, erlang, node, [])),
+             Plain = ["no ecall connection to", atom_to_list(Node)],
+             await_log(notice, Plain),
+             %% Nothing more about it (a later line would say so by now:
+             %% logger handlers run in the logging process).
+             ?assertEqual([], logged(Plain)),
              peer:stop(Peer)
          end || Args <- [node_args(), []]]
     after
         logger:remove_handler(?MODULE)
+    end.
+
+%% A connection coming up and closing are said at notice, with the
+%% transport and the number of links, so that the default log shows which
+%% path a peer's traffic takes.
+connection_up_and_down_are_notices(_Config) ->
+    {Peer, C} = start_peer(["-ecall", "discovery", "false"]),
+    ok = logger:add_handler(?MODULE, ?MODULE, #{config => #{pid => self()}}),
+    try
+        Links = integer_to_list(ecall_config:links()),
+        ok = ecall:connect(C),
+        await_log(notice, ["connected to", atom_to_list(C), "over " ++ Links ++ " links",
+                           "nif transport"]),
+        ok = ecall:disconnect(C),
+        await_log(notice, ["connection to", atom_to_list(C), "closed", "nif transport",
+                           Links ++ " links"])
+    after
+        logger:remove_handler(?MODULE),
+        peer:stop(Peer)
+    end.
+
+%% The next log event at `Level' the suite's handler forwards that holds
+%% every text of `Texts' (others are passed over).
+await_log(Level, Texts) ->
+    receive
+        {log, Level, Text} ->
+            case lists:all(fun(T) -> string:find(Text, T) =/= nomatch end, Texts) of
+                true -> ok;
+                false -> await_log(Level, Texts)
+            end
+    after 10000 -> ct:fail({no_log, Level, Texts})
+    end.
+
+%% The events forwarded so far that hold every text of `Texts'.
+logged(Texts) ->
+    receive
+        {log, _, Text} = Log ->
+            case lists:all(fun(T) -> string:find(Text, T) =/= nomatch end, Texts) of
+                true -> [Log | logged(Texts)];
+                false -> logged(Texts)
+            end
+    after 0 -> []
     end.
 
 %% Before the application is started, info and stats say so.
