@@ -30,10 +30,7 @@
 
 -type call_result() :: {ok, term()} | {error, term()}.
 
-%% send_many/2: lists of at most this many targets, each on a node of its
-%% own, go as one send each (see one_per_node/4). Not measured beyond the
-%% one-per-node broadcast over 3 peers (bench/run.sh fanout).
--define(ONE_PER_NODE_MAX, 16).
+
 %% What call/4,5 return: see the table of {@link call/5}.
 
 -type send_option() :: urgent.
@@ -90,25 +87,9 @@ send(To, Msg, Opts) ->
 %% destinations.
 -spec send_many([dest()], term()) -> ok.
 send_many(Dests, Msg) ->
-    case one_per_node(Dests, node(), [], ?ONE_PER_NODE_MAX) of
-        true ->
-            %% A few targets, each on a node of its own (a broadcast to one
-            %% process per node): a send each costs less than the grouping.
-            lists:foreach(fun(To) -> send(To, Msg) end, Dests);
-        false ->
-            send_grouped(Dests, Msg)
-    end.
-
--spec send_grouped([dest()], term()) -> ok.
-send_grouped(Dests, Msg) ->
-    case group(Dests, node(), [], '$none', [], #{}) of
-        {Local, Remote} ->
-            lists:foreach(fun(To) -> To ! Msg end, Local),
-            maps:foreach(fun(Node, Dests1) ->
-                                 ecall_route:send_many(Node, lists:reverse(Dests1), Msg)
-                         end, Remote);
-        badarg ->
-            erlang:error(badarg, [Dests, Msg])
+    case ecall_route:send_many(Dests, Msg) of
+        ok -> ok;
+        badarg -> erlang:error(badarg, [Dests, Msg])
     end.
 
 %% @doc Sends `Msg' to every member of the `pg' group `Group' of scope
@@ -129,72 +110,6 @@ send_group(Scope, Group, Msg) when is_atom(Scope) ->
     end;
 send_group(Scope, Group, Msg) ->
     erlang:error(badarg, [Scope, Group, Msg]).
-
-%% Whether `Dests' is a proper list of at most `Max' destinations whose
-%% remote ones are each on a node of their own (local ones go by `!'
-%% either way). Anything else (a longer list, two targets on one node, a
-%% bad destination) is left to the grouping, which also raises badarg.
--spec one_per_node(term(), node(), [node()], non_neg_integer()) -> boolean().
-one_per_node([], _Me, _Seen, _Max) ->
-    true;
-one_per_node(_Dests, _Me, _Seen, 0) ->
-    false;
-one_per_node([To | Rest], Me, Seen, Max) when is_pid(To); is_reference(To) ->
-    one_on(node(To), Rest, Me, Seen, Max);
-one_per_node([{Name, Node} | Rest], Me, Seen, Max) when is_atom(Name), is_atom(Node) ->
-    one_on(Node, Rest, Me, Seen, Max);
-one_per_node([To | Rest], Me, Seen, Max) when is_atom(To) ->
-    one_per_node(Rest, Me, Seen, Max - 1);
-one_per_node(_Bad, _Me, _Seen, _Max) ->
-    false.
-
--spec one_on(node(), term(), node(), [node()], pos_integer()) -> boolean().
-one_on(Me, Rest, Me, Seen, Max) ->
-    one_per_node(Rest, Me, Seen, Max - 1);
-one_on(Node, Rest, Me, Seen, Max) ->
-    not lists:member(Node, Seen) andalso one_per_node(Rest, Me, [Node | Seen], Max - 1).
-
-%% Local destinations in order, and the others by node (each list
-%% reversed, a name without its node); `badarg' for anything that is not
-%% a proper list of destinations. `Me' is node(). Consecutive targets of one node (a run)
-%% gather in `Run' and go into the map when the node changes: targets
-%% listed node by node, as most callers list them, cost one map update a
-%% node, not one a target.
--spec group(term(), node(), [dest()], node() | '$none', [dest()], #{node() => [dest()]}) ->
-          {[dest()], #{node() => [dest()]}} | badarg.
-group([To | Rest], Me, Local, Cur, Run, Remote) when is_pid(To); is_reference(To) ->
-    case node(To) of
-        Me -> group(Rest, Me, [To | Local], Cur, Run, Remote);
-        Cur -> group(Rest, Me, Local, Cur, [To | Run], Remote);
-        Node -> switch(Rest, Me, Local, Cur, Run, Remote, Node, To)
-    end;
-group([{Name, Node} | Rest], Me, Local, Cur, Run, Remote)
-  when is_atom(Name), is_atom(Node) ->
-    %% By its name alone: the node is the map's key.
-    case Node of
-        Me -> group(Rest, Me, [Name | Local], Cur, Run, Remote);
-        Cur -> group(Rest, Me, Local, Cur, [Name | Run], Remote);
-        _ -> switch(Rest, Me, Local, Cur, Run, Remote, Node, Name)
-    end;
-group([To | Rest], Me, Local, Cur, Run, Remote) when is_atom(To) ->
-    group(Rest, Me, [To | Local], Cur, Run, Remote);
-group([], _Me, Local, Cur, Run, Remote) ->
-    {lists:reverse(Local), put_run(Cur, Run, Remote)};
-group(_, _Me, _Local, _Cur, _Run, _Remote) ->
-    badarg.
-
-%% A target of another node than the run's: the run goes into the map,
-%% and that node's list so far becomes the run.
--spec switch(term(), node(), [dest()], node() | '$none', [dest()], #{node() => [dest()]},
-             node(), dest()) -> {[dest()], #{node() => [dest()]}} | badarg.
-switch(Rest, Me, Local, Cur, Run, Remote0, Node, To) ->
-    Remote = put_run(Cur, Run, Remote0),
-    Earlier = maps:get(Node, Remote, []),
-    group(Rest, Me, Local, Node, [To | Earlier], Remote).
-
--spec put_run(node() | '$none', [dest()], #{node() => [dest()]}) -> #{node() => [dest()]}.
-put_run('$none', _Run, Remote) -> Remote;
-put_run(Node, Run, Remote) -> Remote#{Node => Run}.
 
 %% send/2,3: `Args' for the badarg. Which path a message to another node
 %% takes, native `!' or the transport of an ecall connection, and how
@@ -309,7 +224,7 @@ call(Node, M, F, A, Timeout) ->
 cast_one([], _M, _F, _A) ->
     {error, none_is_available};
 cast_one(Nodes, M, F, A) when is_list(Nodes) ->
-    cast(pick_local(Nodes), M, F, A);
+    cast(ecall_patterns:pick_local(Nodes), M, F, A);
 cast_one(Nodes, M, F, A) ->
     erlang:error(badarg, [Nodes, M, F, A]).
 
@@ -334,23 +249,9 @@ call_one(Nodes, M, F, A) ->
 -spec call_one([node()], module(), atom(), [term()], boolean()) ->
           {ok, {node(), term()}} | {error, term()}.
 call_one(Nodes, M, F, A, RpcErr) when is_list(Nodes), is_boolean(RpcErr) ->
-    Local = [node() || lists:member(node(), Nodes)],
-    Others = [N || {_, N} <- lists:sort([{rand:uniform(), N} || N <- Nodes -- Local])],
-    call_one_loop(Local ++ Others, M, F, A, RpcErr, []);
+    ecall_patterns:call_one(Nodes, M, F, A, RpcErr);
 call_one(Nodes, M, F, A, RpcErr) ->
     erlang:error(badarg, [Nodes, M, F, A, RpcErr]).
-
--spec call_one_loop([node()], module(), atom(), [term()], boolean(), [{node(), term()}]) ->
-          {ok, {node(), term()}} | {error, term()}.
-call_one_loop([], _M, _F, _A, _RpcErr, []) ->
-    {error, none_is_available};
-call_one_loop([], _M, _F, _A, _RpcErr, Errors) ->
-    {error, lists:reverse(Errors)};
-call_one_loop([N | Rest], M, F, A, RpcErr, Errors) ->
-    case call(N, M, F, A) of
-        {ok, Result} -> {ok, {N, Result}};
-        {error, E} -> call_one_loop(Rest, M, F, A, RpcErr, add_error(N, E, RpcErr, Errors))
-    end.
 
 %% @equiv call_any(Nodes, M, F, A, false)
 -spec call_any([node()], module(), atom(), [term()]) ->
@@ -365,24 +266,9 @@ call_any(Nodes, M, F, A) ->
           {ok, {node(), term()}} | {error, term()}.
 call_any(Nodes, M, F, A, RpcErr) when is_list(Nodes), is_boolean(RpcErr) ->
     ok = check_request(Nodes, M, F, A, [Nodes, M, F, A, RpcErr]),
-    in_master(Nodes, fun(Urgent) ->
-                             {Tag, Called} = parallel(Nodes, M, F, A, Urgent),
-                             any_loop(Tag, length(Called), RpcErr, [])
-                     end);
+    ecall_patterns:call_any(Nodes, M, F, A, RpcErr);
 call_any(Nodes, M, F, A, RpcErr) ->
     erlang:error(badarg, [Nodes, M, F, A, RpcErr]).
-
--spec any_loop(reference(), non_neg_integer(), boolean(), [{node(), term()}]) ->
-          {ok, {node(), term()}} | {error, term()}.
-any_loop(_Tag, 0, _RpcErr, []) ->
-    {error, none_is_available};
-any_loop(_Tag, 0, _RpcErr, Errors) ->
-    {error, lists:reverse(Errors)};
-any_loop(Tag, Left, RpcErr, Errors) ->
-    receive
-        {Tag, N, {ok, Result}} -> {ok, {N, Result}};
-        {Tag, N, {error, E}} -> any_loop(Tag, Left - 1, RpcErr, add_error(N, E, RpcErr, Errors))
-    end.
 
 %% @equiv call_all(Nodes, M, F, A, false)
 -spec call_all([node()], module(), atom(), [term()]) ->
@@ -398,32 +284,9 @@ call_all(Nodes, M, F, A) ->
           {ok, [{node(), term()}]} | {error, term()}.
 call_all(Nodes, M, F, A, RpcErr) when is_list(Nodes), is_boolean(RpcErr) ->
     ok = check_request(Nodes, M, F, A, [Nodes, M, F, A, RpcErr]),
-    {Called, Result} =
-        in_master(Nodes, fun(Urgent) ->
-                                 {Tag, Called0} = parallel(Nodes, M, F, A, Urgent),
-                                 {Called0, all_loop(Tag, length(Called0), RpcErr, #{})}
-                         end),
-    case Result of
-        {ok, Oks} when map_size(Oks) =:= 0 -> {error, none_is_available};
-        {ok, Oks} -> {ok, [{N, maps:get(N, Oks)} || N <- Called, maps:is_key(N, Oks)]};
-        Error -> Error
-    end;
+    ecall_patterns:call_all(Nodes, M, F, A, RpcErr);
 call_all(Nodes, M, F, A, RpcErr) ->
     erlang:error(badarg, [Nodes, M, F, A, RpcErr]).
-
--spec all_loop(reference(), non_neg_integer(), boolean(), #{node() => term()}) ->
-          {ok, #{node() => term()}} | {error, {node(), term()}}.
-all_loop(_Tag, 0, _RpcErr, Oks) ->
-    {ok, Oks};
-all_loop(Tag, Left, RpcErr, Oks) ->
-    receive
-        {Tag, N, {ok, Result}} ->
-            all_loop(Tag, Left - 1, RpcErr, Oks#{N => Result});
-        {Tag, _N, {error, {badrpc, _}}} when not RpcErr ->
-            all_loop(Tag, Left - 1, RpcErr, Oks);
-        {Tag, N, {error, E}} ->
-            {error, {N, E}}
-    end.
 
 %% @equiv call_all_wait(Nodes, M, F, A, false)
 -spec call_all_wait([node()], module(), atom(), [term()]) ->
@@ -439,16 +302,7 @@ call_all_wait(Nodes, M, F, A) ->
           {[{node(), term()}], [{node(), term()}]}.
 call_all_wait(Nodes, M, F, A, RpcErr) when is_list(Nodes), is_boolean(RpcErr) ->
     ok = check_request(Nodes, M, F, A, [Nodes, M, F, A, RpcErr]),
-    {Called, Answers} =
-        in_master(Nodes, fun(Urgent) ->
-                                 {Tag, Called0} = parallel(Nodes, M, F, A, Urgent),
-                                 {Called0, maps:from_list([receive {Tag, N, R} -> {N, R} end
-                                                           || _ <- Called0])}
-                         end),
-    Replies = [{N, R} || N <- Called, {ok, R} <- [maps:get(N, Answers)]],
-    Rejects = [{N, E} || N <- Called, {error, E} <- [maps:get(N, Answers)],
-                         RpcErr orelse not is_badrpc(E)],
-    {Replies, Rejects};
+    ecall_patterns:call_all_wait(Nodes, M, F, A, RpcErr);
 call_all_wait(Nodes, M, F, A, RpcErr) ->
     erlang:error(badarg, [Nodes, M, F, A, RpcErr]).
 
@@ -467,72 +321,6 @@ check_request(Nodes, M, F, A, Args) ->
 all_atoms([N | Rest]) when is_atom(N) -> all_atoms(Rest);
 all_atoms([]) -> true;
 all_atoms(_) -> false.
-
-%% Runs `Fun' in a short-lived process and returns its result. The
-%% parallel patterns gather answers there: answers that come after the
-%% pattern has decided (call_any, call_all) go to a process that is gone
-%% and never reach the caller's mailbox. Whether each node's call is
-%% urgent is decided here, in the calling process, which keeps the history
-%% (ecall_request:urgent/1); `Fun' gets the answers, by node.
--spec in_master([node()], fun((#{node() => boolean()}) -> Result)) -> Result.
-in_master(Nodes, Fun) ->
-    Caller = self(),
-    Urgent = case ecall_request:closed_loop() of
-                 true -> maps:from_list([{N, ecall_request:urgent(N)} || N <- unique(Nodes)]);
-                 false -> #{}
-             end,
-    {Master, Mref} = spawn_monitor(fun() -> Caller ! {self(), Fun(Urgent)} end),
-    receive
-        {Master, Result} ->
-            demonitor(Mref, [flush]),
-            ecall_request:returned(),
-            Result;
-        {'DOWN', Mref, process, Master, Reason} ->
-            erlang:error(Reason)
-    end.
-
-%% Starts one call per distinct node; answers come as {Tag, Node, Result}.
--spec parallel([node()], module(), atom(), [term()], #{node() => boolean()}) ->
-          {reference(), [node()]}.
-parallel(Nodes, M, F, A, Urgent) ->
-    Tag = make_ref(),
-    Self = self(),
-    Called = unique(Nodes),
-    _ = [spawn(fun() ->
-                       U = maps:get(N, Urgent, false),
-                       Self ! {Tag, N, ecall_request:call(N, M, F, A, infinity, U)}
-               end)
-         || N <- Called],
-    {Tag, Called}.
-
-%% Nodes without repeats, in their first order.
--spec unique([node()]) -> [node()].
-unique(Nodes) ->
-    {Unique, _} = lists:foldl(fun(N, {Acc, Seen}) ->
-                                      case maps:is_key(N, Seen) of
-                                          true -> {Acc, Seen};
-                                          false -> {[N | Acc], Seen#{N => true}}
-                                      end
-                              end, {[], #{}}, Nodes),
-    lists:reverse(Unique).
-
--spec is_badrpc(term()) -> boolean().
-is_badrpc({badrpc, _}) -> true;
-is_badrpc(_) -> false.
-
--spec pick_local([node(), ...]) -> node().
-pick_local(Nodes) ->
-    case lists:member(node(), Nodes) of
-        true -> node();
-        false -> lists:nth(rand:uniform(length(Nodes)), Nodes)
-    end.
-
--spec add_error(node(), term(), boolean(), [{node(), term()}]) -> [{node(), term()}].
-add_error(N, E, RpcErr, Errors) ->
-    case RpcErr orelse not is_badrpc(E) of
-        true -> [{N, E} | Errors];
-        false -> Errors
-    end.
 
 %% @doc Connects to `Node' now (discovery does it on its own for nodes that
 %% run ecall). Returns when every link is up; `{error, not_started}' when

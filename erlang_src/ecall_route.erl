@@ -37,12 +37,17 @@
 %% caller per switch to a transport.
 -module(ecall_route).
 
--export([send_to/3, send_remote/5, send_many/3, reply/4]).
+-export([send_to/3, send_remote/5, send_many/2, send_many/3, reply/4]).
 
 %% Process dictionary key: the nodes this process sent to by `!' since its
 %% last send to them through a transport (see native/3).
 -define(NATIVE_SENT, '$ecall_native_sent').
 -define(BARRIER_TIMEOUT, 5000).
+
+%% send_many/2: lists of at most this many targets, each on a node of its
+%% own, go as one send each (see one_per_node/4). Not measured beyond the
+%% one-per-node broadcast over 3 peers (bench/run.sh fanout).
+-define(ONE_PER_NODE_MAX, 16).
 
 %% @doc Sends `Msg' to the pid or alias `To': `!' when it is on this node,
 %% else as send_remote/5 does. `Urgent': see ecall:send/3.
@@ -99,6 +104,94 @@ reply(From, Id, Reply, Urgent) ->
 native_reply(From, Request) ->
     _ = erlang:send({ecall_receiver:name(1), From}, {batch, [Request]}),
     ok.
+
+%% @doc ecall:send_many/2: `Msg' to every destination of `Dests' (see
+%% there), or `badarg', having sent nothing, when `Dests' is not a proper
+%% list of destinations.
+-spec send_many(term(), term()) -> ok | badarg.
+send_many(Dests, Msg) ->
+    case one_per_node(Dests, node(), [], ?ONE_PER_NODE_MAX) of
+        true ->
+            %% A few targets, each on a node of its own (a broadcast to one
+            %% process per node): a send each costs less than the grouping.
+            lists:foreach(fun(To) -> ecall:send(To, Msg) end, Dests);
+        false ->
+            case group(Dests, node(), [], '$none', [], #{}) of
+                {Local, Remote} ->
+                    lists:foreach(fun(To) -> To ! Msg end, Local),
+                    maps:foreach(fun(Node, Dests1) ->
+                                         send_many(Node, lists:reverse(Dests1), Msg)
+                                 end, Remote);
+                badarg ->
+                    badarg
+            end
+    end.
+
+%% Whether `Dests' is a proper list of at most `Max' destinations whose
+%% remote ones are each on a node of their own (local ones go by `!'
+%% either way). Anything else (a longer list, two targets on one node, a
+%% bad destination) is left to the grouping, which also raises badarg.
+-spec one_per_node(term(), node(), [node()], non_neg_integer()) -> boolean().
+one_per_node([], _Me, _Seen, _Max) ->
+    true;
+one_per_node(_Dests, _Me, _Seen, 0) ->
+    false;
+one_per_node([To | Rest], Me, Seen, Max) when is_pid(To); is_reference(To) ->
+    one_on(node(To), Rest, Me, Seen, Max);
+one_per_node([{Name, Node} | Rest], Me, Seen, Max) when is_atom(Name), is_atom(Node) ->
+    one_on(Node, Rest, Me, Seen, Max);
+one_per_node([To | Rest], Me, Seen, Max) when is_atom(To) ->
+    one_per_node(Rest, Me, Seen, Max - 1);
+one_per_node(_Bad, _Me, _Seen, _Max) ->
+    false.
+
+-spec one_on(node(), term(), node(), [node()], pos_integer()) -> boolean().
+one_on(Me, Rest, Me, Seen, Max) ->
+    one_per_node(Rest, Me, Seen, Max - 1);
+one_on(Node, Rest, Me, Seen, Max) ->
+    not lists:member(Node, Seen) andalso one_per_node(Rest, Me, [Node | Seen], Max - 1).
+
+%% Local destinations in order, and the others by node (each list
+%% reversed, a name without its node); `badarg' for anything that is not
+%% a proper list of destinations. `Me' is node(). Consecutive targets of one node (a run)
+%% gather in `Run' and go into the map when the node changes: targets
+%% listed node by node, as most callers list them, cost one map update a
+%% node, not one a target.
+-spec group(term(), node(), [ecall:dest()], node() | '$none', [ecall:dest()], #{node() => [ecall:dest()]}) ->
+          {[ecall:dest()], #{node() => [ecall:dest()]}} | badarg.
+group([To | Rest], Me, Local, Cur, Run, Remote) when is_pid(To); is_reference(To) ->
+    case node(To) of
+        Me -> group(Rest, Me, [To | Local], Cur, Run, Remote);
+        Cur -> group(Rest, Me, Local, Cur, [To | Run], Remote);
+        Node -> switch(Rest, Me, Local, Cur, Run, Remote, Node, To)
+    end;
+group([{Name, Node} | Rest], Me, Local, Cur, Run, Remote)
+  when is_atom(Name), is_atom(Node) ->
+    %% By its name alone: the node is the map's key.
+    case Node of
+        Me -> group(Rest, Me, [Name | Local], Cur, Run, Remote);
+        Cur -> group(Rest, Me, Local, Cur, [Name | Run], Remote);
+        _ -> switch(Rest, Me, Local, Cur, Run, Remote, Node, Name)
+    end;
+group([To | Rest], Me, Local, Cur, Run, Remote) when is_atom(To) ->
+    group(Rest, Me, [To | Local], Cur, Run, Remote);
+group([], _Me, Local, Cur, Run, Remote) ->
+    {lists:reverse(Local), put_run(Cur, Run, Remote)};
+group(_, _Me, _Local, _Cur, _Run, _Remote) ->
+    badarg.
+
+%% A target of another node than the run's: the run goes into the map,
+%% and that node's list so far becomes the run.
+-spec switch(term(), node(), [ecall:dest()], node() | '$none', [ecall:dest()], #{node() => [ecall:dest()]},
+             node(), ecall:dest()) -> {[ecall:dest()], #{node() => [ecall:dest()]}} | badarg.
+switch(Rest, Me, Local, Cur, Run, Remote0, Node, To) ->
+    Remote = put_run(Cur, Run, Remote0),
+    Earlier = maps:get(Node, Remote, []),
+    group(Rest, Me, Local, Node, [To | Earlier], Remote).
+
+-spec put_run(node() | '$none', [ecall:dest()], #{node() => [ecall:dest()]}) -> #{node() => [ecall:dest()]}.
+put_run('$none', _Run, Remote) -> Remote;
+put_run(Node, Run, Remote) -> Remote#{Node => Run}.
 
 %% @doc Sends `Msg' to each of `Dests' on the other node `Node' (a pid,
 %% an alias, or the name a process is registered under there): one
