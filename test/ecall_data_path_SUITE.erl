@@ -194,8 +194,8 @@ malformed_element_skipped(Config) ->
     ?assertEqual(M0 + 3, M1).
 
 %% When the peer drops a link, the connection process hears it from Rust at
-%% once (no polling), the link comes back, and what was sent meanwhile is
-%% delivered in order.
+%% once (no polling), the link comes back, and what a caller on that link
+%% sent meanwhile is delivered in order, written by that link once back.
 link_loss_is_reported_and_healed(Config) ->
     B = ?config(b, Config),
     Conn = whereis(ecall_conn:name(B)),
@@ -211,6 +211,7 @@ link_loss_is_reported_and_healed(Config) ->
     end.
 
 link_loss_reported(B, Conn) ->
+    {ecall_transport_nif, St} = ecall_conn:peer(B),
     erlang:trace(Conn, true, ['receive']),
     [Id1 | _] = ecall:identities(),
     T0 = erlang:monotonic_time(millisecond),
@@ -226,9 +227,11 @@ link_loss_reported(B, Conn) ->
         {read, _} -> ok;
         _ -> ct:fail({unexpected_reason, Down})
     end,
-    %% Sends while the link is down are queued in Rust, not lost.
+    %% Sends while the link is down are queued in Rust, not lost: sent
+    %% from a process whose requests go on that link.
+    #{1 := Written0} = link_requests(B),
     Collector = erpc:call(B, erlang, spawn, [ecall_test_nodes, collector, [self(), ?PER_CALLER]]),
-    send_seq(Collector, ?PER_CALLER),
+    on_link(St, 0, fun() -> send_seq(Collector, ?PER_CALLER) end),
     receive {trace, Conn, 'receive', {ecall_link, 0, up}} -> ok
     after 10000 -> ct:fail(no_up_event)
     end,
@@ -239,6 +242,10 @@ link_loss_reported(B, Conn) ->
             ?assertMatch(#{out_of_order := 0, total := ?PER_CALLER}, Result)
     after 10000 -> ct:fail(queued_messages_lost)
     end,
+    %% That link wrote them (and the marker of flush_links/1).
+    _ = ecall_test_nodes:flush_links(B),
+    #{1 := Written1} = link_requests(B),
+    ?assertEqual(?PER_CALLER + 1, Written1 - Written0),
     {ok, #{disconnects := D}} = ecall:stats(B),
     ?assert(D >= 1),
     receive
@@ -246,6 +253,28 @@ link_loss_reported(B, Conn) ->
             ?assertMatch({match, _}, re:run(Text, "link down.*link=1"))
     after 5000 -> ct:fail(no_rust_log)
     end.
+
+%% Runs Fun in a process whose requests go on link K (0-based; a caller's
+%% link follows from its pid, so processes are started until one is on
+%% K), and returns when it is done.
+on_link(St, K, Fun) ->
+    {Pid, Mref} = spawn_monitor(fun() ->
+                                        case ecall_transport_nif:caller_link(St) of
+                                            K -> Fun(), exit(done);
+                                            _ -> exit(other_link)
+                                        end
+                                end),
+    receive
+        {'DOWN', Mref, process, Pid, done} -> ok;
+        {'DOWN', Mref, process, Pid, other_link} -> on_link(St, K, Fun);
+        {'DOWN', Mref, process, Pid, Why} -> ct:fail({on_link, K, Why})
+    end.
+
+%% Requests each link to `Node' has written so far: link number (from 1)
+%% => count.
+link_requests(Node) ->
+    {ok, #{per_link := PerLink}} = ecall:stats(Node),
+    maps:from_list([{L, R} || #{link := L, requests := R} <- PerLink]).
 
 %% Every kind of term crosses the links equal to what was sent. The NIF
 %% encodes requests itself (atoms as encode-time cache references or, past

@@ -54,7 +54,8 @@ every_target_once_in_order(Config) ->
      end || {K, Msgs} <- lists:zip(lists:seq(1, 50), Got)].
 
 %% Targets on this node, on B and on a node that is gone: the live ones
-%% get the message once; the dead one is ignored, as `!' ignores it.
+%% get the message once; the dead one is ignored, as `!' ignores it. B's
+%% five targets get it through the links, as one request.
 local_remote_and_dead_targets(Config) ->
     B = ?config(b, Config),
     {Peer, C} = ecall_test_nodes:start_peer(["-ecall", "discovery", "false"]),
@@ -62,8 +63,15 @@ local_remote_and_dead_targets(Config) ->
     peer:stop(Peer),
     Local = [spawn_link(?MODULE, target, [self()]) || _ <- lists:seq(1, 5)],
     Remote = [erpc:call(B, erlang, spawn, [?MODULE, target, [self()]]) || _ <- lists:seq(1, 5)],
+    P0 = pushed(B),
     ?assertEqual(ok, ecall:send_many(Local ++ [Dead] ++ Remote, hello)),
+    ?assertEqual(1, pushed(B) - P0),
     [?assertEqual([hello], collect(T)) || T <- Local ++ Remote].
+
+%% Requests pushed to `Node''s queues so far (counted at the push).
+pushed(Node) ->
+    {ok, #{pushed := P}} = ecall:stats(Node),
+    P.
 
 %% Registered names, on this node (a bare name or {Name, node()}) and on
 %% B ({Name, B}); a name not registered on B is counted, as for send/2.
@@ -132,7 +140,9 @@ bad_input_sends_nothing(Config) ->
 %% Targets on B and on C; C goes away (its OS process killed) halfway
 %% through 200 fan-outs, with the first half perhaps still on its way.
 %% B's targets get all 200, once each and in order; the fan-outs after
-%% C's connection has closed return `ok' as before.
+%% C's connection has closed return `ok' as before. Every fan-out goes to
+%% B through the links (one request each), and so does each of the first
+%% half to C.
 a_peer_that_goes_away_midway(Config) ->
     B = ?config(b, Config),
     {_Peer, C} = ecall_test_nodes:start_peer(["-ecall", "discovery", "false"]),
@@ -141,16 +151,20 @@ a_peer_that_goes_away_midway(Config) ->
     OnB = [erpc:call(B, erlang, spawn, [?MODULE, target, [self()]]) || _ <- lists:seq(1, 20)],
     OnC = [erpc:call(C, erlang, spawn, [?MODULE, target, [self()]]) || _ <- lists:seq(1, 20)],
     N = 200,
+    PB0 = pushed(B),
+    PC0 = pushed(C),
     [ok = ecall:send_many(OnB ++ OnC, {seq, I}) || I <- lists:seq(1, N div 2)],
+    ?assertEqual(N div 2, pushed(C) - PC0),
     Conn = monitor(process, whereis(ecall_conn:name(C))),
     _ = os:cmd("kill -9 " ++ OsPid),
     receive {'DOWN', Conn, process, _, _} -> ok after 30000 -> ct:fail(connection_still_up) end,
     [ok = ecall:send_many(OnB ++ OnC, {seq, I}) || I <- lists:seq(N div 2 + 1, N)],
+    ?assertEqual(N, pushed(B) - PB0),
     [?assertEqual([{seq, I} || I <- lists:seq(1, N)], collect(T)) || T <- OnB].
 
 %% send_group/3: every member of a pg group, here and on B, gets the
-%% message once; one that left before the call does not; a scope that
-%% does not run is badarg.
+%% message once (B's through the links, as one request); one that left
+%% before the call does not; a scope that does not run is badarg.
 a_pg_group_on_two_nodes(Config) ->
     B = ?config(b, Config),
     Scope = ecall_fanout_pg,
@@ -167,7 +181,9 @@ a_pg_group_on_two_nodes(Config) ->
     ok = erpc:call(B, pg, leave, [Scope, room, Left]),
     %% Until this node's scope has seen B's joins and the leave.
     ok = await_members(Scope, Watch, lists:sort(Here ++ tl(There)), []),
+    P0 = pushed(B),
     ok = ecall:send_group(Scope, room, news),
+    ?assertEqual(1, pushed(B) - P0),
     [?assertEqual([news], collect(T)) || T <- Here ++ tl(There)],
     ?assertEqual([], collect(Left)),
     ?assertError(badarg, ecall:send_group(no_such_scope, room, news)),

@@ -29,28 +29,62 @@ all() ->
      %% Last: it leaves this node without discovery.
      unknown_messages_to_discovery_stop_discovery_only].
 
+%% The peers outlive this function's process (they are not linked to it),
+%% and end_per_suite/1 does not run when this fails: on a failure here,
+%% what was started is stopped here.
 init_per_suite(Config) ->
     ok = ecall_test_nodes:start_ecall(),
-    {PeerB, B} = start_peer(true),
-    ok = ecall:connect(B),
-    %% Without ecall: ecall's discovery would connect links to it, and its
-    %% frames to our C-node names would go over those.
-    {PeerC, C} = start_peer(false),
-    [{b, B}, {peer_b, PeerB}, {c, C}, {peer_c, PeerC} | Config].
+    with_cleanup(
+      fun() ->
+              {PeerB, B} = start_peer(true),
+              with_cleanup(
+                fun() ->
+                        ok = ecall:connect(B),
+                        %% Without ecall: ecall's discovery would connect
+                        %% links to it, and its frames to our C-node names
+                        %% would go over those.
+                        {PeerC, C} = start_peer(false),
+                        [{b, B}, {peer_b, PeerB}, {c, C}, {peer_c, PeerC} | Config]
+                end,
+                fun() -> stop_peer(PeerB) end)
+      end,
+      fun() -> _ = application:stop(ecall) end).
 
+%% Each peer is stopped whatever became of the other (a case may have
+%% taken one down).
 end_per_suite(Config) ->
     _ = ecall:disconnect(?config(b, Config)),
-    peer:stop(?config(peer_b, Config)),
-    peer:stop(?config(peer_c, Config)),
+    stop_peer(?config(peer_b, Config)),
+    stop_peer(?config(peer_c, Config)),
     ok = application:stop(ecall).
+
+%% Fun(), and Cleanup() before its exception goes on if it raises.
+with_cleanup(Fun, Cleanup) ->
+    try
+        Fun()
+    catch
+        Class:Reason:Stack ->
+            Cleanup(),
+            erlang:raise(Class, Reason, Stack)
+    end.
+
+%% Stops a peer, also one that is gone already.
+stop_peer(Peer) ->
+    try peer:stop(Peer)
+    catch exit:_ -> ok
+    end.
 
 start_peer(WithEcall) ->
     Args = ["-setcookie", atom_to_list(erlang:get_cookie()) | ecall_test_nodes:node_args()],
     {ok, Peer, Node} = peer:start(#{exec => ecall_test_nodes:node_exec(),
                                     name => peer:random_name(?MODULE), args => Args,
                                     wait_boot => 60000}),
-    WithEcall andalso ({ok, _} = erpc:call(Node, application, ensure_all_started, [ecall])),
-    {Peer, Node}.
+    with_cleanup(fun() ->
+                         WithEcall andalso
+                             ({ok, _} = erpc:call(Node, application, ensure_all_started, [ecall])),
+                         {Peer, Node}
+                 end,
+                 fun() -> stop_peer(Peer) end).
 
 %%--------------------------------------------------------------------
 %% Cases

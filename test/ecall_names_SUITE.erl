@@ -20,6 +20,8 @@
          tls_listener_uses_the_server_options/1,
          tls_options_not_honoured_use_the_erlang_transport/1,
          tls_untrusted_peer_is_refused_both_ways/1]).
+%% Run on peers.
+-export([connect_and_link_downs/1, log/2]).
 
 suite() ->
     [{timetrap, {minutes, 5}}].
@@ -219,20 +221,71 @@ tls_options_not_honoured_use_the_erlang_transport(Config) ->
     ?assert(erlang:monotonic_time(millisecond) - T0 < 5000),
     stop([X, Y]).
 
-%% A peer whose certificate comes from another CA: the links refuse it
-%% (their TLS handshake fails, the reason says TLS) and ecall:connect/1
-%% fails, both ways, as the nodes' own distribution does.
+%% A peer whose certificate the links do not trust is refused by the
+%% links' own TLS handshake, and the reason says so. The nodes' own
+%% distribution connects them the other way (Y dials X and Z, with
+%% certificates both sides trust), so ecall:connect/1 gets past its hello
+%% over that connection to the links, whose TLS handshake fails; it
+%% returns {error, timeout} at `connect_timeout'. Both ways:
+%% - X's links check Y's certificate against X's client CA certificates,
+%%   which are another CA's (X's server side trusts Y's CA: Y's
+%%   distribution connects to X). X's link-down reason names the unknown
+%%   issuer of Y's certificate.
+%% - Z's links present a client certificate of another CA (Z's server
+%%   certificate is Y's CA's: Y's distribution connects to Z). Y's
+%%   distribution listener refuses it, and Z's link-down reason is the
+%%   TLS alert Y sent: unknown CA.
 tls_untrusted_peer_is_refused_both_ways(Config) ->
-    Good = tls_conf(Config, "trusted", "ca", []),
-    Other = tls_conf(Config, "stranger", "otherca", []),
-    X = {PX, NX} = start_short("x", ["-proto_dist", "inet_tls", "-ssl_dist_optfile", Good,
-                                     "-ecall", "connect_timeout", "3000"]),
-    Y = {PY, NY} = start_short("y", ["-proto_dist", "inet_tls", "-ssl_dist_optfile", Other,
-                                     "-ecall", "connect_timeout", "3000"]),
-    ?assertEqual(pang, peer:call(PX, net_adm, ping, [NY], 30000)),
-    ?assertMatch({error, _}, peer:call(PX, ecall, connect, [NY], 30000)),
-    ?assertMatch({error, _}, peer:call(PY, ecall, connect, [NX], 30000)),
-    stop([X, Y]).
+    Trusted = tls_conf(Config, "trusted", "ca", []),
+    {StrangerCert, StrangerKey, OtherCa} = tls_cert(Config, "stranger", "otherca",
+                                                    "serverAuth,clientAuth"),
+    Distrustful = tls_conf(Config, "distrustful", "ca", [{cacertfile, OtherCa}]),
+    Untrusted = tls_conf(Config, "untrusted", "ca", [{certfile, StrangerCert},
+                                                     {keyfile, StrangerKey}]),
+    %% `-connect_all false': global would connect X and Z, which cannot
+    %% reach each other, and drop Y's connections when that fails.
+    Args = fun(Conf) -> ["-proto_dist", "inet_tls", "-ssl_dist_optfile", Conf,
+                         "-connect_all", "false",
+                         "-ecall", "connect_timeout", "3000", "-ecall", "discovery", "false"]
+           end,
+    X = {PX, _} = start_short("x", Args(Distrustful)),
+    Y = {PY, NY} = start_short("y", Args(Trusted)),
+    Z = {PZ, _} = start_short("z", Args(Untrusted)),
+    [?assertEqual(nif, peer:call(P, ecall_conn, transport, [])) || P <- [PX, PZ]],
+    [?assertEqual(pong, peer:call(PY, net_adm, ping, [N], 30000)) || {_, N} <- [X, Z]],
+    {XResult, XDowns} = peer:call(PX, ?MODULE, connect_and_link_downs, [NY], 30000),
+    {ZResult, ZDowns} = peer:call(PZ, ?MODULE, connect_and_link_downs, [NY], 30000),
+    ct:pal("X: ~p, ~p~nZ: ~p, ~p", [XResult, XDowns, ZResult, ZDowns]),
+    ?assertEqual({error, timeout}, XResult),
+    ?assertEqual({error, timeout}, ZResult),
+    ?assertEqual([1, 2], lists:sort([K || {K, _} <- XDowns])),
+    ?assertEqual([1, 2], lists:sort([K || {K, _} <- ZDowns])),
+    [?assertEqual({handshake, <<"TLS: invalid peer certificate: UnknownIssuer">>}, Why)
+     || {_, Why} <- XDowns],
+    [?assertEqual({handshake, <<"TLS: received fatal alert: UnknownCA">>}, Why)
+     || {_, Why} <- ZDowns],
+    stop([X, Y, Z]).
+
+%% On a peer: ecall:connect(Node)'s result, and the links that went down
+%% meanwhile with their reasons, as the connection logged them (the first
+%% down of each link).
+connect_and_link_downs(Node) ->
+    ok = logger:add_handler(?MODULE, ?MODULE, #{config => #{pid => self()}}),
+    try ecall:connect(Node) of
+        Result -> {Result, link_downs()}
+    after
+        logger:remove_handler(?MODULE)
+    end.
+
+link_downs() ->
+    receive {link_down, K, Why} -> [{K, Why} | link_downs()] after 0 -> [] end.
+
+%% logger handler (connect_and_link_downs/1): a link's down, from its
+%% connection's log line.
+log(#{msg := {"ecall: link ~b to ~p down: ~p", [K, _Node, Why]}}, #{config := #{pid := Pid}}) ->
+    Pid ! {link_down, K, Why};
+log(_Event, _Config) ->
+    ok.
 
 %% Certificates in their own directory Name: a CA (Ca: two names give two
 %% unrelated CAs) and a node certificate for this host signed by it; and

@@ -11,7 +11,8 @@
 -export([all/0, suite/0, init_per_suite/1, end_per_suite/1]).
 -export([budget_bounds_queue_and_close_releases/1, room_of_a_dead_caller_goes_back/1,
          full_budget_blocks_without_loss/1,
-         stalled_peer_is_reaped/1, slow_peer_is_not_reaped/1, overload_stays_within_budget/1,
+         stalled_peer_is_reaped/1, slow_peer_is_not_reaped/1,
+         stall_timeout_zero_never_reaps/1, overload_stays_within_budget/1,
          drop_when_the_budget_is_full/1]).
 %% Run on peers.
 -export([count_fills/1]).
@@ -24,8 +25,8 @@ suite() ->
 all() ->
     [budget_bounds_queue_and_close_releases, room_of_a_dead_caller_goes_back,
      full_budget_blocks_without_loss,
-     stalled_peer_is_reaped, slow_peer_is_not_reaped, overload_stays_within_budget,
-     drop_when_the_budget_is_full].
+     stalled_peer_is_reaped, slow_peer_is_not_reaped, stall_timeout_zero_never_reaps,
+     overload_stays_within_budget, drop_when_the_budget_is_full].
 
 init_per_suite(Config) ->
     ok = ecall_test_nodes:start_ecall(),
@@ -170,7 +171,10 @@ full_budget_blocks_without_loss(_Config) ->
 %% A peer started with a 1 s stall timeout on our side, discovery off so
 %% that only our connection exists.
 start_stall_peer() ->
-    ok = application:set_env(ecall, stall_timeout, 1000),
+    start_stall_peer(1000).
+
+start_stall_peer(StallMs) ->
+    ok = application:set_env(ecall, stall_timeout, StallMs),
     {Peer, C} = start_peer(["-ecall", "discovery", "false"]),
     try ok = ecall:connect(C)
     after application:unset_env(ecall, stall_timeout)
@@ -281,6 +285,51 @@ slow_peer_drains(C, Stutter) ->
     ?assertEqual(0, maps:get(disconnects, Stats)),
     ?assertEqual(0, maps:get(dropped, Stats)).
 
+%% `stall_timeout => 0': no write deadline, a link is never reaped for a
+%% write that does not end. The peer's OS process is stopped (SIGSTOP)
+%% while one caller sends it 30 MB: the link's writer is stuck in a write
+%% for 2 s, twice the 1 s after which stalled_peer_is_reaped/1 reaps, and
+%% no link goes down. Run again, the peer gets every message, in order,
+%% and nothing was counted as stalled or dropped.
+stall_timeout_zero_never_reaps(_Config) ->
+    {Peer, C, OsPid} = start_stall_peer(0),
+    Conn = whereis(ecall_conn:name(C)),
+    Total = 300,
+    Collector = erpc:call(C, erlang, spawn, [ecall_test_nodes, collector, [self(), Total]]),
+    Chunk = binary:copy(<<"z">>, 100000),
+    erlang:trace(Conn, true, ['receive']),
+    "" = os:cmd("kill -STOP " ++ OsPid),
+    try
+        send_payload_seq(Collector, Chunk, Total),
+        %% A bound, not a pause: with a deadline of 1 s or less the link
+        %% would be reaped within it.
+        receive
+            {trace, Conn, 'receive', {ecall_link, _, {down, Why, _}}} -> ct:fail({link_down, Why})
+        after 2000 -> ok
+        end,
+        %% The writer is still stuck: what the socket buffers could not
+        %% take is still queued, unwritten.
+        {ok, #{pushed := Total, requests := Written, queued_bytes := Queued}} = ecall:stats(C),
+        ct:pal("after 2 s stopped: ~b of ~b written, ~b bytes queued", [Written, Total, Queued]),
+        ?assert(Written < Total),
+        ?assert(Queued > 0)
+    after
+        erlang:trace(Conn, false, ['receive']),
+        os:cmd("kill -CONT " ++ OsPid)
+    end,
+    receive
+        {collected, Collector, Result} ->
+            ?assertMatch(#{out_of_order := 0, total := Total}, Result)
+    after 30000 -> ct:fail(messages_lost)
+    end,
+    {ok, Stats} = ecall:stats(C),
+    ct:pal("stall_timeout 0: ~p", [Stats]),
+    Links = ecall_config:links(),
+    ?assertMatch(#{stalls := 0, disconnects := 0, dropped := 0, links_up := Links}, Stats),
+    flush_traces(),
+    ok = ecall:disconnect(C),
+    peer:stop(Peer).
+
 %% Stops an OS process for 500 ms, lets it run for 200 ms, until told to
 %% stop (and leaves it running). The sleeps are the subject: a slow peer.
 %% The stop is half the 1 s stall timeout: on a loaded machine `os:cmd'
@@ -376,10 +425,11 @@ drop_when_the_budget_is_full(_Config) ->
     {Peer, C, OsPid} = budget_peer(Budget),
     Counter = erpc:call(C, erlang, spawn, [?MODULE, count_fills, [0]]),
     Stats = fun() -> {ok, S} = ecall:stats(C), S end,
-    ok = application:set_env(ecall, overflow, drop),
-    "" = os:cmd("kill -STOP " ++ OsPid),
+    %% The setting goes, and the peer runs again, whatever happens.
     {Sends, Refused} =
         try
+            ok = application:set_env(ecall, overflow, drop),
+            "" = os:cmd("kill -STOP " ++ OsPid),
             #{overflow_drops := D0, pushed := P0} = Stats(),
             %% 1,000 x 100 KB is far more than the budget and the socket
             %% buffers hold together: a send is refused well before.

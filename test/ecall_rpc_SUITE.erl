@@ -29,18 +29,19 @@ init_per_suite(Config) ->
 end_per_suite(Config) ->
     ecall_test_nodes:stop_b(Config).
 
-%% A caller with a long mailbox: its calls through the links answer
-%% right and leave its other messages where they were, in order. And the
-%% receive that waits for the reply skips them: the compiler marks the
-%% mailbox when the reply's monitor is made (recv_marker_reserve/bind)
-%% and the receive starts from the mark (recv_marker_use), as erpc's does,
-%% instead of scanning the whole mailbox on every call. The monitor must be
-%% made in the function that waits (it used to be made by the transport
-%% module: no mark, and 100,000 waiting messages took a back-to-back call
-%% from 0.11 to 0.67 ms).
+%% A caller with a long mailbox: its calls through the links (each one
+%% pushed to B's queues) answer right and leave its other messages where
+%% they were, in order. And the receive that waits for the reply skips
+%% them: the compiler marks the mailbox when the reply's reference is made
+%% (recv_marker_reserve/bind) and the receive starts from the mark
+%% (recv_marker_use), as erpc's does, instead of scanning the whole
+%% mailbox on every call. The reference must be made in the function that
+%% waits: made in the transport module, it gives no mark, and with 100,000
+%% waiting messages a back-to-back call takes 0.67 ms instead of 0.11 ms.
 call_from_a_long_mailbox(Config) ->
     B = ?config(b, Config),
     connect_back(B),
+    P0 = pushed(B),
     Self = self(),
     Caller = spawn_link(fun() ->
                                 [self() ! {junk, I} || I <- lists:seq(1, 10000)],
@@ -56,7 +57,18 @@ call_from_a_long_mailbox(Config) ->
             ?assertEqual([{junk, I} || I <- lists:seq(1, 10000)], Junk)
     after 60000 -> ct:fail(caller_stuck)
     end,
+    ?assertEqual(100, pushed(B) - P0),
     ?assert(uses_receive_marker(ecall_request)).
+
+%% Requests pushed to `Node''s queues so far (counted at the push).
+pushed(Node) ->
+    {ok, #{pushed := P}} = ecall:stats(Node),
+    P.
+
+%% Requests each link to `Node' has written so far: link number => count.
+link_requests(Node) ->
+    {ok, #{per_link := PerLink}} = ecall:stats(Node),
+    maps:from_list([{K, R} || #{link := K, requests := R} <- PerLink]).
 
 %% Whether the module's compiled code binds a receive marker to a
 %% reference and a receive uses it.
@@ -146,6 +158,8 @@ call_timeout_no_late_reply(Config) ->
 
 %% When a link goes down, the calls waiting on it return {badrpc,
 %% {link_down, _}} at once; calls on the other link are not disturbed.
+%% Each caller's call went through its own link: each link wrote its three
+%% calls (and the marker of flush_links/1).
 link_loss_fails_its_callers_only(Config) ->
     B = ?config(b, Config),
     connect_back(B),
@@ -154,8 +168,13 @@ link_loss_fails_its_callers_only(Config) ->
     %% callers are started until both links have theirs).
     #{0 := OnLink0, 1 := OnLink1} = callers_per_link(B, St, #{0 => [], 1 => []}, 3),
     Callers = OnLink0 ++ OnLink1,
+    Written0 = link_requests(B),
     [C ! go || C <- Callers],
     Blocked = [receive {blocked, P, B} -> P after 5000 -> ct:fail(not_blocked) end || _ <- Callers],
+    _ = ecall_test_nodes:flush_links(B),
+    Written1 = link_requests(B),
+    ?assertEqual(#{1 => 3 + 1, 2 => 3 + 1},
+                 maps:map(fun(K, R) -> R - maps:get(K, Written0) end, Written1)),
     [Id1 | _] = ecall:identities(),
     ok = erpc:call(B, ecall_test_nodes, drop_connection, [Id1]),
     %% Link 0 (Id1) callers fail ...
@@ -197,7 +216,8 @@ callers_per_link(B, St, Acc, N) ->
     end.
 
 %% 1,000 calls outstanding on a node whose OS process is killed: every one
-%% returns {error, {badrpc, _}}, none hangs.
+%% returns {error, {badrpc, _}}, none hangs. The 1,000 went to the links'
+%% queues (the connection was new: its count was 0).
 peer_killed_with_1000_calls(_Config) ->
     {_Peer, C} = start_peer([]),
     ok = ecall:connect(C),
@@ -206,6 +226,7 @@ peer_killed_with_1000_calls(_Config) ->
     Callers = [spawn(fun() -> Self ! {result, self(), ecall:call(C, ecall_test_nodes, block, [Self])} end)
                || _ <- lists:seq(1, 1000)],
     [receive {blocked, _, C} -> ok after 30000 -> ct:fail(not_blocked) end || _ <- Callers],
+    ?assertEqual(1000, pushed(C)),
     T0 = erlang:monotonic_time(millisecond),
     os:cmd("kill -9 " ++ OsPid),
     Results = [receive {result, P, R} -> R after 30000 -> ct:fail({hung, P}) end || P <- Callers],
@@ -226,11 +247,18 @@ unreachable_node(_Config) ->
     ?assertEqual({error, not_connected}, ecall:stats(Nobody)),
     ?assertEqual({error, noconnection}, ecall:connect(Nobody)).
 
+%% cast_one, cast_all, call_one, call_any, call_all and call_all_wait
+%% over this node, B, C and a node that does not exist, with and without
+%% RpcErr. Every request for B and C goes through the links: their queues
+%% count each one that the patterns send there (the local node is served
+%% locally, the missing one by erpc).
 multi_node_patterns(Config) ->
     B = ?config(b, Config),
     connect_back(B),
     {Peer, C} = start_peer([]),
     ok = ecall:connect(C),
+    PB0 = pushed(B),
+    PC0 = pushed(C),
     A = node(),
     [_, Host] = string:split(atom_to_list(A), "@"),
     Nobody = list_to_atom("nobody@" ++ Host),
@@ -276,6 +304,12 @@ multi_node_patterns(Config) ->
                  ecall:call_all_wait([B, C, Nobody], ecall_test_nodes, error_on, [B], true)),
     %% No stray answers were left behind.
     receive Stray -> ct:fail({stray, Stray}) after 0 -> ok end,
+    %% B: 3 casts, 2 call_one (1 when call_one tried C before B: its order
+    %% is random), 5 call_any, 4 call_all, 2 call_all_wait; C: 2 casts,
+    %% 1 call_one, 2 call_any, 2 call_all, 2 call_all_wait.
+    PB = pushed(B) - PB0,
+    ?assertMatch(N when N =:= 15; N =:= 16, PB),
+    ?assertEqual(9, pushed(C) - PC0),
     ok = ecall:disconnect(C),
     peer:stop(Peer).
 

@@ -198,11 +198,12 @@ reap_and_close_count_drops(_Config) ->
     MyLink = ecall_transport_nif:caller_link(St) + 1,
     OsPid = erpc:call(C, os, getpid, []),
     Sink = erpc:call(C, erlang, spawn, [fun() -> receive never -> ok end end]),
-    ok = logger:add_handler(?MODULE, ?MODULE, #{config => #{pid => self()}}),
-    "" = os:cmd("kill -STOP " ++ OsPid),
     After = 50,
+    %% The handler goes, and the peer runs again, whatever happens.
     {MyLink, Unconfirmed} =
         try
+            ok = logger:add_handler(?MODULE, ?MODULE, #{config => #{pid => self()}}),
+            "" = os:cmd("kill -STOP " ++ OsPid),
             %% 30 MB from this process (one shard, one link): far more than
             %% the loopback socket buffers hold.
             Chunk = binary:copy(<<"s">>, 100000),
@@ -298,15 +299,17 @@ overflow_drops_are_events(_Config) ->
     peer:stop(Peer).
 
 %% `telemetry_interval' is checked like every setting, and when set the
-%% peers' stats come on their own, again and again.
+%% peers' stats come on their own, again and again. Whatever happens, the
+%% setting goes and ecall runs again without it: the suites share this
+%% node.
 periodic_stats(_Config) ->
-    [begin
-         ok = application:set_env(ecall, telemetry_interval, Bad),
-         ?assertEqual({error, {bad_config, telemetry_interval, Bad}}, ecall_config:validate())
-     end || Bad <- [0, -5, never, 1.5]],
-    ok = application:stop(ecall),
-    ok = application:set_env(ecall, telemetry_interval, 100),
     try
+        [begin
+             ok = application:set_env(ecall, telemetry_interval, Bad),
+             ?assertEqual({error, {bad_config, telemetry_interval, Bad}}, ecall_config:validate())
+         end || Bad <- [0, -5, never, 1.5]],
+        ok = application:stop(ecall),
+        ok = application:set_env(ecall, telemetry_interval, 100),
         ok = ecall_test_nodes:start_ecall(),
         ok = sink(),
         {Peer, C} = peer_node(),
@@ -316,7 +319,8 @@ periodic_stats(_Config) ->
         ok = ecall:disconnect(C),
         peer:stop(Peer)
     after
-        ok = application:stop(ecall),
+        %% Not running if the start above failed.
+        _ = application:stop(ecall),
         application:unset_env(ecall, telemetry_interval),
         ok = ecall_test_nodes:start_ecall()
     end.
@@ -406,9 +410,11 @@ connect_gives_up_at_connect_timeout(_Config) ->
     ok = sink(),
     {Peer, C} = peer_node(),
     Timeout = 500,
-    ok = application:set_env(ecall, connect_timeout, Timeout),
-    ok = erpc:call(C, sys, suspend, [net_kernel]),
+    %% The setting goes, and the peer's net_kernel runs again, whatever
+    %% happens.
     try
+        ok = application:set_env(ecall, connect_timeout, Timeout),
+        ok = erpc:call(C, sys, suspend, [net_kernel]),
         T0 = erlang:monotonic_time(millisecond),
         %% Bounded: a connect that never gives up fails here, not at the
         %% timetrap.
@@ -438,9 +444,9 @@ connect_gives_up_at_connect_timeout(_Config) ->
     %% opening call times out too, and that is a timeout, not a peer
     %% without ecall.
     OsPid = erpc:call(C, os, getpid, []),
-    ok = application:set_env(ecall, connect_timeout, Timeout),
-    [] = os:cmd("kill -STOP " ++ OsPid),
     try
+        ok = application:set_env(ecall, connect_timeout, Timeout),
+        [] = os:cmd("kill -STOP " ++ OsPid),
         ?assertEqual({error, timeout}, bounded_connect(C, Timeout + ?WAIT)),
         {_, #{reason := timeout}} = event([ecall, connection, failed], C)
     after

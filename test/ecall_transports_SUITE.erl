@@ -9,7 +9,8 @@
 
 -export([all/0, suite/0, init_per_suite/1, end_per_suite/1]).
 -export([erlang_transport_data_path/1, nif_missing_falls_back_to_erlang/1,
-         proxy_exit_closes_connection/1]).
+         proxy_exit_closes_connection/1, transport_change_proxies_stand_for_calls_in_flight/1,
+         transport_change_ends_the_calls_of_a_proxy_that_cannot_retire/1]).
 
 -import(ecall_test_nodes, [start_node/1, many_callers_exactly_once/1, connect_back/1]).
 
@@ -17,7 +18,9 @@ suite() ->
     [{timetrap, {minutes, 5}}].
 
 all() ->
-    [erlang_transport_data_path, nif_missing_falls_back_to_erlang, proxy_exit_closes_connection].
+    [erlang_transport_data_path, nif_missing_falls_back_to_erlang, proxy_exit_closes_connection,
+     transport_change_proxies_stand_for_calls_in_flight,
+     transport_change_ends_the_calls_of_a_proxy_that_cannot_retire].
 
 init_per_suite(Config) ->
     ok = ecall_test_nodes:start_ecall(),
@@ -93,4 +96,117 @@ proxy_exit_closes_connection(Config) ->
     ok = application:set_env(ecall, transport, erlang),
     try ?assertEqual(ok, ecall:connect(B))
     after application:unset_env(ecall, transport)
+    end.
+
+%% A connection on the pure-Erlang transport that closes for a move to the
+%% links (`transport_change', as when the C-node identities register late)
+%% drops nothing: its proxies linger, still standing for the calls in
+%% flight. A call waiting on one when the move starts returns its answer
+%% after the close, and a request handed to a retired proxy by a caller
+%% that read the old transport is still sent.
+transport_change_proxies_stand_for_calls_in_flight(_Config) ->
+    {Peer, C, Pool} = erlang_transport_peer(),
+    {Caller, Proxy} = blocked_call(C, Pool),
+    Blocked = receive {blocked, P, C} -> P after 5000 -> ct:fail(not_blocked) end,
+    ok = ecall_conn:stop(whereis(ecall_conn:name(C)), transport_change),
+    ?assertEqual({error, not_connected}, ecall:stats(C)),
+    ?assert(is_process_alive(Proxy)),
+    receive {result, Caller, Early} -> ct:fail({returned_at_the_move, Early}) after 0 -> ok end,
+    %% A late request: the retired proxy sends it on.
+    Self = self(),
+    Echo = erpc:call(C, erlang, spawn, [ecall_test_nodes, echo_loop, []]),
+    Ref = make_ref(),
+    ok = ecall_proxy:send(Pool, Echo, {echo, Self, Ref}, false),
+    receive Ref -> ok after 5000 -> ct:fail(late_request_lost) end,
+    Blocked ! go,
+    receive
+        {result, Caller, Result} -> ?assertEqual({ok, late}, Result)
+    after 5000 -> ct:fail(call_not_answered)
+    end,
+    peer:stop(Peer).
+
+%% A proxy that does not retire within the close's 3 s (here it is stuck
+%% in a send to a peer whose OS process is stopped, on a busy distribution
+%% connection) is ended with `transport_change', and the call it stood
+%% for returns {error, {badrpc, transport_change}} at once: no call
+%% waits on a transport that is gone.
+transport_change_ends_the_calls_of_a_proxy_that_cannot_retire(_Config) ->
+    {Peer, C, Pool} = erlang_transport_peer(),
+    OsPid = erpc:call(C, os, getpid, []),
+    Sink = erpc:call(C, erlang, spawn, [fun() -> receive never -> ok end end]),
+    {Caller, Proxy} = blocked_call(C, Pool),
+    receive {blocked, _, C} -> ok after 5000 -> ct:fail(not_blocked) end,
+    Conn = whereis(ecall_conn:name(C)),
+    ConnRef = monitor(process, Conn),
+    "" = os:cmd("kill -STOP " ++ OsPid),
+    try
+        %% 40 MB through the caller's proxy: far more than the socket
+        %% buffers and the distribution queue hold, so the proxy is
+        %% suspended in its send. Nothing signals that: polled.
+        stuff_proxy(Pool, Proxy, Sink, binary:copy(<<"t">>, 1000000), 40),
+        suspended = poll_status(Proxy, suspended, 10000),
+        T0 = erlang:monotonic_time(millisecond),
+        _ = spawn(fun() -> ecall_conn:stop(Conn, transport_change) end),
+        receive
+            {result, Caller, Result} ->
+                ct:pal("the call returned ~b ms after the close began",
+                       [erlang:monotonic_time(millisecond) - T0]),
+                ?assertEqual({error, {badrpc, transport_change}}, Result)
+        after 10000 -> ct:fail(call_still_waiting)
+        end,
+        ?assertNot(is_process_alive(Proxy))
+    after
+        os:cmd("kill -CONT " ++ OsPid)
+    end,
+    receive {'DOWN', ConnRef, process, Conn, _} -> ok after 15000 -> ct:fail(connection_left) end,
+    peer:stop(Peer).
+
+%% A peer without discovery, connected over the pure-Erlang transport;
+%% the transport's pool.
+erlang_transport_peer() ->
+    {Peer, C} = ecall_test_nodes:start_peer(["-ecall", "discovery", "false"]),
+    ok = application:set_env(ecall, transport, erlang),
+    try ok = ecall:connect(C)
+    after application:unset_env(ecall, transport)
+    end,
+    {ecall_proxy, Pool} = ecall_conn:peer(C),
+    {Peer, C, Pool}.
+
+%% A caller whose call to block/1 on C waits on its proxy; the caller and
+%% that proxy (reply_watcher/1, as the caller's call picks it).
+blocked_call(C, Pool) ->
+    Self = self(),
+    Caller = spawn_link(fun() ->
+                                {ok, Proxy} = ecall_proxy:reply_watcher(Pool),
+                                Self ! {proxy, self(), Proxy},
+                                Self ! {result, self(), ecall:call(C, ecall_test_nodes, block, [Self])}
+                        end),
+    receive {proxy, Caller, Proxy} -> {Caller, Proxy} end.
+
+%% N sends of Msg to To through `Proxy' (from a process that picks it).
+stuff_proxy(Pool, Proxy, To, Msg, N) ->
+    Self = self(),
+    {Pid, Mref} = spawn_monitor(fun() ->
+                                        case ecall_proxy:reply_watcher(Pool) of
+                                            {ok, Proxy} ->
+                                                [ok = ecall_proxy:send(Pool, To, Msg, false)
+                                                 || _ <- lists:seq(1, N)],
+                                                Self ! {stuffed, self()};
+                                            {ok, _Other} ->
+                                                ok
+                                        end
+                                end),
+    receive
+        {stuffed, Pid} -> demonitor(Mref, [flush]), ok;
+        {'DOWN', Mref, process, Pid, normal} -> stuff_proxy(Pool, Proxy, To, Msg, N)
+    end.
+
+%% Polls the status of `Pid' every 10 ms until it is `Want', for at most
+%% `Ms' ms; the last status.
+poll_status(Pid, Want, Ms) when Ms =< 0 ->
+    element(2, process_info(Pid, status));
+poll_status(Pid, Want, Ms) ->
+    case process_info(Pid, status) of
+        {status, Want} -> Want;
+        _ -> receive after 10 -> poll_status(Pid, Want, Ms - 10) end
     end.
