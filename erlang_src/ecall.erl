@@ -341,7 +341,7 @@ connect(Node) when is_atom(Node) ->
                     %% answers `{error, timeout}'), so no second timer here.
                     case ecall_conn_sup:start_conn(Node) of
                         {ok, Pid} -> ecall_conn:await(Pid);
-                        {error, {already_started, Pid}} -> ecall_conn:await(Pid);
+                        {error, {already_started, Pid}} -> join(Node, Pid);
                         {error, Reason} -> {error, Reason}
                     end;
                 {error, _} = E ->
@@ -350,6 +350,21 @@ connect(Node) when is_atom(Node) ->
     end;
 connect(Node) ->
     erlang:error(badarg, [Node]).
+
+%% The connection process to `Node' that is there already: its outcome,
+%% unless it is closing. A closing one stays registered until the peer has
+%% replayed what its links delivered (a drain that reconnects the two nodes
+%% if a nodedown closed it, and so brings discovery's connect here): a new
+%% one once it has gone.
+-spec join(node(), pid()) -> ok | {error, term()}.
+join(Node, Pid) ->
+    case ecall_conn:route(Node) of
+        {closing, Pid} ->
+            ok = ecall_conn:await_close(Node),
+            connect(Node);
+        _ ->
+            ecall_conn:await(Pid)
+    end.
 
 %% Whether this node can open connections with the transport it would use.
 -spec usable() -> ok | {error, term()}.

@@ -12,9 +12,13 @@
 -export([all/0, suite/0, init_per_testcase/2, end_per_testcase/2]).
 -export([not_distributed_is_printed/1, refused_configuration_is_printed/1,
          nif_fallback_is_printed/1, link_down_is_printed/1,
-         squatted_name_boots_then_moves_to_the_links/1]).
+         squatted_name_boots_then_moves_to_the_links/1,
+         unreachable_epmd_boots_then_moves_to_the_links/1,
+         missing_or_unreadable_tls_files_boot_then_move_to_the_links/1]).
 %% Run on the nodes.
 -export([seq_collector/1, seq_sender/2]).
+%% A peer's printer (group leader of its control process).
+-export([printer/2]).
 
 %% An upper bound on waiting for a line or a state, never a pause.
 -define(WAIT, 30000).
@@ -24,7 +28,9 @@ suite() ->
 
 all() ->
     [not_distributed_is_printed, refused_configuration_is_printed, nif_fallback_is_printed,
-     link_down_is_printed, squatted_name_boots_then_moves_to_the_links].
+     link_down_is_printed, squatted_name_boots_then_moves_to_the_links,
+     unreachable_epmd_boots_then_moves_to_the_links,
+     missing_or_unreadable_tls_files_boot_then_move_to_the_links].
 
 %% Every node a case starts is written down (its OS pid) and stopped after
 %% the case, whatever its outcome.
@@ -136,6 +142,105 @@ squatted_name_boots_then_moves_to_the_links(_Config) ->
     ?assert(Requests > 0),
     ?assertEqual(registered, maps:get(identities_state, erpc:call(X, ecall, stats, []))),
     stop_node(X, Port).
+
+%% The epmd the C-node identities register with cannot be reached when
+%% ecall starts (here the node's `erl_epmd_port' names a port nobody
+%% listens on; its own distribution uses the real epmd). The node boots
+%% anyway, prints one warning that names the failure, shows
+%% `{registering, Why}' in its stats and serves a peer over the
+%% pure-Erlang transport. Once epmd can be reached, a registration retried
+%% in the background succeeds and the connection moves to the links.
+unreachable_epmd_boots_then_moves_to_the_links(_Config) ->
+    process_flag(trap_exit, true),
+    Closed = closed_port(),
+    {X, Port, Boot} = start_node(peer:random_name(ecall_boot_e),
+                                 ["-kernel", "erl_epmd_port", integer_to_list(Closed)]),
+    try
+        Warning = printed_or_await(Boot, Port, ["C-node identities could not start", "epmd"],
+                                   ["pure-Erlang transport"]),
+        ct:pal("printed: ~ts", [Warning]),
+        ?assertMatch({registering, _}, maps:get(identities_state, erpc:call(X, ecall, stats, []))),
+        ?assertEqual([], erpc:call(X, ecall, identities, [])),
+        {Peer, B} = ecall_test_nodes:start_peer(),
+        try epmd_comes_within_reach(X, Port, B)
+        after peer:stop(Peer)
+        end
+    after
+        stop_node(X, Port)
+    end.
+
+epmd_comes_within_reach(X, Port, B) ->
+    ok = erpc:call(X, ecall, connect, [B], ?WAIT),
+    ?assertMatch({ok, #{transport := erlang}}, erpc:call(X, ecall, stats, [B])),
+    ?assertEqual({ok, B}, erpc:call(X, ecall, call, [B, erlang, node, []])),
+    %% epmd within reach: the next attempt (at most 10 s later)
+    %% registers the identities.
+    Epmd = list_to_integer(os:getenv("ERL_EPMD_PORT")),
+    ok = erpc:call(X, application, set_env, [kernel, erl_epmd_port, Epmd]),
+    Moved = await_line(Port, ["registered with epmd"], ["move to the NIF transport"]),
+    ct:pal("printed: ~ts", [Moved]),
+    await_transport(X, B, nif),
+    {ok, #{links := Links, links_up := Up}} = erpc:call(X, ecall, stats, [B]),
+    ?assertEqual({2, 2}, {Links, Up}),
+    ?assertEqual({ok, B}, erpc:call(X, ecall, call, [B, erlang, node, []])),
+    ?assertEqual(registered, maps:get(identities_state, erpc:call(X, ecall, stats, []))).
+
+%% A node on TLS distribution whose TLS files cannot be read when ecall
+%% starts: one node's server certificate file is missing, the other's
+%% server key file is a directory. Each boots anyway, prints one warning
+%% that names the file, shows `{registering, Why}' in its stats and serves
+%% a TLS peer over the pure-Erlang transport, on the node's own TLS
+%% distribution (which reads the files only when it accepts a connection).
+%% Once the files are in place, a registration retried in the background
+%% succeeds and the connections move to the links, which speak TLS.
+%%
+%% These nodes cannot talk to this (plain) node: they are `peer' nodes
+%% driven over standard input and output, and what they print with OTP's
+%% default logger configuration comes back through their control process
+%% (its group leader here is printer/2).
+missing_or_unreadable_tls_files_boot_then_move_to_the_links(Config) ->
+    Dir = filename:join(?config(priv_dir, Config), "tls_late"),
+    {Cert, Key, Ca} = tls_cert(Dir),
+    Late = fun(Name) -> filename:join(Dir, Name) end,
+    Side = fun(C, K) -> [{certfile, C}, {keyfile, K}, {cacertfile, Ca}, {verify, verify_peer}] end,
+    Conf = fun(Name, Server) ->
+                   File = filename:join(Dir, Name ++ ".conf"),
+                   ok = file:write_file(File, io_lib:format(
+                          "~p.~n", [[{server, [{fail_if_no_peer_cert, true} | Server]},
+                                     {client, Side(Cert, Key)}]])),
+                   File
+           end,
+    Good = Conf("good", Side(Cert, Key)),
+    NoCert = Conf("no_cert", Side(Late("late_cert.pem"), Key)),
+    DirKey = Conf("dir_key", Side(Cert, Late("late_key.pem"))),
+    ok = file:make_dir(Late("late_key.pem")),
+    Self = self(),
+    with_tls_nodes([{"y", Good}, {"x1", NoCert}, {"x2", DirKey}], Self,
+                   fun(Nodes) -> tls_files_come_late(Nodes, Cert, Key, Late) end).
+
+tls_files_come_late([{_, NY, _}, {PX1, _, Printer1}, {PX2, _, Printer2}], Cert, Key, Late) ->
+    Falls = [{PX1, Printer1, "late_cert.pem"}, {PX2, Printer2, "late_key.pem"}],
+    [begin
+         Warning = await_printed(Printer, ["C-node identities could not start", File],
+                                 ["pure-Erlang transport"]),
+         ct:pal("printed: ~ts", [Warning]),
+         ?assertMatch({registering, _}, maps:get(identities_state, peer:call(P, ecall, stats, []))),
+         ?assertEqual(ok, peer:call(P, ecall, connect, [NY], ?WAIT)),
+         ?assertMatch({ok, #{transport := erlang}}, peer:call(P, ecall, stats, [NY])),
+         ?assertEqual({ok, NY}, peer:call(P, ecall, call, [NY, erlang, node, []], ?WAIT))
+     end || {P, Printer, File} <- Falls],
+    %% The files in place: the next attempts (at most 10 s later)
+    %% register the identities.
+    {ok, _} = file:copy(Cert, Late("late_cert.pem")),
+    ok = file:del_dir(Late("late_key.pem")),
+    {ok, _} = file:copy(Key, Late("late_key.pem")),
+    [begin
+         Moved = await_printed(Printer, ["registered with epmd"], ["move to the NIF transport"]),
+         ct:pal("printed: ~ts", [Moved]),
+         await_links(P, NY, erlang:monotonic_time(millisecond) + ?WAIT),
+         ?assertEqual({ok, NY}, peer:call(P, ecall, call, [NY, erlang, node, []], ?WAIT)),
+         ?assertEqual(registered, maps:get(identities_state, peer:call(P, ecall, stats, [])))
+     end || {P, Printer, _} <- Falls].
 
 %% On B: counts numbered messages from one sender and checks their order;
 %% answers `{count, N}' when asked, and reports at `{done, Sent}'.
@@ -260,6 +365,133 @@ await_line(Port, All, Any) ->
             end;
         {Port, {exit_status, S}} -> ct:fail({node_exited, S, All, Any})
     after ?WAIT -> ct:fail({no_line, All, Any})
+    end.
+
+%% A port on 127.0.0.1 nobody listens on now (bound, then closed).
+closed_port() ->
+    {ok, L} = gen_tcp:listen(0, [{ip, {127, 0, 0, 1}}]),
+    {ok, P} = inet:port(L),
+    ok = gen_tcp:close(L),
+    P.
+
+%% The first line of `Boot' (printed before the node was up), else the
+%% first the node prints next, that holds every one of `All' and one of
+%% `Any'.
+printed_or_await(Boot, Port, All, Any) ->
+    Has = fun(L) -> lists:all(fun(T) -> string:find(L, T) =/= nomatch end, All)
+                        andalso lists:any(fun(T) -> string:find(L, T) =/= nomatch end, Any)
+          end,
+    case lists:filter(Has, Boot) of
+        [L | _] -> L;
+        [] -> await_line(Port, All, Any)
+    end.
+
+%% A CA and a certificate for this host signed by it, in Dir (made here,
+%% verification both ways). Returns the paths of the certificate, its key
+%% and the CA certificate.
+tls_cert(Dir) ->
+    ok = filelib:ensure_path(Dir),
+    F = fun(File) -> filename:join(Dir, File) end,
+    Host = lists:last(string:split(atom_to_list(node()), "@")),
+    openssl(["req -x509 -newkey rsa:2048 -nodes -days 2 -subj /CN=ecall-boot-ca",
+             " -keyout ", F("ca.key"), " -out ", F("ca.pem")]),
+    ok = file:write_file(F("ext.cnf"), ["basicConstraints=CA:FALSE\n",
+                                        "extendedKeyUsage=serverAuth,clientAuth\n",
+                                        "subjectAltName=DNS:", Host, ",IP:127.0.0.1\n"]),
+    openssl(["req -newkey rsa:2048 -nodes -subj /CN=", Host,
+             " -keyout ", F("key.pem"), " -out ", F("node.csr")]),
+    openssl(["x509 -req -days 2 -in ", F("node.csr"), " -CA ", F("ca.pem"),
+             " -CAkey ", F("ca.key"), " -CAcreateserial -extfile ", F("ext.cnf"),
+             " -out ", F("cert.pem")]),
+    {F("cert.pem"), F("key.pem"), F("ca.pem")}.
+
+openssl(Args) ->
+    Out = os:cmd(lists:flatten(["openssl ", Args, " 2>&1; echo rc=$?"])),
+    ?assertMatch({match, _}, re:run(Out, "rc=0\n$"), Out).
+
+%% Runs Fun with the nodes start_tls/3 starts, one per {Prefix, Conf},
+%% and stops them whatever happens (also when one of them does not start).
+with_tls_nodes(Specs, Owner, Fun) ->
+    with_tls_nodes(Specs, Owner, Fun, []).
+
+with_tls_nodes([], _Owner, Fun, Started) ->
+    Fun(lists:reverse(Started));
+with_tls_nodes([{Prefix, Conf} | Specs], Owner, Fun, Started) ->
+    {Peer, _, _} = Node = start_tls(Prefix, Conf, Owner),
+    try
+        with_tls_nodes(Specs, Owner, Fun, [Node | Started])
+    after
+        peer:stop(Peer)
+    end.
+
+%% A `peer' node on TLS distribution with the optfile `Conf' and discovery
+%% off, driven over standard input and output, running ecall; what it
+%% prints goes to a printer/2 of `Owner'. {Peer, Node, Printer}.
+start_tls(Prefix, Conf, Owner) ->
+    {ok, Peer, Node} =
+        peer:start_link(#{exec => ecall_test_nodes:node_exec(),
+                          connection => standard_io, name => peer:random_name(Prefix),
+                          args => ["-setcookie", cookie(), "-proto_dist", "inet_tls",
+                                   "-ssl_dist_optfile", Conf, "-ecall", "discovery", "false"
+                                   | ecall_test_nodes:node_args()],
+                          wait_boot => 60000}),
+    %% `peer' writes what the node prints to its own group leader.
+    Printer = spawn_link(?MODULE, printer, [Owner, group_leader()]),
+    true = group_leader(Printer, Peer),
+    try {ok, _} = peer:call(Peer, application, ensure_all_started, [ecall], ?WAIT)
+    catch Class:Why:Stack -> peer:stop(Peer), erlang:raise(Class, Why, Stack)
+    end,
+    {Peer, Node, Printer}.
+
+%% An I/O server that passes each whole line written to it to `Owner' as
+%% {printed, self(), Line}, and the text on to `Next' (the case's log).
+printer(Owner, Next) ->
+    printer(Owner, Next, <<>>).
+
+printer(Owner, Next, Part) ->
+    receive
+        {io_request, From, ReplyAs, Request} ->
+            Text = iolist_to_binary(io_text(Request)),
+            _ = Text =/= <<>> andalso io:put_chars(Next, Text),
+            From ! {io_reply, ReplyAs, ok},
+            [Rest | Lines] = lists:reverse(binary:split(<<Part/binary, Text/binary>>, <<"\n">>,
+                                                        [global])),
+            [Owner ! {printed, self(), L} || L <- lists:reverse(Lines)],
+            printer(Owner, Next, Rest)
+    end.
+
+io_text({put_chars, Enc, Chars}) -> unicode:characters_to_binary(Chars, Enc);
+io_text({put_chars, Enc, M, F, A}) -> io_text({put_chars, Enc, apply(M, F, A)});
+io_text({put_chars, Chars}) -> io_text({put_chars, latin1, Chars});
+io_text({requests, Requests}) -> [io_text(R) || R <- Requests];
+io_text(_) -> <<>>.
+
+%% The first line the printer passes on that holds every one of `All' and
+%% one of `Any'.
+await_printed(Printer, All, Any) ->
+    receive
+        {printed, Printer, Line} ->
+            Has = fun(T) -> string:find(Line, T) =/= nomatch end,
+            case lists:all(Has, All) andalso lists:any(Has, Any) of
+                true -> Line;
+                false -> await_printed(Printer, All, Any)
+            end
+    after ?WAIT -> ct:fail({not_printed, All, Any})
+    end.
+
+%% Returns once the connection from the peer node to `Node' is on the NIF
+%% transport with every link up (the move runs in a process of the peer's
+%% ecall after its identities registered).
+await_links(Peer, Node, Deadline) ->
+    case peer:call(Peer, ecall, stats, [Node]) of
+        {ok, #{transport := nif, links := L, links_up := L}} ->
+            ok;
+        Other ->
+            erlang:monotonic_time(millisecond) < Deadline orelse ct:fail({links, Other}),
+            %% Asks again once the peer's connection processes have handled
+            %% what came before this call.
+            _ = peer:call(Peer, ecall, connections, []),
+            await_links(Peer, Node, Deadline)
     end.
 
 %% Returns once the collector has counted at least N messages: its count.

@@ -16,11 +16,13 @@
          order_holds_across_reconnects/1, a_node_that_crashes_is_written_down/1,
          a_peer_without_ecall_says_so/1, not_started_says_so/1,
          configuration_doc_matches_spec/1, settings_apply_when_read/1,
-         connection_up_and_down_are_notices/1]).
+         connection_up_and_down_are_notices/1,
+         blocked_sender_goes_by_native_when_the_connection_closes/1,
+         discovery_reconnects_after_a_nodedown/1, discovery_reconnects_after_a_restart/1]).
 %% logger handler.
 -export([log/2]).
 %% Run on peers.
--export([not_distributed_check/0, hold/1, order_collector/2, load_loop/1]).
+-export([not_distributed_check/0, hold/1, order_collector/2, load_loop/1, seq_log/2]).
 
 -import(ecall_test_nodes, [start_peer/0, start_peer/1, node_args/0]).
 
@@ -34,7 +36,9 @@ all() ->
      spawn_failure_is_counted_and_answered, restart_cycles_start_first_time,
      order_holds_across_reconnects, a_node_that_crashes_is_written_down,
      a_peer_without_ecall_says_so, not_started_says_so, configuration_doc_matches_spec,
-     settings_apply_when_read, connection_up_and_down_are_notices].
+     settings_apply_when_read, connection_up_and_down_are_notices,
+     blocked_sender_goes_by_native_when_the_connection_closes,
+     discovery_reconnects_after_a_nodedown, discovery_reconnects_after_a_restart].
 
 init_per_suite(Config) ->
     ok = ecall_test_nodes:start_ecall(),
@@ -401,6 +405,220 @@ order_collect(Owner, N, Last, #{received := R, out_of_order := B} = Acc) ->
             order_collect(Owner, N, Last#{From => Seq}, Acc#{received := R + 1, out_of_order := Bad});
         {fin, _From, Sent} ->
             order_collect(Owner, N - 1, Last, Acc#{sent := maps:get(sent, Acc) + Sent})
+    end.
+
+%% A sender waiting for room under `overflow => block' (the peer is
+%% stopped with SIGSTOP, so its byte budget of 1 MB fills and stays full)
+%% when the connection closes (ecall:disconnect/1): the close releases it,
+%% and its message goes by `!'. The peer runs again once the sender is
+%% released, so that the close can wait until the peer has replayed what
+%% the links delivered. The peer gets every message from the blocked one
+%% on (the next ones go by `!' too), all in the order sent, and what is
+%% missing before the blocked one is what the close counted as dropped.
+blocked_sender_goes_by_native_when_the_connection_closes(_Config) ->
+    ok = application:set_env(ecall, max_queue_bytes, 1000000),
+    {Peer, C} = try
+                    {P, N} = start_peer(["-ecall", "discovery", "false"]),
+                    ok = ecall:connect(N),
+                    {P, N}
+                after
+                    application:unset_env(ecall, max_queue_bytes)
+                end,
+    Self = self(),
+    Collector = erpc:call(C, erlang, spawn, [?MODULE, seq_log, [Self, []]]),
+    Payload = binary:copy(<<"p">>, 100000),
+    Sender = spawn_link(fun() -> step_sender(Self, Collector, Payload) end),
+    try
+        blocked_then_closed(C, Sender, Collector)
+    after
+        unlink(Sender),
+        exit(Sender, kill),
+        flush_all_traces(),
+        peer:stop(Peer)
+    end.
+
+blocked_then_closed(C, Sender, Collector) ->
+    Self = self(),
+    OsPid = erpc:call(C, os, getpid, []),
+    1 = erlang:trace_pattern({ecall_nif, wait_room, 3}, [{'_', [], [{return_trace}]}], [local]),
+    1 = erlang:trace(Sender, true, [call, 'receive']),
+    "" = os:cmd("kill -STOP " ++ OsPid),
+    Blocked =
+        try
+            K = step_until_blocked(Sender, 1),
+            Closer = spawn_link(fun() -> Self ! {closed, self(), ecall:disconnect(C)} end),
+            receive
+                {trace, Sender, 'receive', {ecall_room, _, false}} -> ok
+            after 10000 -> ct:fail(sender_not_released)
+            end,
+            "" = os:cmd("kill -CONT " ++ OsPid),
+            receive {sent, Sender, K} -> ok after 30000 -> ct:fail(blocked_send_stuck) end,
+            receive {closed, Closer, ok} -> ok after 30000 -> ct:fail(close_stuck) end,
+            K
+        after
+            erlang:trace_pattern({ecall_nif, wait_room, 3}, false, [local]),
+            os:cmd("kill -CONT " ++ OsPid)
+        end,
+    ?assertEqual({error, not_connected}, ecall:stats(C)),
+    [step(Sender, I) || I <- lists:seq(Blocked + 1, Blocked + 10)],
+    Sender ! {report, Self},
+    Got = receive {seq_log, Collector, L} -> L after 30000 -> ct:fail(no_log) end,
+    {ok, #{closed_drops := Queued, dropped := Lost, overflow_waits := Waits}} = ecall:last_stats(C),
+    Before = [I || I <- Got, I < Blocked],
+    ct:pal("blocked at message ~b; ~b of those before it arrived, ~b dropped by the close, "
+           "~b lost on the links", [Blocked, length(Before), Queued, Lost]),
+    ?assert(Waits >= 1),
+    ?assertEqual(lists:usort(Got), Got),
+    ?assertEqual(lists:seq(Blocked, Blocked + 10), Got -- Before),
+    ?assertEqual(Blocked - 1 - length(Before), Queued + Lost).
+
+%% Sends {seq, I, Payload} by ecall:send/2 each time it is told to, and
+%% says so; `{report, To}' asks the collector for its log, behind them.
+step_sender(Owner, Collector, Payload) ->
+    receive
+        {go, I} ->
+            _ = ecall:send(Collector, {seq, I, Payload}),
+            Owner ! {sent, self(), I},
+            step_sender(Owner, Collector, Payload);
+        {report, To} ->
+            _ = ecall:send(Collector, {report, To}),
+            step_sender(Owner, Collector, Payload)
+    end.
+
+step(Sender, I) ->
+    Sender ! {go, I},
+    receive {sent, Sender, I} -> ok after 30000 -> ct:fail({send_stuck, I}) end.
+
+%% Makes the sender send 1, 2, ... until it waits for room (the NIF
+%% answers `wait'); the message it waits with.
+step_until_blocked(Sender, I) when I =< 1000 ->
+    Sender ! {go, I},
+    receive
+        {sent, Sender, I} -> step_until_blocked(Sender, I + 1);
+        {trace, Sender, return_from, {ecall_nif, wait_room, 3}, wait} -> I
+    after 30000 -> ct:fail({neither_sent_nor_waiting, I})
+    end.
+
+%% On the peer: the numbers of the {seq, I, _} messages, in the order they
+%% came, sent back when asked.
+seq_log(Owner, Acc) ->
+    receive
+        {seq, I, _} -> seq_log(Owner, [I | Acc]);
+        {report, To} -> To ! {seq_log, self(), lists:reverse(Acc)}
+    end.
+
+flush_all_traces() ->
+    receive
+        T when element(1, T) =:= trace -> flush_all_traces()
+    after 0 -> ok
+    end.
+
+%% Discovery (on by default) connects again, without ecall:connect/1,
+%% after a nodedown and a nodeup between this node and a peer (here a
+%% disconnect, then a ping): a new connection process for the peer is
+%% started on its own and comes up with every link, and calls go through
+%% it. Connection processes are seen start by tracing their supervisor.
+discovery_reconnects_after_a_nodedown(_Config) ->
+    with_conn_sup_traced(
+      fun(Sup) ->
+              {Peer, C} = start_named_peer(peer:random_name(rediscovered)),
+              try
+                  Conn1 = discovered(Sup, C),
+                  Down = monitor(process, Conn1),
+                  true = erlang:disconnect_node(C),
+                  receive {'DOWN', Down, process, Conn1, _} -> ok
+                  after 10000 -> ct:fail(conn_kept)
+                  end,
+                  pong = net_adm:ping(C),
+                  _Conn2 = discovered(Sup, C),
+                  ?assertEqual({ok, C}, ecall:call(C, erlang, node, []))
+              after
+                  peer:stop(Peer)
+              end
+      end).
+
+%% The same after the peer restarts under its name (a new incarnation,
+%% connected to this node again by a ping): the new connection comes up
+%% with every link, and calls reach the new incarnation.
+discovery_reconnects_after_a_restart(_Config) ->
+    with_conn_sup_traced(
+      fun(Sup) ->
+              Name = peer:random_name(restarted),
+              {Peer1, C} = start_named_peer(Name),
+              OsPid1 = try
+                           Conn1 = discovered(Sup, C),
+                           Down = monitor(process, Conn1),
+                           P = erpc:call(C, os, getpid, []),
+                           peer:stop(Peer1),
+                           receive {'DOWN', Down, process, Conn1, _} -> ok
+                           after 10000 -> ct:fail(conn_kept)
+                           end,
+                           P
+                       catch Class:Why:Stack ->
+                           peer:stop(Peer1),
+                           erlang:raise(Class, Why, Stack)
+                       end,
+              {Peer2, C} = start_named_peer(Name),
+              try
+                  _Conn2 = discovered(Sup, C),
+                  OsPid2 = erpc:call(C, os, getpid, []),
+                  ?assertNotEqual(OsPid1, OsPid2),
+                  ?assertEqual({ok, OsPid2}, ecall:call(C, os, getpid, []))
+              after
+                  peer:stop(Peer2)
+              end
+      end).
+
+%% Runs Fun(Sup) with ecall_conn_sup traced for the processes it starts
+%% (discovery is on here, as by default).
+with_conn_sup_traced(Fun) ->
+    ?assert(ecall_config:get(discovery)),
+    Sup = whereis(ecall_conn_sup),
+    1 = erlang:trace(Sup, true, [procs]),
+    try
+        Fun(Sup)
+    after
+        erlang:trace(Sup, false, [procs]),
+        flush_all_traces()
+    end.
+
+%% An OTP 25 peer running ecall under the name `Name' (on this host), with
+%% the suites' settings, then connected to this node by a ping. It is
+%% driven over its standard input and output, so that it outlives a
+%% nodedown between the two nodes (a peer driven by distribution halts).
+start_named_peer(Name) ->
+    {ok, Peer, Node} = peer:start_link(#{name => Name, exec => ecall_test_nodes:node_exec(),
+                                         connection => standard_io,
+                                         args => ["-setcookie", atom_to_list(erlang:get_cookie())
+                                                  | node_args()],
+                                         wait_boot => 60000}),
+    {ok, _} = peer:call(Peer, application, ensure_all_started, [ecall], 30000),
+    pong = net_adm:ping(Node),
+    {Peer, Node}.
+
+%% The next connection process that ecall_conn_sup (traced) starts for
+%% `Node', once it is up: it has every link up, and ecall:stats/1 and
+%% ecall:connections/0 show it so.
+discovered(Sup, Node) ->
+    receive
+        {trace, Sup, spawn, Pid, _} ->
+            case ecall_conn:await(Pid) of
+                ok ->
+                    case ecall_conn:info(Pid) of
+                        #{node := Node} ->
+                            {ok, #{transport := nif, links := L, links_up := Up}} = ecall:stats(Node),
+                            ?assertEqual(ecall_config:links(), Up),
+                            ?assertEqual(L, Up),
+                            ?assertMatch([#{transport := nif, links_up := Up}],
+                                         [I || #{node := N} = I <- ecall:connections(), N =:= Node]),
+                            Pid;
+                        _ ->
+                            discovered(Sup, Node)
+                    end;
+                {error, Why} ->
+                    ct:fail({connection_failed, Node, Why})
+            end
+    after 30000 -> ct:fail({not_discovered, Node})
     end.
 
 %% The tests' own net under every node they start (test/scripts/node.sh,

@@ -1,0 +1,336 @@
+%% Big messages on the receiving node. A message whose encoding reaches
+%% 256 KiB goes straight to its target, which decodes it as it does one
+%% sent with `!': terms of tens of MB hold up node B no more than `!'
+%% does, and leave nothing in its receiver workers. A big message whose
+%% fence fails is left to B's receiver, which relays it in order.
+%%
+%% Each case starts its own node B (an OTP 25 `peer', discovery off, so
+%% that only the connection made here exists) and stops it.
+-module(ecall_large_SUITE).
+
+-include_lib("common_test/include/ct.hrl").
+-include_lib("stdlib/include/assert.hrl").
+
+-export([all/0, suite/0, init_per_suite/1, end_per_suite/1]).
+-export([big_terms_hold_up_the_receiving_node_as_native_does/1,
+         failed_fence_leaves_a_big_message_to_the_receiver/1]).
+%% Run on B.
+-export([watcher_start/0, big_sink/1, rx_heaps/0, ecall_events/2, order_collector/2,
+         rx_tracer_start/2]).
+
+%% How late B's 1 ms ticker may be while big terms arrive through the
+%% links: ?LATE_FACTOR times its lateness while the same terms arrive by
+%% `!', plus ?LATE_SLACK_MS. B runs one scheduler, so its ticker waits
+%% behind any stretch of work there that does not yield, with either
+%% path: what it sees is the longest such stretch. With both paths that is
+%% the target's decode of the biggest term, 140-190 ms on this machine in
+%% most transfers, but up to 370 ms (`!') and 580 ms (ecall) in a few,
+%% on a shared 2-core machine (a virtual one) where node A works at the
+%% same time, and in two rounds in a row at times. So each path's
+%% lateness is the best of three rounds (an outlier spoils one), and the
+%% bound is generous: it catches a path that holds B's scheduler several
+%% times longer than `!' every time. A relay through a receiver, which
+%% makes B build and copy each term once more, is caught by the checks of
+%% the receivers' heaps and long schedules, which do not depend on timing:
+%% with such a relay the ticker alone can stay within the bound (280 ms
+%% against 120 ms by `!' in one run).
+-define(LATE_FACTOR, 3).
+-define(LATE_SLACK_MS, 50).
+%% long_schedule events: a process or port that ran this long (ms) or
+%% more without a break.
+-define(LONG_SCHEDULE_MS, 10).
+%% An upper bound on waiting for a term or an event, never a pause.
+-define(WAIT, 60000).
+
+suite() ->
+    [{timetrap, {minutes, 3}}].
+
+all() ->
+    [big_terms_hold_up_the_receiving_node_as_native_does,
+     failed_fence_leaves_a_big_message_to_the_receiver].
+
+init_per_suite(Config) ->
+    ok = ecall_test_nodes:start_ecall(),
+    Config.
+
+end_per_suite(_Config) ->
+    ok = application:stop(ecall).
+
+%% Two terms of 60 MB encoded (a list of 5M small tuples, a list of 3M
+%% tuples with binaries) go to B, one after the other, by `!' and by
+%% ecall:send/2 in turn, while B (one scheduler) runs a 1 ms ticker and
+%% watches long_schedule events. Through ecall:
+%% - the ticker is no later than with `!' times ?LATE_FACTOR, plus
+%%   ?LATE_SLACK_MS (the best of three rounds each);
+%% - B's receivers replay one request per term (its fence), and no
+%%   long_schedule event names an ecall process or function;
+%% - the heaps of B's receiver workers are as they were before the terms,
+%%   within 10,000 words (no collection forced);
+%% and every term arrives intact.
+big_terms_hold_up_the_receiving_node_as_native_does(_Config) ->
+    Holder = term_holder(),
+    try
+        {Peer, B} = ecall_test_nodes:start_peer(["-ecall", "discovery", "false", "+S", "1"]),
+        try big_terms_through(B, Holder)
+        after peer:stop(Peer)
+        end
+    after
+        {Pid, _} = Holder,
+        unlink(Pid),
+        exit(Pid, kill)
+    end.
+
+big_terms_through(B, Holder) ->
+    ok = ecall:connect(B),
+    Rx0 = erpc:call(B, ?MODULE, rx_heaps, []),
+    #{receivers := #{requests := R0}} = erpc:call(B, ecall, stats, []),
+    %% Three rounds each, in the order ABBAAB (drift in the machine's
+    %% load falls on both).
+    Runs = [{V, watched_transfers(B, Holder, V)}
+            || V <- [native, ecall, ecall, native, native, ecall]],
+    Rx1 = erpc:call(B, ?MODULE, rx_heaps, []),
+    ok = ecall_test_nodes:sync_receivers(B),
+    #{receivers := #{requests := R1}} = erpc:call(B, ecall, stats, []),
+    Late = fun(V) -> lists:min([L || {V1, #{late_ms := L}} <- Runs, V1 =:= V]) end,
+    Events = fun(V) -> [E || {V1, #{events := Es}} <- Runs, V1 =:= V, E <- Es] end,
+    ct:pal("B's ticker, worst lateness per round (ms): ~w~n"
+           "long_schedule events on B by `!': ~p~nthrough ecall: ~p~n"
+           "B's receiver heaps (words): ~w before, ~w after",
+           [[{V, L} || {V, #{late_ms := L}} <- Runs], Events(native), Events(ecall), Rx0, Rx1]),
+    %% The terms went straight to their targets: B's receivers replayed
+    %% one fence per term sent through ecall, and built none of them.
+    ?assertEqual(length([V || {ecall, _} = V <- Runs]) * length(element(2, Holder)), R1 - R0),
+    ?assertEqual([], erpc:call(B, ?MODULE, ecall_events, [Events(ecall), ecall_modules()])),
+    [?assert(After =< Before + 10000) || {Before, After} <- lists:zip(Rx0, Rx1)],
+    ?assert(Late(ecall) =< ?LATE_FACTOR * Late(native) + ?LATE_SLACK_MS).
+
+%% ecall's own modules (those of the application, not the tests').
+ecall_modules() ->
+    {ok, Modules} = application:get_key(ecall, modules),
+    Modules.
+
+%% Each of the holder's terms to a sink of its own on B, by `Variant', one
+%% after the other, while B's watcher runs; then each sink checks its term
+%% against the holder's hash. Returns what the watcher saw.
+watched_transfers(B, {Holder, Held}, Variant) ->
+    Watcher = erpc:call(B, ?MODULE, watcher_start, []),
+    Sinks = [begin
+                 Sink = erpc:call(B, erlang, spawn, [?MODULE, big_sink, [self()]]),
+                 Holder ! {send, self(), Variant, Sink, Name},
+                 receive {arrived, Sink} -> ok after ?WAIT -> ct:fail({not_arrived, Variant, Name}) end,
+                 {Sink, Hash}
+             end || {Name, Hash} <- Held],
+    Watched = watched(Watcher),
+    [begin
+         Sink ! {hash, self()},
+         receive {hash, Sink, H} -> ?assertEqual(Hash, H) after ?WAIT -> ct:fail(no_hash) end
+     end || {Sink, Hash} <- Sinks],
+    Watched.
+
+%% A process of this node holding the two terms (and their hashes), moved
+%% to its old heap so that the sends do not collect them, which sends one
+%% when told: {Pid, [{Name, Hash}]}.
+term_holder() ->
+    Self = self(),
+    Pid = spawn_link(fun() ->
+                             Terms = [{list_tuples, [{I, I + 1} || I <- lists:seq(1, 5000000)]},
+                                      {list_bins, [{I, <<"abcdefgh">>} || I <- lists:seq(1, 3000000)]}],
+                             Held = [{Name, erlang:phash2(T)} || {Name, T} <- Terms],
+                             true = garbage_collect(),
+                             garbage_collect(self(), [{type, minor}]),
+                             Self ! {held, self(), Held},
+                             hold(Terms)
+                     end),
+    receive {held, Pid, Held} -> {Pid, Held} after ?WAIT -> ct:fail(terms_not_built) end.
+
+hold(Terms) ->
+    receive
+        {send, _From, Variant, To, Name} ->
+            {Name, T} = lists:keyfind(Name, 1, Terms),
+            _ = case Variant of
+                    native -> To ! {big, T};
+                    ecall -> ecall:send(To, {big, T})
+                end,
+            hold(Terms)
+    end.
+
+%% On B: takes one big term, tells its owner at once, and answers its hash
+%% when asked (after the watch); then ends, and its heap goes with it.
+big_sink(Owner) ->
+    receive
+        {big, Term} ->
+            Owner ! {arrived, self()},
+            receive {hash, From} -> From ! {hash, self(), erlang:phash2(Term)} end
+    end.
+
+%% On B: total_heap_size (words) of each ecall receiver worker.
+rx_heaps() ->
+    [Words || N <- ecall_receiver_sup:names(),
+              {total_heap_size, Words} <- [process_info(whereis(binary_to_atom(N)),
+                                                        total_heap_size)]].
+
+%% On B: the long_schedule events (as the watcher kept them) that name a
+%% process of ecall (registered name or initial call) or a function of one
+%% of `Modules'.
+ecall_events(Events, Modules) ->
+    Ecall = fun({M, _, _}) -> lists:member(M, Modules);
+               (Name) when is_atom(Name) -> lists:prefix("ecall_", atom_to_list(Name));
+               (_) -> false
+            end,
+    [E || #{who := Who, in := In, out := Out} = E <- Events,
+          lists:any(Ecall, [Who, In, Out])].
+
+%%--------------------------------------------------------------------
+%% B's watcher: a 1 ms ticker and a system monitor of long schedules.
+
+%% On B: a watcher, there once this returns.
+watcher_start() ->
+    Self = self(),
+    Pid = spawn(fun() -> watcher(Self) end),
+    receive {watching, Pid} -> Pid end.
+
+%% Stops the watcher: {the ticker's worst lateness in ms, the events}.
+watched(Watcher) ->
+    Watcher ! {stop, self()},
+    receive {watched, Watcher, Seen} -> Seen after ?WAIT -> ct:fail(watcher_lost) end.
+
+%% The node's system monitor (the one before it comes back when it
+%% stops) and the owner of its ticker.
+watcher(Starter) ->
+    Previous = erlang:system_monitor(self(), [{long_schedule, ?LONG_SCHEDULE_MS}]),
+    Ticker = spawn_link(fun() -> ticker(erlang:monotonic_time(millisecond) + 1, 0) end),
+    Starter ! {watching, self()},
+    watcher_loop(Previous, Ticker, []).
+
+watcher_loop(Previous, Ticker, Events) ->
+    receive
+        {monitor, Who, long_schedule, Info} ->
+            watcher_loop(Previous, Ticker, [long_schedule(Who, Info) | Events]);
+        {stop, From} ->
+            _ = case Previous of
+                    undefined -> erlang:system_monitor(undefined);
+                    _ -> erlang:system_monitor(Previous)
+                end,
+            Ticker ! {stop, self()},
+            Late = receive {ticked, Ticker, L} -> L end,
+            From ! {watched, self(), #{late_ms => Late div 1000,
+                                       events => lists:reverse(last_events(Events))}}
+    end.
+
+last_events(Events) ->
+    receive
+        {monitor, Who, long_schedule, Info} -> last_events([long_schedule(Who, Info) | Events])
+    after 0 ->
+        Events
+    end.
+
+%% Wakes at each millisecond (an absolute timer), keeping its worst
+%% lateness in µs; after a late wake-up the next tick is planned from now.
+ticker(Planned, Worst) ->
+    _ = erlang:send_after(Planned, self(), tick, [{abs, true}]),
+    receive
+        tick ->
+            Now = erlang:monotonic_time(microsecond),
+            ticker(max(Planned + 1, erlang:monotonic_time(millisecond) + 1),
+                   max(Worst, Now - Planned * 1000));
+        {stop, From} ->
+            From ! {ticked, self(), Worst}
+    end.
+
+%% One event, with the process named now (while it is still there): its
+%% registered name, else its initial call.
+long_schedule(Who, Info) ->
+    #{ms => proplists:get_value(timeout, Info, 0), who => who(Who),
+      in => proplists:get_value(in, Info), out => proplists:get_value(out, Info)}.
+
+who(Port) when is_port(Port) ->
+    Port;
+who(Pid) ->
+    case process_info(Pid, [registered_name, initial_call, dictionary]) of
+        undefined -> gone;
+        [{registered_name, Name}, _, _] when is_atom(Name) -> Name;
+        [_, {initial_call, {proc_lib, init_p, 5}}, {dictionary, Dict}] ->
+            proplists:get_value('$initial_call', Dict);
+        [_, {initial_call, MFA}, _] -> MFA
+    end.
+
+%%--------------------------------------------------------------------
+
+%% One caller sends a small message, a big one (300 KB) and a small one to
+%% a collector on B while B's receiver workers are suspended: the big
+%% message's fence, a call through the links, gets no answer within its
+%% timeout, so the message goes to the receiver instead of straight to
+%% its target. Once the last small message is in a receiver's mailbox
+%% (everything before it on the link has been handled by B: a message
+%% sent straight to the collector would be there by then), the receivers
+%% run again: the collector gets the three messages in the order sent,
+%% intact, and the receivers replay four requests (the three messages and
+%% the fence).
+failed_fence_leaves_a_big_message_to_the_receiver(_Config) ->
+    {Peer, B} = ecall_test_nodes:start_peer(["-ecall", "discovery", "false"]),
+    try
+        ok = ecall:connect(B),
+        Self = self(),
+        Collector = erpc:call(B, erlang, spawn, [?MODULE, order_collector, [Self, 3]]),
+        Big = {seq, 2, binary:copy(<<"b">>, 300000)},
+        Msgs = [{seq, 1}, Big, {seq, 3}],
+        #{receivers := #{requests := R0}} = erpc:call(B, ecall, stats, []),
+        Tracer = erpc:call(B, ?MODULE, rx_tracer_start, [Self, {seq, 3}]),
+        Rx = [binary_to_atom(N) || N <- erpc:call(B, ecall_receiver_sup, names, [])],
+        try
+            [ok = erpc:call(B, sys, suspend, [R]) || R <- Rx],
+            Sender = spawn_link(fun() ->
+                                        [M = ecall:send(Collector, M) || M <- Msgs],
+                                        Self ! {sent, self()}
+                                end),
+            receive {sent, Sender} -> ok after ?WAIT -> ct:fail(sender_stuck) end,
+            receive {rx_received, Tracer} -> ok after ?WAIT -> ct:fail(last_not_received) end
+        after
+            [catch erpc:call(B, sys, resume, [R]) || R <- Rx],
+            Tracer ! stop
+        end,
+        receive
+            {collected, Collector, Got} -> ?assertEqual([summary(M) || M <- Msgs], Got)
+        after ?WAIT -> ct:fail(not_collected)
+        end,
+        ok = ecall_test_nodes:sync_receivers(B),
+        #{receivers := #{requests := R1}} = erpc:call(B, ecall, stats, []),
+        ?assertEqual(4, R1 - R0)
+    after
+        peer:stop(Peer)
+    end.
+
+%% On B: the first N messages, in the order they came, to Owner (as
+%% summary/1 gives them).
+order_collector(Owner, N) ->
+    Owner ! {collected, self(), [receive M -> summary(M) end || _ <- lists:seq(1, N)]}.
+
+%% A message with its binary as its size and hash (short in a failure).
+summary({seq, I, Bin}) -> {seq, I, byte_size(Bin), erlang:phash2(Bin)};
+summary(M) -> M.
+
+%% On B: traces what ecall's receiver workers receive (also while they are
+%% suspended), and tells Owner once one received a batch holding
+%% `Marker'; `stop' ends the tracing.
+rx_tracer_start(Owner, Marker) ->
+    Self = self(),
+    Pid = spawn(fun() ->
+                        [1 = erlang:trace(whereis(binary_to_atom(N)), true, ['receive'])
+                         || N <- ecall_receiver_sup:names()],
+                        Self ! {tracing, self()},
+                        rx_tracer(Owner, Marker)
+                end),
+    receive {tracing, Pid} -> Pid end.
+
+rx_tracer(Owner, Marker) ->
+    receive
+        {trace, _, 'receive', {batch, Requests}} ->
+            _ = [Owner ! {rx_received, self()} || {send, _, M} <- Requests, M =:= Marker],
+            rx_tracer(Owner, Marker);
+        {trace, _, 'receive', _} ->
+            rx_tracer(Owner, Marker);
+        stop ->
+            [catch erlang:trace(whereis(binary_to_atom(N)), false, ['receive'])
+             || N <- ecall_receiver_sup:names()],
+            ok
+    end.
