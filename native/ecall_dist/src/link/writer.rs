@@ -237,8 +237,7 @@ impl LinkWriter {
             // right after this writer's last write would find a busy link).
             link.quiet_since
                 .store(super::side::clock(), Ordering::Relaxed);
-            link.flushable
-                .store(peer.config.flusher, Ordering::Relaxed);
+            link.flushable.store(peer.config.flusher, Ordering::Relaxed);
             *lock(&link.parked) = self.side.take();
         }
         let woke = tokio::select! {
