@@ -211,15 +211,19 @@ flush_links(Mod, State, Echo, Wanted) ->
 %% On the node that holds the connection from C-node identity `Id' (one
 %% link of a peer): drops it, once this node has it. The link's side counts
 %% a connection up at the handshake's last message, a moment before this
-%% node's net_kernel records it; a disconnect in between finds nothing
-%% (`false'), which failed cases that drop a link right after connecting.
+%% node's emulator lists it (and sends `nodeup'), and net_kernel's table
+%% marks it up a moment after that: `erlang:disconnect_node/1' in between
+%% finds nothing (`false'). So the connection's controller, which the
+%% emulator knows from the start, gets the exit signal net_kernel's
+%% disconnect would send it.
 drop_connection(Id) ->
     ok = net_kernel:monitor_nodes(true, [{node_type, hidden}]),
     Known = lists:member(Id, nodes(hidden))
         orelse receive {nodeup, Id, _} -> true after 10000 -> false end,
     ok = net_kernel:monitor_nodes(false, [{node_type, hidden}]),
     true = Known orelse erlang:error({not_connected, Id}),
-    true = erlang:disconnect_node(Id),
+    {Id, Ctrlr} = lists:keyfind(Id, 1, erlang:system_info(dist_ctrl)),
+    true = exit(Ctrlr, disconnect),
     ok.
 
 %% On the peer: echoes markers.

@@ -18,9 +18,9 @@ failed=$(grep -oE 'Failed ([0-9]+) tests' <<<"$out" | grep -oE '[0-9]+' | tail -
 skipped=$(grep -oE 'Skipped ([0-9]+)' <<<"$out" | grep -oE '[0-9]+' | tail -1 || true)
 # CI keeps only the tail of the output: repeat each failed case and what
 # rebar3 printed about it here, so the tail names what failed and why.
-if grep -qE '==> .*(FAILED|SKIPPED|auto_skipped|failed)' <<<"$out"; then
+if grep -qE '==> [^ :]+: .*(FAILED|SKIPPED|auto_skipped|failed)' <<<"$out"; then
     echo "---- failed or skipped cases (repeated from above) ----"
-    grep -E -A 25 '==> .*(FAILED|SKIPPED|auto_skipped|failed)' <<<"$out" | cut -c1-300 | head -150
+    grep -E -A 25 '==> [^ :]+: .*(FAILED|SKIPPED|auto_skipped|failed)' <<<"$out" | cut -c1-300 | head -150
     echo "----"
 fi
 echo "common_test: ${passed:-0} passed, ${failed:-0} failed, ${skipped:-0} skipped"
