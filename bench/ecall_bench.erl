@@ -539,7 +539,7 @@ chosen(Variants) ->
     case os:getenv("ECALL_BENCH_VARIANTS") of
         false -> Variants;
         Vs -> [V || Name <- string:split(Vs, ",", all),
-                    V <- lists:usort(Variants ++ [ecall_nif_nogather, ecall_nif_wake]),
+                    V <- lists:usort(Variants ++ [ecall_nif_nogather]),
                     atom_to_list(V) =:= Name]
     end.
 
@@ -689,12 +689,11 @@ pingpong_row(B, V, C, Junk, N, Exchange) ->
     D = fun(Key, S1, S0) -> maps:get(Key, S1, 0) - maps:get(Key, S0, 0) end,
     os:getenv("ECALL_BENCH_DEBUG") =:= false orelse
         io:format("~p ~b callers: A's links: batches ~b, requests ~b, wakes ~b, lone ~b, "
-                  "gathers ~b, lull trials ~b (~b paid), flushes ~b; B's: batches ~b, "
-                  "requests ~b, wakes ~b, lone ~b, gathers ~b, lull trials ~b (~b paid), "
-                  "flushes ~b~n",
+                  "gathers ~b, flushes ~b; B's: batches ~b, "
+                  "requests ~b, wakes ~b, lone ~b, gathers ~b, flushes ~b~n",
                   [V, C | [D(K, S1, S0) || {S1, S0} <- [{A1, A0}, {B1, B0}],
                                            K <- [batches, requests, wakes, lone, gathers,
-                                                 lull_trials, lulls, flushes]]]),
+                                                 flushes]]]),
     #{variant => V, callers => C, mailbox => Junk, calls => C * N,
       us_per_call => lists:sum(Times) / C / N,
       rate => C * N * 1.0e6 / Wall,
@@ -1068,18 +1067,14 @@ push_ns(Sink, Payload, N, Procs) ->
 %% back through B's own connection).
 use_transport(B, V) ->
     T = case V of ecall_erlang -> erlang; _ -> nif end,
-    %% ecall_nif_nogather: the NIF transport with `gather' off;
-    %% ecall_nif_wake: with `flusher' off (pushes wake the link's writer).
+    %% ecall_nif_nogather: the NIF transport with `gather' off.
     Gather = V =/= ecall_nif_nogather,
-    Flusher = V =/= ecall_nif_wake,
     _ = ecall:disconnect(B),
     _ = erpc:call(B, ecall, disconnect, [node()]),
     ok = application:set_env(ecall, transport, T),
     ok = erpc:call(B, application, set_env, [ecall, transport, T]),
     ok = application:set_env(ecall, gather, Gather),
     ok = erpc:call(B, application, set_env, [ecall, gather, Gather]),
-    ok = application:set_env(ecall, flusher, Flusher),
-    ok = erpc:call(B, application, set_env, [ecall, flusher, Flusher]),
     ok = ecall:connect(B),
     ok = erpc:call(B, ecall, connect, [node()]).
 
@@ -1193,7 +1188,6 @@ point(B, Variant, Op, N, K, P, OnStart) ->
     %% The NIF link's counters speak for the NIF variant only (native and
     %% local runs would show its idle ticks).
     Delta = fun(Key) when Variant =:= ecall_nif; Variant =:= ecall_nif_nogather;
-                          Variant =:= ecall_nif_wake;
                           Variant =:= ecall_erlang ->
                     maps:get(Key, S1, 0) - maps:get(Key, S0, 0);
                (_Key) ->
@@ -1212,16 +1206,15 @@ point(B, Variant, Op, N, K, P, OnStart) ->
               end,
     os:getenv("ECALL_BENCH_DEBUG") =:= false orelse
         io:format("~p ~p: wakes ~b, lone ~b, batches ~b, writes ~b, requests ~b, "
-                  "gathers ~b, urgent ~b, lull trials ~b (~b paid), flushes ~b (~b to the writer); "
+                  "gathers ~b, urgent ~b, flushes ~b (~b to the writer); "
                   "B back to A (replies): wakes ~b, lone ~b, batches ~b, writes ~b, requests ~b, "
-                  "gathers ~b, urgent ~b, lull trials ~b (~b paid), flushes ~b (~b to the writer)~n",
+                  "gathers ~b, urgent ~b, flushes ~b (~b to the writer)~n",
                   [Variant, Op, Delta(wakes), LinkSum(S1) - LinkSum(S0), Batches, Writes,
                    Delta(requests), Delta(gathers), Delta(urgent),
-                   Delta(lull_trials), Delta(lulls), Delta(flushes), Delta(flush_handoffs),
+                   Delta(flushes), Delta(flush_handoffs),
                    BackDelta(wakes), LinkSum(Back1) - LinkSum(Back0),
                    BackDelta(batches), BackDelta(writes), BackDelta(requests),
                    BackDelta(gathers), BackDelta(urgent),
-                   BackDelta(lull_trials), BackDelta(lulls),
                    BackDelta(flushes), BackDelta(flush_handoffs)]),
     #{variant => Variant, op => Op,
       payload => list_to_atom(os:getenv("ECALL_BENCH_PAYLOAD", "map")),

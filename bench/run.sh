@@ -26,7 +26,7 @@
 # making N back-to-back calls each (ECALL_BENCH_EXCHANGE=send: a request
 # and its reply by sends instead, plain and urgent);
 # tls: send, cast, call at N writers, native and both ecall transports, on TLS
-# distribution; hops: idle round trips leg by leg (! or ecall each way);
+# distribution (ECALL_BENCH_TLS=1 puts any other mode on TLS); hops: idle round trips leg by leg (! or ecall each way);
 # profile: perf on both nodes during one point per transport, flame graphs
 # and a breakdown; soak: 5,000 writers for MINUTES. Variants (ECALL_BENCH_VARIANTS,
 # comma-separated, in the order to run them at each point; default all):
@@ -52,7 +52,7 @@ mkdir -p "$out"
 # The tls mode: both nodes on TLS distribution (-proto_dist inet_tls), with
 # a CA and a node certificate for this host made here (openssl), peer
 # verification on both ways.
-if [ "${1:-}" = tls ]; then
+if [ "${1:-}" = tls ] || [ -n "${ECALL_BENCH_TLS:-}" ]; then
     tls="$out/tls"
     mkdir -p "$tls"
     host=$(hostname -s)

@@ -61,10 +61,9 @@ send(To, Msg) ->
 %% link from starting it) and is written at once, alone if the link's
 %% writer sleeps. Send the reply urgent too. Calls (call/4,5) decide this
 %% by themselves; sends never do, since nothing tells a send that an answer
-%% is awaited. A link finds such exchanges out by itself after a while
-%% (sparse links and lulls, see doc/behaviour.md); urgent spares them the wait
-%% from the first message on. The cost: the batch it cuts short, so keep
-%% it for messages someone waits on. Order is kept as for send/2.
+%% is awaited. (A link that is not busy writes every message at once,
+%% urgent or not.) The cost: the batch it cuts short, so keep it for
+%% messages someone waits on. Order is kept as for send/2.
 %%
 %% Raises `badarg' for an unknown option, or as send/2 does.
 -spec send(dest(), Msg, [send_option()]) -> Msg.

@@ -54,16 +54,7 @@ spec() ->
                       "most ms between reconnect attempts (doubling from backoff_min)"},
       gather => {boolean, true, open,
                  "a busy link waits up to 1-2 ms for 128 requests before it writes "
-                 "(urgent requests end the wait; a wait that brings fewer than 8 "
-                 "stops the link's waits for 100 ms); false: it never waits"},
-      lulls => {boolean, true, open,
-                "a gathering link whose waits hold a closed loop back (their company "
-                "came at once, then stopped) tries not gathering for 10 ms, and stops "
-                "gathering for a while if that wrote more; false: no trials"},
-      flusher => {boolean, true, open,
-                  "a push that finds its link's writer asleep has a process of the "
-                  "peer write what is queued, on a scheduler, instead of waking the "
-                  "writer thread; false: it wakes the writer"},
+                 "(urgent requests end the wait); false: it never waits"},
       urgent => {boolean, true, open,
                  "calls of callers in a closed loop go urgent, not held back for company; "
                  "false: they wait like any request"},
@@ -200,6 +191,4 @@ peer_opts() ->
       stall_timeout => get(stall_timeout),
       backoff_min => get(backoff_min),
       backoff_max => get(backoff_max),
-      gather => get(gather),
-      lulls => get(lulls),
-      flusher => get(flusher)}.
+      gather => get(gather)}.

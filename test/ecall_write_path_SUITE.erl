@@ -3,10 +3,9 @@
 %% closed loop and sends with `urgent', which no link holds back for
 %% company (and the `urgent' setting, and a peer of the first releases,
 %% which takes no mark); requests and replies exchanged back to back, for
-%% which waiting for company (gathering) only delays: sparse links, lulls
-%% and their trials (the `lulls' setting); the flusher, which writes what
-%% pushes that find a link's writer asleep bring (the `flusher' setting,
-%% and the flusher's death); and `gather' off. This node and B, connected
+%% which waiting for company (gathering) only delays; the flusher, which
+%% writes what pushes that find a link's writer asleep bring (and the
+%% flusher's death); and `gather' off. This node and B, connected
 %% both ways (replies come back through B's own links). The data path's
 %% other cases (what arrives, in which order, on each OTP release) are in
 %% ecall_data_path_SUITE, cast and call in ecall_rpc_SUITE.
@@ -17,8 +16,8 @@
 
 -export([all/0, suite/0, init_per_suite/1, end_per_suite/1]).
 -export([closed_loop_calls_are_urgent/1, urgent_calls_to_a_first_release_peer/1, urgent_off/1,
-         urgent_sends/1, sends_in_a_closed_loop/1, many_sends_in_a_closed_loop/1, lulls_off/1,
-         flushes_in_a_closed_loop/1, flusher_off/1, flusher_exit_closes_connection/1,
+         urgent_sends/1, sends_in_a_closed_loop/1,
+         flushes_in_a_closed_loop/1, flusher_exit_closes_connection/1,
          busy_links_gather/1, gather_off_writes_at_once/1]).
 
 -import(ecall_test_nodes, [connect_back/1,
@@ -33,8 +32,8 @@ suite() ->
 
 all() ->
     [closed_loop_calls_are_urgent, urgent_calls_to_a_first_release_peer, urgent_off,
-     urgent_sends, sends_in_a_closed_loop, many_sends_in_a_closed_loop, lulls_off,
-     flushes_in_a_closed_loop, flusher_off, flusher_exit_closes_connection,
+     urgent_sends, sends_in_a_closed_loop,
+     flushes_in_a_closed_loop, flusher_exit_closes_connection,
      busy_links_gather, gather_off_writes_at_once].
 
 init_per_suite(Config) ->
@@ -187,13 +186,13 @@ urgent_sends(Config) ->
     ?assertEqual(UB0, UB1).
 
 %% A request and its reply exchanged with ecall:send/2, back to back, by
-%% one pair of processes: each request wakes a link writer right after it
-%% fell asleep, which used to make the link gather (wait 1-2 ms for
-%% company) before every write, on both nodes: about one wait per
-%% exchange here. The first wait brings no company and makes the link
-%% sparse (no waits for 100 ms, then one to look again), so this node's
-%% links wait a few times in all, not once per exchange. Every reply
-%% comes back, in order.
+%% one pair of processes: each request finds its link's writer asleep,
+%% right after it fell asleep. A push that woke the writer then would make
+%% it take the link for busy and gather (wait 1-2 ms for company) before
+%% every write, on both nodes: about one wait per exchange here. Written
+%% alone or flushed instead, the requests leave the writer asleep, and
+%% this node's links wait a few times in all, not once per exchange.
+%% Every reply comes back, in order.
 sends_in_a_closed_loop(Config) ->
     B = ?config(b, Config),
     connect_back(B),
@@ -216,59 +215,6 @@ sends_in_a_closed_loop(Config) ->
     %% One wait per 100 ms of exchanges at most, and a few besides.
     ?assert(G1 - G0 =< 4 + Ms div 100).
 
-%% 64 pairs of processes exchanging requests and replies with
-%% ecall:send/2, each pair back to back, with the `flusher' setting off
-%% (with it, these links' writers sleep and never gather): a gathering wait on either node
-%% brings company (32 requests a link), so the links gather, but the
-%% company comes at once and then stops (a *lull*), and the wait holds
-%% back the very requests whose replies would bring more. Lulls start
-%% trials of not gathering, and a trial that writes a quarter more per
-%% second than gathering did, before and after it, stops the link
-%% gathering for a while (`lulls'). The pairs go on, round after round,
-%% until a trial on this node's links has paid; every reply comes back
-%% in order. With trials that never paid this fails at its deadline: the
-%% links would gather on every leg (2.3 ms a round trip, against 0.24-0.6
-%% ms with lulls: `ECALL_BENCH_EXCHANGE=send ECALL_BENCH_CALLERS=64
-%% bench/run.sh pingpong 5000').
-many_sends_in_a_closed_loop(Config) ->
-    B = ?config(b, Config),
-    connect_back(B),
-    %% Counters are per connection: all read on the one the setting made.
-    with_settings(B, [{flusher, false}], fun() -> many_sends_until_a_lull(B) end).
-
-many_sends_until_a_lull(B) ->
-    {ok, #{lulls := L0, lull_trials := T0}} = ecall:stats(B),
-    Deadline = erlang:monotonic_time(millisecond) + 60000,
-    Until = fun(Done) ->
-                    {ok, #{lulls := L}} = ecall:stats(B),
-                    Expired = erlang:monotonic_time(millisecond) > Deadline,
-                    if L > L0 -> {done, Done};
-                       Expired -> {no_lull, Done};
-                       true -> more
-                    end
-            end,
-    Results = pairs(B, Until),
-    {ok, #{lulls := L1, lull_trials := T1, per_link := Links}} = ecall:stats(B),
-    ct:pal("~p: ~b lull trials, ~b paid", [Results, T1 - T0, L1 - L0]),
-    ?assert(lists:all(fun({done, N}) -> N > 0; (_) -> false end, Results)),
-    ?assert(L1 > L0),
-    ?assert(T1 - T0 >= L1 - L0),
-    ?assert(lists:all(fun(L) -> is_integer(maps:get(lulls, L)) end, Links)).
-
-%% With `lulls' off (read when a connection opens) the same 64 pairs,
-%% 200 exchanges each, start no trial on this node's links, and every
-%% reply comes back in order (`flusher' off, as above). With the setting
-%% ignored in the NIF this failed (4 trials).
-lulls_off(Config) ->
-    B = ?config(b, Config),
-    connect_back(B),
-    with_settings(B, [{flusher, false}, {lulls, false}],
-                  fun() ->
-                          ?assertEqual(#{lull_trials => 0, lulls => 0},
-                                       counted(B, [lull_trials, lulls],
-                                               fun() -> all_pairs(B, 200) end))
-                  end).
-
 %% The same 64 pairs with the default settings: a push that finds its
 %% link's writer asleep sends a message to the peer's flusher process
 %% instead of waking the writer thread, and the flusher writes what the
@@ -283,20 +229,6 @@ flushes_in_a_closed_loop(Config) ->
     #{flushes := F} = counted(B, [flushes], fun() -> all_pairs(B, 200) end),
     ct:pal("~b flushes", [F]),
     ?assert(F > 0).
-
-%% With `flusher' off (read when a connection opens) the same 64 pairs
-%% make no flush: their pushes wake the writers. Every reply comes back in
-%% order.
-flusher_off(Config) ->
-    B = ?config(b, Config),
-    connect_back(B),
-    with_settings(B, [{flusher, false}],
-                  fun() ->
-                          #{flushes := F, wakes := W} =
-                              counted(B, [flushes, wakes], fun() -> all_pairs(B, 200) end),
-                          ?assertEqual(0, F),
-                          ?assert(W > 0)
-                  end).
 
 %% The flusher is a process of the connection: if it dies, pushes would
 %% wait for flushes that never come. The connection closes instead (as

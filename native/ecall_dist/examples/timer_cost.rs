@@ -4,7 +4,7 @@
 //! at once (the common case: the socket takes the bytes), against the
 //! same future without a timer, in one run. It also measures a clock
 //! read (`Instant::elapsed`), which a push that finds its link's writer
-//! gathering pays to note when it came (lulls, `link::LULL_FOR`).
+//! asleep pays to tell whether the link is quiet (`link::LONE_GAP`).
 //!
 //! `cargo run --release -p ecall_dist --example timer_cost`
 

@@ -16,7 +16,6 @@
 //!   `dropped`) and releases every caller waiting for room.
 
 use crate::error::Error;
-use crate::link::state::Writer;
 use crate::link::{self, Core, LinkEvents, LinkShared, LinkStats, PeerConfig, PeerStats};
 use crate::net::cnode::Identity;
 use crate::queue::shard::{Backlog, Element, Shard};
@@ -325,9 +324,6 @@ impl Peer {
                 st.wakes.fetch_add(1, Ordering::Relaxed);
                 link.notify.notify_one();
             }
-        } else if self.core.config.lulls && link.state.get() == Writer::Gathering {
-            // When company came, for the writer's pacing (link::LULL_FOR).
-            link.note_gathering_push();
         }
         st.pushed.fetch_add(1, Ordering::Relaxed);
         Push::Queued
@@ -372,6 +368,7 @@ impl Drop for Peer {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::link::state::Writer;
     use crate::queue::shard::BatchCaps;
     use crate::wire::etf::{BINARY_EXT, SMALL_INTEGER_EXT};
     use std::sync::Mutex;
@@ -390,7 +387,6 @@ mod tests {
                 backoff_min: Duration::from_millis(1),
                 backoff_max: Duration::from_millis(1),
                 gather: true,
-                lulls: true,
                 flusher: false,
             },
             &[("a_ecall_1@h".into(), 1)],

@@ -170,7 +170,6 @@ fn open_peer_with(
             backoff_min: Duration::from_millis(50),
             backoff_max: Duration::from_millis(500),
             gather: true,
-            lulls: true,
             flusher,
         },
         Arc::new(Events(tx)),

@@ -108,7 +108,7 @@ fn peer_stats<'a>(env: Env<'a>, peer: ResourceArc<PeerRes>) -> NifResult<Term<'a
         .collect();
     // The counters every link keeps; a peer's total is their sum.
     type Counter = fn(&LinkStats) -> &AtomicU64;
-    let counters: [(Atom, Counter); 22] = [
+    let counters: [(Atom, Counter); 20] = [
         (atoms::batches(), |l| &l.batches),
         (atoms::requests(), |l| &l.requests),
         (atoms::bytes(), |l| &l.bytes),
@@ -122,8 +122,6 @@ fn peer_stats<'a>(env: Env<'a>, peer: ResourceArc<PeerRes>) -> NifResult<Term<'a
         (atoms::lone(), |l| &l.lone),
         (atoms::lone_partial(), |l| &l.lone_partial),
         (atoms::gathers(), |l| &l.gathers),
-        (atoms::lull_trials(), |l| &l.lull_trials),
-        (atoms::lulls(), |l| &l.lulls),
         (atoms::flushes(), |l| &l.flushes),
         (atoms::flush_handoffs(), |l| &l.flush_handoffs),
         (atoms::urgent(), |l| &l.urgent),

@@ -23,8 +23,6 @@ struct PeerOpts {
     backoff_min: u64,
     backoff_max: u64,
     gather: bool,
-    lulls: bool,
-    flusher: bool,
 }
 
 /// Opens the shards and links towards `node`; link events go to `owner` as
@@ -60,8 +58,9 @@ fn peer_open(
         backoff_min: Duration::from_millis(opts.backoff_min.max(1)),
         backoff_max: Duration::from_millis(opts.backoff_max.max(opts.backoff_min).max(1)),
         gather: opts.gather,
-        lulls: opts.lulls,
-        flusher: opts.flusher,
+        // A flush on a scheduler, by the connection's flusher process
+        // (ecall_transport_nif), for pushes that find a writer asleep.
+        flusher: true,
     };
     let peer = Peer::open(
         runtime().handle(),

@@ -44,10 +44,6 @@ pub struct PeerConfig {
     /// for callers that each wait for an answer before their next request,
     /// whom gathering makes wait 1-2 ms per request.
     pub gather: bool,
-    /// Whether lulls start trials of not gathering (see
-    /// [`LULL_FOR`](super::LULL_FOR)). Off, pushes do not note when
-    /// they came, and a link gathers whenever it is busy.
-    pub lulls: bool,
     /// Whether a push that finds its link's writer asleep asks for a flush
     /// on the caller's side (`Push::Flush`) instead of waking the writer.
     pub flusher: bool,

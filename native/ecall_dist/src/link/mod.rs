@@ -49,13 +49,7 @@
 //! caller waits for the answer before its next one: see
 //! [`Element::urgent`](crate::queue::shard::Element::urgent)) ends that wait, or
 //! keeps the writer from starting it: company would not come from such a
-//! caller, and the wait would be added to each of its requests. A wait
-//! that brought almost no company makes the link sparse for a while
-//! ([`SPARSE_BELOW`]): it does not gather then, and writes what it has.
-//! So does a trial of not gathering that wrote more requests per second
-//! than gathering did: a closed loop whose waits hold back the requests
-//! that would bring more (started by waits whose company all came at
-//! once: [`LULL_FOR`]).
+//! caller, and the wait would be added to each of its requests.
 //!
 //! # Tick
 //!
@@ -98,7 +92,7 @@ use crate::net::io::STALL_PIECE;
 use crate::queue::shard::Backlog;
 use state::WriterState;
 use std::io;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64};
 use tokio::sync::Notify;
 
 mod core;
@@ -114,7 +108,6 @@ mod writer;
 pub(crate) use self::core::Core;
 pub use self::core::{PeerConfig, PeerStats};
 pub(crate) use sent::SentLog;
-use side::clock;
 pub(crate) use side::WriteSide;
 pub use tuning::*;
 
@@ -178,12 +171,6 @@ pub struct LinkStats {
     pub flush_handoffs: AtomicU64,
     /// Gathering waits made by the writer (see `may_gather` in writer.rs).
     pub gathers: AtomicU64,
-    /// Trials of not gathering that lulls started ([`LULL_FOR`]), counted
-    /// when decided (one cut short by the connection's end is not).
-    pub lull_trials: AtomicU64,
-    /// Of those, the ones that paid: each stopped the link gathering for a
-    /// while.
-    pub lulls: AtomicU64,
     /// Urgent requests pushed ([`Element::urgent`]): each ends or
     /// forestalls a gathering wait.
     ///
@@ -216,10 +203,6 @@ pub(crate) struct LinkShared {
     /// Since when the link has been quiet (`side::clock`): set when the
     /// writer goes to sleep and by each lone write.
     pub(crate) quiet_since: AtomicU64,
-    /// When a push last reached a gathering writer (`side::clock`, to
-    /// within [`PUSH_NOTE_GRAIN`]): tells a wait whose company all came at
-    /// once from one whose company kept coming (see [`LULL_FOR`]).
-    pub(crate) gathering_push: AtomicU64,
     /// Whether a push that would wake the sleeping writer asks for a flush
     /// on the caller's side instead (`Peer::flush`): the peer is configured
     /// so (`PeerConfig::flusher`) and the connection takes plain
@@ -228,16 +211,6 @@ pub(crate) struct LinkShared {
 }
 
 impl LinkShared {
-    /// A push found the writer gathering: notes when. Written at most once
-    /// per [`PUSH_NOTE_GRAIN`], so that pushes from every scheduler do not
-    /// all write the same cache line.
-    pub(crate) fn note_gathering_push(&self) {
-        let now = clock();
-        if now.saturating_sub(self.gathering_push.load(Ordering::Relaxed)) >= PUSH_NOTE_GRAIN_NS {
-            self.gathering_push.store(now, Ordering::Relaxed);
-        }
-    }
-
     /// The push side of the protocol (`link/state.rs`): with the shard's
     /// lock held, whether this push should wake the writer.
     pub(crate) fn wants_wake(&self, backlog: Backlog) -> bool {

@@ -1,6 +1,6 @@
 //! The writing half of a connected link.
 
-use super::pacing::{Pacing, Wait};
+use super::pacing::Pacing;
 use super::write::write_with_deadline;
 use super::Core;
 use super::{LinkDown, LinkShared, WriteSide, GATHER_WAIT};
@@ -123,10 +123,6 @@ impl LinkWriter {
         self.last_write = Instant::now();
         // When to gather (see `may_gather` and link/pacing.rs).
         let mut pacing = Pacing::default();
-        // Pushes refused for want of room so far: one more by the next pass
-        // and that pass was crowded (see `Pacing::passed`). A count, not a
-        // look at who waits now, which a pass can fall between.
-        let mut full_seen = peer.stats.full.load(Ordering::Relaxed);
         loop {
             if peer.is_closed() {
                 return LinkDown::Closed;
@@ -139,29 +135,16 @@ impl LinkWriter {
                     return e;
                 }
             }
-            // How the gathering wait before this pass went, if there was
-            // one (see link/pacing.rs).
-            let mut wait = Wait::None;
             if pacing.take_gather()
                 && peer.config.gather
                 && self.inflight.is_empty()
                 && may_gather(&peer, link, &mine)
             {
                 let until = Instant::now() + GATHER_WAIT;
-                let started = super::clock();
                 if let Some(down) = self.wait(reader, ctl_rx, until, false).await {
                     return down;
                 }
                 ls.gathers.fetch_add(1, Ordering::Relaxed);
-                if Instant::now() >= until {
-                    wait = if peer.config.lulls {
-                        let last_push = link.gathering_push.load(Ordering::Relaxed);
-                        Wait::full(started, super::clock(), last_push)
-                    } else {
-                        Wait::Full
-                    };
-                }
-                pacing.gathered();
             }
             frames.extend(
                 mine.iter()
@@ -193,12 +176,7 @@ impl LinkWriter {
                 }
                 peer.release(b);
                 self.last_write = Instant::now();
-                let full = peer.stats.full.load(Ordering::Relaxed);
-                let crowded = std::mem::replace(&mut full_seen, full) != full;
-                if let Some(paid) = pacing.passed(n, wait, crowded, super::clock()) {
-                    ls.lull_trials.fetch_add(1, Ordering::Relaxed);
-                    ls.lulls.fetch_add(u64::from(paid), Ordering::Relaxed);
-                }
+                pacing.passed(n);
                 continue;
             }
             if !may_sleep(&peer, link, &mine) {
@@ -210,9 +188,8 @@ impl LinkWriter {
                 return down;
             }
             // Woken that soon: requests are coming faster than passes of
-            // one or two can follow, so the link is busy (see may_gather),
-            // unless gathering found no company there lately.
-            pacing.slept(slept.elapsed(), super::clock());
+            // one or two can follow, so the link is busy (see may_gather).
+            pacing.slept(slept.elapsed());
         }
     }
 
