@@ -49,3 +49,51 @@ impl std::fmt::Display for Error {
 }
 
 impl std::error::Error for Error {}
+
+/// The errno-style name that Erlang's `inet` gives an I/O error of this
+/// kind (`econnreset`, `epipe`, ...), or `other`.
+pub fn posix_name(kind: std::io::ErrorKind) -> &'static str {
+    use std::io::ErrorKind as K;
+    match kind {
+        K::ConnectionReset => "econnreset",
+        K::BrokenPipe => "epipe",
+        K::ConnectionRefused => "econnrefused",
+        K::ConnectionAborted => "econnaborted",
+        K::NotConnected => "enotconn",
+        K::TimedOut => "etimedout",
+        K::AddrNotAvailable => "eaddrnotavail",
+        K::AddrInUse => "eaddrinuse",
+        K::OutOfMemory => "enomem",
+        // `HostUnreachable` and `NetworkUnreachable` can be named only
+        // from Rust 1.83 (the workspace supports 1.80), but the standard
+        // library has decoded those errnos to them for longer.
+        _ => match format!("{kind:?}").as_str() {
+            "HostUnreachable" => "ehostunreach",
+            "NetworkUnreachable" => "enetunreach",
+            _ => "other",
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io;
+
+    #[test]
+    fn posix_names_follow_inet() {
+        assert_eq!(posix_name(io::ErrorKind::ConnectionReset), "econnreset");
+        assert_eq!(posix_name(io::ErrorKind::BrokenPipe), "epipe");
+        assert_eq!(posix_name(io::ErrorKind::OutOfMemory), "enomem");
+        assert_eq!(posix_name(io::ErrorKind::UnexpectedEof), "other");
+        // Linux errno values, decoded by the standard library.
+        #[cfg(target_os = "linux")]
+        for (errno, name) in [
+            (113, "ehostunreach"),
+            (101, "enetunreach"),
+            (111, "econnrefused"),
+        ] {
+            assert_eq!(posix_name(io::Error::from_raw_os_error(errno).kind()), name);
+        }
+    }
+}

@@ -16,7 +16,7 @@
 //!    │ frame_out, fragments
 //!    ▼
 //!  bytes on the wire ─────────  wire      term format, batch header, atom
-//!    │                                    ids, connection atom cache
+//!    │                                    ids, connection atom cache, walker
 //!    ▼
 //!  socket ────────────────────  net       deadlined writes, TCP/TLS,
 //!                                         inbound checks, epmd, handshake
@@ -57,8 +57,8 @@ mod queue;
 mod sync;
 pub mod wire;
 
-pub use error::Error;
-pub use link::{posix_name, LinkDown, LinkEvents, LinkStats, PeerConfig, PeerStats};
+pub use error::{posix_name, Error};
+pub use link::{LinkDown, LinkEvents, LinkStats, PeerConfig, PeerStats};
 pub use net::cnode::{Identity, IdentityConfig, Listen};
 pub use net::inbound::InboundStats;
 pub use net::stream::{TlsClient, TlsOptions};

@@ -7,7 +7,7 @@
 //!
 //! - A push appends to the caller's shard and wakes the shard's link writer
 //!   only if that writer is asleep; a busy writer finds the request on its
-//!   next pass (the wake rules: `link/state.rs`).
+//!   next pass (the wake rules: `link/protocol.rs`).
 //! - Memory: the element bytes queued for the peer are accounted in one
 //!   budget. Past it, a push is refused with [`Push::Full`]; the caller may
 //!   then wait for room ([`Peer::wait_room`]), and is woken in arrival order
@@ -16,7 +16,8 @@
 //!   `dropped`) and releases every caller waiting for room.
 
 use crate::error::Error;
-use crate::link::{self, Core, LinkEvents, LinkShared, LinkStats, PeerConfig, PeerStats};
+use crate::link::protocol::AfterPush;
+use crate::link::{self, worth_writing, Core, LinkEvents, LinkStats, PeerConfig, PeerStats};
 use crate::net::cnode::Identity;
 use crate::queue::shard::{Backlog, Element, Shard};
 use std::sync::atomic::Ordering;
@@ -132,9 +133,9 @@ impl Peer {
 
     /// Whether a small push to link `k` would now be written by its caller
     /// (a lone write: the writer sleeps and the link has been quiet for
-    /// [`LONE_GAP`](crate::link::tuning::LONE_GAP); see `link/side.rs`).
+    /// [`LONE_GAP`](crate::link::tuning::LONE_GAP); see `link/lent_side.rs`).
     pub fn would_write_lone(&self, k: usize) -> bool {
-        self.core.links.get(k).is_some_and(LinkShared::lone_ready)
+        self.core.links.get(k).is_some_and(|l| l.lone_ready())
     }
 
     /// Whether [`Peer::close`] was called.
@@ -221,7 +222,7 @@ impl Peer {
 
     /// Writes what link `k`'s shards hold from the calling thread, once a
     /// push answered [`Push::Flush`]`(k)`: one non-blocking write, as the
-    /// writer would make (see `LinkShared::flush` in `link/side.rs`), or a
+    /// writer would make (see `LinkShared::flush` in `link/lent_side.rs`), or a
     /// wake-up of the writer when the load is its. Returns whether it
     /// should be called again (more came meanwhile). Never blocks.
     pub fn flush(&self, k: usize) -> bool {
@@ -238,23 +239,19 @@ impl Peer {
             self.core.shards[s].recycle(f.bytes);
         }
         self.core.release(payload);
-        // The push side's protocol again (`may_sleep` in link/writer.rs): the
-        // writer sleeps once more, then every shard is looked at; a push
-        // that came after the look sees the writer sleeping and asks for a
-        // flush.
-        if !link.state.flushed() {
-            return false;
-        }
-        self.core
-            .shards_of_link(k)
-            .any(|s| !self.core.shards[s].is_empty())
-            && link.state.ask_flush()
+        // The writer sleeps once more, then every shard is looked at; a
+        // push that came after the look asks for a flush of its own.
+        link.proto.flush_ended(|| {
+            self.core
+                .shards_of_link(k)
+                .any(|s| !self.core.shards[s].is_empty())
+        })
     }
 
     /// Wakes link `k`'s writer (after [`Push::Flush`], when no flush
     /// can be arranged).
     pub fn wake_writer(&self, k: usize) {
-        if self.core.links.get(k).is_some_and(LinkShared::wake_writer) {
+        if self.core.links.get(k).is_some_and(|l| l.proto.hand_off()) {
             self.core.stats.wakes.fetch_add(1, Ordering::Relaxed);
         }
     }
@@ -292,7 +289,7 @@ impl Peer {
             link.stats.urgent.fetch_add(1, Ordering::Relaxed);
         }
         // A small request behind a sleeping writer goes to the socket at
-        // once, from this thread (link/side.rs). Not an admitted one: the
+        // once, from this thread (link/lent_side.rs). Not an admitted one: the
         // callers still waiting for room are woken by the writer's
         // releases, and only queued requests make the writer release.
         if let Some(element) = lone.filter(|_| !admitted) {
@@ -304,26 +301,25 @@ impl Peer {
                 return Push::Queued;
             }
         }
-        // The push side of the sleeping-writer protocol: `may_sleep` in link/writer.rs.
-        let Some(wake) = push(&self.core.shards[shard], &|b| link.wants_wake(b)) else {
+        // The push side of the sleeping-writer protocol (link/protocol.rs).
+        let under_lock = |b| link.proto.push_wakes(|| worth_writing(b));
+        let Some(wakes) = push(&self.core.shards[shard], &under_lock) else {
             // Closed since the check above (close() runs concurrently).
             self.core.budget.forget(len);
             return Push::Closed;
         };
-        if wake {
-            // Behind a sleeping writer, a flush on the caller's side where
-            // the link takes one.
-            if link.flushable.load(Ordering::Relaxed) && link.state.ask_flush() {
+        // Behind a sleeping writer, a flush on the caller's side where the
+        // link takes one; else a sleeping or gathering writer is woken.
+        let flushes = link.flushable.load(Ordering::Relaxed);
+        match link.proto.after_push(wakes, flushes) {
+            AfterPush::Flush => {
                 st.pushed.fetch_add(1, Ordering::Relaxed);
                 return Push::Flush(self.core.link_of_shard(shard));
             }
-            // Else a sleeping or gathering writer is woken. An awake one,
-            // or a flush asked for already, looks at the shards after this
-            // push.
-            if link.state.wake_for_push() {
+            AfterPush::Woke => {
                 st.wakes.fetch_add(1, Ordering::Relaxed);
-                link.notify.notify_one();
             }
+            AfterPush::Queued => {}
         }
         st.pushed.fetch_add(1, Ordering::Relaxed);
         Push::Queued
@@ -405,19 +401,19 @@ mod tests {
         let wakes = || peer.core.stats.wakes.load(Ordering::Relaxed);
         assert_eq!(peer.push(0, &[97, 1], 0), Push::Queued);
         assert_eq!(wakes(), 0, "a busy writer is not woken");
-        link.state.sleep();
+        assert!(link.proto.may_sleep(|| false));
         peer.push(0, &[97, 2], 0);
-        assert_eq!((wakes(), link.state.get()), (1, Writer::Awake));
+        assert_eq!((wakes(), link.proto.writer()), (1, Writer::Awake));
         peer.push(0, &[97, 3], 0);
         assert_eq!(wakes(), 1);
-        link.state.gather();
+        assert!(link.proto.may_gather(|| false));
         // Three are queued; the one that makes GATHER_REQUESTS wakes it.
         for i in 3..GATHER_REQUESTS - 1 {
             peer.push(0, &[97, (i % 200) as u8], 0);
             assert_eq!(wakes(), 1, "woken at {i} requests");
         }
         peer.push(0, &[97, 0], 0);
-        assert_eq!((wakes(), link.state.get()), (2, Writer::Awake));
+        assert_eq!((wakes(), link.proto.writer()), (2, Writer::Awake));
         assert_eq!(peer.core.shards[0].backlog().requests, GATHER_REQUESTS);
     }
 
@@ -434,16 +430,16 @@ mod tests {
             urgent: true,
             ..Element::text(b)
         };
-        link.state.gather();
+        assert!(link.proto.may_gather(|| false));
         peer.push(0, &[97, 1], 0);
         assert_eq!(wakes(), 0, "an ordinary push waits for company");
         assert!(!peer.core.shards[0].backlog().urgent);
         assert_eq!(peer.push_element(0, urgent(&[97, 2]), 0), Push::Queued);
-        assert_eq!((wakes(), link.state.get()), (1, Writer::Awake));
+        assert_eq!((wakes(), link.proto.writer()), (1, Writer::Awake));
         assert_eq!(link.stats.urgent.load(Ordering::Relaxed), 1);
         assert!(link::worth_writing(peer.core.shards[0].backlog()));
         assert_eq!(peer.core.shards[0].take().map(|f| f.count), Some(2));
-        link.state.gather();
+        assert!(link.proto.may_gather(|| false));
         peer.push(0, &[97, 3], 0);
         assert_eq!(wakes(), 1);
         assert!(!link::worth_writing(peer.core.shards[0].backlog()));

@@ -7,6 +7,7 @@ use ecall_dist::{Identity, IdentityConfig, Listen};
 use rustler::env::OwnedEnv;
 use rustler::{Atom, Encoder, Env, NifResult, ResourceArc, Term};
 use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Options of `cnode_start/4`, all required (the Erlang side fills them).
@@ -51,92 +52,112 @@ fn cnode_start(
 ) -> NifResult<Atom> {
     // This node may have a new name or creation: local pids encode anew.
     encode::new_epoch();
-    let CNodeOpts {
-        tick_ms,
-        handshake_ms,
-        epmd_port,
-        listen_addr,
-        listen_min,
-        listen_max,
-        tls,
-        tls_certfile,
-        tls_keyfile,
-        tls_cacertfile,
-        tls_sni,
-        tls_server_certfile,
-        tls_server_keyfile,
-        tls_server_cacertfile,
-        register_retry_ms,
-    } = opts;
-    let tls = tls.then_some(ecall_dist::TlsOptions {
-        certfile: tls_certfile,
-        keyfile: tls_keyfile,
-        cacertfile: tls_cacertfile,
-        sni: tls_sni,
-        server_certfile: tls_server_certfile,
-        server_keyfile: tls_server_keyfile,
-        server_cacertfile: tls_server_cacertfile,
-    });
-    let addr = listen_addr.parse().map_err(|_| rustler::Error::BadArg)?;
-    if nodes.is_empty()
-        || tick_ms == 0
-        || handshake_ms == 0
-        || (listen_min == 0) != (listen_max == 0)
-        || listen_min > listen_max
-    {
-        return Err(rustler::Error::BadArg);
-    }
-    let listen = Listen {
-        addr,
-        ports: (listen_min, listen_max),
-    };
+    let plan = opts.plan(nodes, cookie)?;
     let caller = env.pid();
     let mut owned = OwnedEnv::new();
     let saved = owned.save(reference);
     runtime().spawn(async move {
-        let mut ids = Vec::with_capacity(nodes.len());
-        let mut failure = None;
-        let tls = match tls.as_ref().map(ecall_dist::TlsClient::new).transpose() {
-            Ok(tls) => tls,
-            Err(e) => {
-                failure = Some(e);
-                None
-            }
-        };
-        for node in nodes.into_iter().filter(|_| failure.is_none()) {
-            let cfg = IdentityConfig {
-                node,
-                cookie: cookie.clone(),
-                tick: Duration::from_millis(tick_ms),
-                handshake_timeout: Duration::from_millis(handshake_ms),
-                epmd_port,
-                listen: listen.clone(),
-                tls: tls.clone(),
-                register_retry: Duration::from_millis(register_retry_ms),
-            };
-            match Identity::start(cfg).await {
-                Ok(id) => ids.push(id),
-                Err(e) => {
-                    failure = Some(e);
-                    break;
-                }
-            }
-        }
+        let started = plan.start().await;
         let _ = owned.send_and_clear(&caller, |env| {
             let r = saved.load(env);
-            let result = match failure {
-                None => (atoms::ok(), ResourceArc::new(CNode { ids })).encode(env),
-                // A taken name is the one failure the Erlang side retries
-                // by name (and says what to do about); the others are text.
-                Some(ecall_dist::Error::NameTaken(node)) => {
-                    (atoms::error(), (atoms::name_taken(), node)).encode(env)
-                }
-                Some(e) => (atoms::error(), e.to_string()).encode(env),
-            };
-            (atoms::ecall_cnode(), r, result).encode(env)
+            (atoms::ecall_cnode(), r, started_term(env, started)).encode(env)
         });
     });
     Ok(atoms::ok())
+}
+
+/// The identities to start: `cnode_start/4`'s arguments, checked.
+struct Plan {
+    nodes: Vec<String>,
+    cookie: String,
+    tick: Duration,
+    handshake_timeout: Duration,
+    epmd_port: u16,
+    listen: Listen,
+    tls: Option<ecall_dist::TlsOptions>,
+    register_retry: Duration,
+}
+
+impl CNodeOpts {
+    /// `badarg` for no node, a zero tick or handshake time, an address
+    /// that does not parse, or a port range that is half given or empty.
+    fn plan(self, nodes: Vec<String>, cookie: String) -> NifResult<Plan> {
+        let addr = self
+            .listen_addr
+            .parse()
+            .map_err(|_| rustler::Error::BadArg)?;
+        if nodes.is_empty()
+            || self.tick_ms == 0
+            || self.handshake_ms == 0
+            || (self.listen_min == 0) != (self.listen_max == 0)
+            || self.listen_min > self.listen_max
+        {
+            return Err(rustler::Error::BadArg);
+        }
+        Ok(Plan {
+            nodes,
+            cookie,
+            tick: Duration::from_millis(self.tick_ms),
+            handshake_timeout: Duration::from_millis(self.handshake_ms),
+            epmd_port: self.epmd_port,
+            listen: Listen {
+                addr,
+                ports: (self.listen_min, self.listen_max),
+            },
+            tls: self.tls.then_some(ecall_dist::TlsOptions {
+                certfile: self.tls_certfile,
+                keyfile: self.tls_keyfile,
+                cacertfile: self.tls_cacertfile,
+                sni: self.tls_sni,
+                server_certfile: self.tls_server_certfile,
+                server_keyfile: self.tls_server_keyfile,
+                server_cacertfile: self.tls_server_cacertfile,
+            }),
+            register_retry: Duration::from_millis(self.register_retry_ms),
+        })
+    }
+}
+
+impl Plan {
+    /// Reads the TLS files (on a runtime thread: they may be slow), then
+    /// starts the identities one after another; the first failure stops
+    /// there (the identities started before it are dropped, which
+    /// unregisters them).
+    async fn start(self) -> Result<Vec<Arc<Identity>>, ecall_dist::Error> {
+        let tls = self
+            .tls
+            .as_ref()
+            .map(ecall_dist::TlsClient::new)
+            .transpose()?;
+        let mut ids = Vec::with_capacity(self.nodes.len());
+        for node in self.nodes {
+            let cfg = IdentityConfig {
+                node,
+                cookie: self.cookie.clone(),
+                tick: self.tick,
+                handshake_timeout: self.handshake_timeout,
+                epmd_port: self.epmd_port,
+                listen: self.listen.clone(),
+                tls: tls.clone(),
+                register_retry: self.register_retry,
+            };
+            ids.push(Identity::start(cfg).await?);
+        }
+        Ok(ids)
+    }
+}
+
+/// `{ok, CNode}`, or `{error, Reason}`: `{name_taken, Node}`, the one
+/// failure the Erlang side retries by name (and says what to do about),
+/// or text.
+fn started_term(env: Env<'_>, started: Result<Vec<Arc<Identity>>, ecall_dist::Error>) -> Term<'_> {
+    match started {
+        Ok(ids) => (atoms::ok(), ResourceArc::new(CNode { ids })).encode(env),
+        Err(ecall_dist::Error::NameTaken(node)) => {
+            (atoms::error(), (atoms::name_taken(), node)).encode(env)
+        }
+        Err(e) => (atoms::error(), e.to_string()).encode(env),
+    }
 }
 
 /// One map per identity: `node` (binary), `creation`, `port`, incoming

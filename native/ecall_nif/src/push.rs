@@ -290,7 +290,7 @@ fn encode<'a>(env: Env<'a>, term: Term<'a>) -> NifResult<Binary<'a>> {
         bytes.push(131);
         if e.refs == 0 {
             bytes.extend_from_slice(e.bytes);
-        } else if !ecall_dist::wire::conn_atom_cache::expand_term(e.bytes, &mut bytes) {
+        } else if !ecall_dist::wire::term_walk::expand_term(e.bytes, &mut bytes) {
             return Err(rustler::Error::BadArg);
         }
         let mut bin = rustler::NewBinary::new(env, bytes.len());

@@ -29,9 +29,8 @@
 //! A single message larger than [`FRAGMENT`](crate::wire::fragment::FRAGMENT) goes
 //! out one fragment per pass, so that other shards are not held up behind
 //! it. When nothing is queued the writer sleeps; a push wakes it only then
-//! (the sleeping-writer protocol is written down at `may_sleep` in
-//! `link/writer.rs`), or, if it is small, writes itself to the socket
-//! without a thread hop (a lone write: `link/side.rs`). With
+//! (the sleeping-writer protocol: `link/protocol.rs`), or, if it is small, writes itself to the socket
+//! without a thread hop (a lone write: `link/lent_side.rs`). With
 //! [`PeerConfig::flusher`] a push that would
 //! wake the writer asks for a *flush* instead (`Push::Flush`): the
 //! caller has `Peer::flush` run soon on a thread of
@@ -59,7 +58,7 @@
 //! # Stall reap
 //!
 //! Every socket write has a deadline (`stall_timeout`) per bounded piece
-//! ([`STALL_PIECE`](crate::net::io::STALL_PIECE)); a write that does not make
+//! ([`STALL_PIECE`](crate::net::stall_write::STALL_PIECE)); a write that does not make
 //! that much progress in time reaps the link: the socket is closed, what
 //! the link's shards hold is dropped and counted, its bytes go back to the
 //! budget (waking callers waiting for room), and the link reconnects.
@@ -75,7 +74,7 @@
 //! native distribution, and counted in `dropped`. Requests already on the
 //! socket whose bytes the peer had not acknowledged when the connection
 //! ended are counted in `unconfirmed`: they arrive only if the old
-//! connection gets them through before the peer drops it (`link/sent.rs`).
+//! connection gets them through before the peer drops it (`net/sent.rs`).
 //!
 //! # Shutdown
 //!
@@ -88,27 +87,26 @@
 
 use crate::error::Error;
 use crate::net::inbound::{InboundStats, Malformed, ReadEnd};
-use crate::net::io::STALL_PIECE;
+use crate::net::stall_write::STALL_PIECE;
 use crate::queue::shard::Backlog;
-use state::WriterState;
+use protocol::Protocol;
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU64};
-use tokio::sync::Notify;
 
+mod clock;
 mod core;
+mod counted_write;
+mod lent_side;
 mod pacing;
-mod sent;
-mod side;
+pub(crate) mod protocol;
 pub(crate) mod state;
 mod task;
 pub mod tuning;
-mod write;
 mod writer;
 
 pub(crate) use self::core::Core;
 pub use self::core::{PeerConfig, PeerStats};
-pub(crate) use sent::SentLog;
-pub(crate) use side::WriteSide;
+pub(crate) use lent_side::WriteSide;
 pub use tuning::*;
 
 pub(crate) use task::link_task;
@@ -147,7 +145,7 @@ pub struct LinkStats {
     pub dropped: AtomicU64,
     /// Requests possibly lost: written to a connection that then ended
     /// (otherwise than by our close) while the kernel still held some of
-    /// their bytes, unacknowledged by the peer (see `link/sent.rs`). They
+    /// their bytes, unacknowledged by the peer (see `net/sent.rs`). They
     /// reached the peer only if the old connection got them through before
     /// the peer dropped it: an upper bound.
     pub unconfirmed: AtomicU64,
@@ -160,7 +158,7 @@ pub struct LinkStats {
     /// Messages sent in fragments.
     pub fragmented: AtomicU64,
     /// Requests written by their caller, alone, while the writer slept
-    /// (also counted in `batches` and `requests`; see `link/side.rs`).
+    /// (also counted in `batches` and `requests`; see `link/lent_side.rs`).
     pub lone: AtomicU64,
     /// Lone writes and flushes the socket took only in part (the writer
     /// wrote the rest): a sign that the peer reads slowly.
@@ -191,41 +189,18 @@ pub(crate) fn worth_writing(b: Backlog) -> bool {
 /// What the push path and a link's writer share.
 #[derive(Debug, Default)]
 pub(crate) struct LinkShared {
-    /// What the writer is doing (`link/state.rs`).
-    pub(crate) state: WriterState,
-    /// Wakes a sleeping or gathering writer.
-    pub(crate) notify: Notify,
+    /// The writer's state, its wake-up and its lent write side: the
+    /// sleeping-writer protocol (`link/protocol.rs`).
+    pub(crate) proto: Protocol<WriteSide>,
     /// The link's counters.
     pub(crate) stats: LinkStats,
-    /// The connection's write side while the writer sleeps (see
-    /// `link/side.rs`); `None` while it is awake or not connected.
-    pub(crate) parked: std::sync::Mutex<Option<WriteSide>>,
-    /// Since when the link has been quiet (`side::clock`): set when the
+    /// Since when the link has been quiet (`clock::clock`): set when the
     /// writer goes to sleep and by each lone write.
     pub(crate) quiet_since: AtomicU64,
     /// Whether a push that would wake the sleeping writer asks for a flush
-    /// on the caller's side instead (`Peer::flush`): the peer is configured
-    /// so (`PeerConfig::flusher`) and the connection takes plain
-    /// non-blocking writes (TCP, not TLS). Set when the writer falls asleep.
+    /// on the caller's side instead (`Peer::flush`): `PeerConfig::flusher`,
+    /// set when the writer falls asleep.
     pub(crate) flushable: AtomicBool,
-}
-
-impl LinkShared {
-    /// The push side of the protocol (`link/state.rs`): with the shard's
-    /// lock held, whether this push should wake the writer.
-    pub(crate) fn wants_wake(&self, backlog: Backlog) -> bool {
-        self.state.push_wakes(|| worth_writing(backlog))
-    }
-
-    /// Hands the link to its writer (`WriterState::hand_off`) and wakes it;
-    /// whether it did.
-    pub(crate) fn wake_writer(&self) -> bool {
-        let woke = self.state.hand_off();
-        if woke {
-            self.notify.notify_one();
-        }
-        woke
-    }
 }
 
 /// Why a link went down, or why an attempt to connect it failed: what
@@ -329,31 +304,6 @@ impl std::fmt::Display for LinkDown {
 
 impl std::error::Error for LinkDown {}
 
-/// The errno-style name that Erlang's `inet` gives an I/O error of this
-/// kind (`econnreset`, `epipe`, ...), or `other`.
-pub fn posix_name(kind: io::ErrorKind) -> &'static str {
-    use io::ErrorKind as K;
-    match kind {
-        K::ConnectionReset => "econnreset",
-        K::BrokenPipe => "epipe",
-        K::ConnectionRefused => "econnrefused",
-        K::ConnectionAborted => "econnaborted",
-        K::NotConnected => "enotconn",
-        K::TimedOut => "etimedout",
-        K::AddrNotAvailable => "eaddrnotavail",
-        K::AddrInUse => "eaddrinuse",
-        K::OutOfMemory => "enomem",
-        // `HostUnreachable` and `NetworkUnreachable` can be named only
-        // from Rust 1.83 (the workspace supports 1.80), but the standard
-        // library has decoded those errnos to them for longer.
-        _ => match format!("{kind:?}").as_str() {
-            "HostUnreachable" => "ehostunreach",
-            "NetworkUnreachable" => "enetunreach",
-            _ => "other",
-        },
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -386,22 +336,5 @@ mod tests {
         );
         assert!(LinkDown::Stalled.is_stalled());
         assert!(!LinkDown::Write(io::ErrorKind::BrokenPipe).is_stalled());
-    }
-
-    #[test]
-    fn posix_names_follow_inet() {
-        assert_eq!(posix_name(io::ErrorKind::ConnectionReset), "econnreset");
-        assert_eq!(posix_name(io::ErrorKind::BrokenPipe), "epipe");
-        assert_eq!(posix_name(io::ErrorKind::OutOfMemory), "enomem");
-        assert_eq!(posix_name(io::ErrorKind::UnexpectedEof), "other");
-        // Linux errno values, decoded by the standard library.
-        #[cfg(target_os = "linux")]
-        for (errno, name) in [
-            (113, "ehostunreach"),
-            (101, "enetunreach"),
-            (111, "econnrefused"),
-        ] {
-            assert_eq!(posix_name(io::Error::from_raw_os_error(errno).kind()), name);
-        }
     }
 }

@@ -43,7 +43,7 @@ async fn run_link(peer: Arc<Core>, k: usize, id: Arc<Identity>, events: Arc<dyn 
             r = attempt => r,
         };
         let result = result.map(|r| r.and_then(|c| peer.same_incarnation(c.creation).map(|_| c)));
-        // Requests the connection's end left unconfirmed (link/sent.rs).
+        // Requests the connection's end left unconfirmed (net/sent.rs).
         let mut unconfirmed = 0;
         let reason = match result {
             Ok(Err(Error::Restarted)) => {

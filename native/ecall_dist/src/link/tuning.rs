@@ -1,6 +1,6 @@
 //! Every tuning constant of the write path, in one place, each with the
 //! workload that set its value. The mechanisms they tune are described in
-//! `link/mod.rs` (gathering), `link/side.rs` (lone
+//! `link/mod.rs` (gathering), `link/lent_side.rs` (lone
 //! writes, flushes) and `link/pacing.rs` (when to gather); the writer's
 //! states in `link/state.rs`. Two more live on the Erlang side, in
 //! `ecall_request.erl`: what makes a caller's call urgent (`?CLOSED_LOOP_US`,
@@ -45,7 +45,7 @@ pub const BUSY_SLEEP: std::time::Duration = std::time::Duration::from_micros(200
 
 // --- Lone writes and flushes: a request on a quiet link written by its caller ---
 // Wins (lone writes): an idle call's p99 89 % lower, 8 closed-loop callers
-// 57 % faster per call. (Flushes, `link/side.rs`: 64 closed-loop callers
+// 57 % faster per call. (Flushes, `link/lent_side.rs`: 64 closed-loop callers
 // 69 % faster per call, 64 pairs exchanging by sends 127 % faster.)
 
 /// The largest request written alone; larger ones always queue (a single

@@ -1,10 +1,11 @@
 //! The writing half of a connected link.
 
+use super::counted_write::write_with_deadline;
 use super::pacing::Pacing;
-use super::write::write_with_deadline;
 use super::Core;
-use super::{LinkDown, LinkShared, WriteSide, GATHER_WAIT};
+use super::{LinkDown, LinkShared, LinkStats, WriteSide, GATHER_WAIT};
 use crate::net::inbound;
+use crate::wire::conn_atom_cache::OutCache;
 use crate::wire::fragment::{InFlight, FRAGMENT};
 use crate::wire::frame::Frame;
 use std::sync::atomic::Ordering;
@@ -14,6 +15,7 @@ use std::time::Duration;
 /// How long a closed link waits for the peer to close its side after ours
 /// (see [`LinkWriter::run`]).
 pub const LINGER: Duration = Duration::from_secs(2);
+
 use crate::net::stream::LinkWrite;
 use tokio::io::AsyncWriteExt;
 use tokio::sync::mpsc;
@@ -30,11 +32,11 @@ pub(super) struct LinkWriter {
     k: usize,
     /// The socket, atom cache and buffers: always here, except while the
     /// writer waits in [`LinkWriter::wait`] (then in
-    /// [`LinkShared::parked`], for lone writes).
+    /// `Protocol::lend`, for lone writes and flushes).
     side: Option<WriteSide>,
     /// Write at least this often.
     tick: Duration,
-    /// Deadline of one socket write ([`crate::net::io::STALL_PIECE`]).
+    /// Deadline of one socket write ([`crate::net::stall_write::STALL_PIECE`]).
     deadline: Option<Duration>,
     /// Whether large messages go in fragments.
     fragments: bool,
@@ -84,7 +86,7 @@ impl LinkWriter {
     /// peer discard the last frames we wrote before it read them.
     ///
     /// Also returns how many requests the connection's end left
-    /// unconfirmed (see `link/sent.rs`).
+    /// unconfirmed (see `net/sent.rs`).
     pub(super) async fn run(
         mut self,
         mut reader: JoinHandle<LinkDown>,
@@ -153,30 +155,10 @@ impl LinkWriter {
             );
             if !frames.is_empty() || !self.inflight.is_empty() {
                 let result = self.pass(&mut frames, &mut done).await;
-                if result.is_err() {
-                    self.abandon(&mut frames);
+                match self.settle(result, &mut frames, &mut done) {
+                    Ok(n) => pacing.passed(n),
+                    Err(down) => return down,
                 }
-                // Written batches count; on error, the rest is lost. Either
-                // way their bytes go back to the budget.
-                let (n, b) = tally(&done);
-                if let Some(side) = self.side.as_mut() {
-                    side.sent.requests(n);
-                }
-                ls.batches.fetch_add(done.len() as u64, Ordering::Relaxed);
-                ls.requests.fetch_add(n, Ordering::Relaxed);
-                for (s, f) in done.drain(..) {
-                    peer.shards[s].recycle(f.bytes);
-                }
-                if let Err(e) = result {
-                    let (lost, lb) = tally(&frames);
-                    frames.clear();
-                    ls.dropped.fetch_add(lost, Ordering::Relaxed);
-                    peer.release(b + lb);
-                    return e;
-                }
-                peer.release(b);
-                self.last_write = Instant::now();
-                pacing.passed(n);
                 continue;
             }
             if !may_sleep(&peer, link, &mine) {
@@ -213,22 +195,22 @@ impl LinkWriter {
             // Quiet from now on (before the side is lent: a lone write
             // right after this writer's last write would find a busy link).
             link.quiet_since
-                .store(super::side::clock(), Ordering::Relaxed);
+                .store(super::clock::clock(), Ordering::Relaxed);
             link.flushable.store(peer.config.flusher, Ordering::Relaxed);
-            *lock(&link.parked) = self.side.take();
+            if let Some(side) = self.side.take() {
+                link.proto.lend(side);
+            }
         }
         let woke = tokio::select! {
-            _ = link.notify.notified() => Woke::Push,
+            _ = link.proto.wake.notified() => Woke::Push,
             _ = peer.cancel.cancelled() => Woke::Push,
             ctl = ctl_rx.recv() => Woke::Ctl(ctl),
             r = &mut *reader => Woke::Reader(reader_end(r)),
             _ = tokio::time::sleep_until(until) => Woke::Timer,
         };
-        link.state.awake();
-        if asleep {
-            // Taken back before anything is written: a lone write in
-            // progress holds the lock for one non-blocking send at most.
-            self.side = lock(&link.parked).take();
+        // Its side back (if lent) before anything is written.
+        if let Some(side) = link.proto.woken() {
+            self.side = Some(side);
         }
         let Some(side) = self.side.as_mut() else {
             // Only this writer parks and takes the side back.
@@ -360,33 +342,12 @@ impl LinkWriter {
             return r;
         };
         side.scratch.clear();
-        let mut hits = 0;
-        let mut whole = Vec::with_capacity(frames.len());
-        for (shard, frame) in frames.drain(..) {
-            // Only single large messages go in fragments: they go as they
-            // are, and their atoms as text cost the receiver a lookup each;
-            // a big batch of small messages is better off whole, through
-            // the atom cache.
-            if self.fragments && frame.count == 1 && frame.bytes.len() > FRAGMENT {
-                if let Some(ranges) = InFlight::ranges(&frame.bytes) {
-                    self.seq += 1;
-                    ls.fragmented.fetch_add(1, Ordering::Relaxed);
-                    // Its ids go as they are, declared by its first fragment.
-                    hits += frame.refs;
-                    self.inflight
-                        .push(InFlight::new(shard, frame, self.seq, ranges));
-                    continue;
-                }
-            }
-            hits += crate::wire::frame::frame_out(
-                Some(&mut *cache),
-                &frame.bytes,
-                frame.text,
-                frame.refs,
-                &mut side.scratch,
-            );
-            whole.push((shard, frame));
-        }
+        let mut fragments = Fragments {
+            on: self.fragments,
+            seq: &mut self.seq,
+            inflight: &mut self.inflight,
+        };
+        let (mut whole, hits) = fragments.split(frames, cache, &mut side.scratch, ls);
         self.peer
             .stats
             .cached_atoms
@@ -416,16 +377,46 @@ impl LinkWriter {
             return r;
         }
         done.append(&mut whole);
-        let mut i = 0;
-        while i < self.inflight.len() {
-            if self.inflight[i].left == 0 {
-                let f = self.inflight.swap_remove(i);
-                done.push((f.shard, f.frame));
-            } else {
-                i += 1;
-            }
-        }
+        retire_sent(&mut self.inflight, done);
         Ok(())
+    }
+
+    /// After a pass that ended with `result`: counts the batches it wrote
+    /// (`done`, emptied) and gives their buffers back to their shards; on
+    /// an error, what it did not write (`frames`, emptied, and every
+    /// message in flight) is lost and counted in `dropped`. Either way the
+    /// bytes go back to the budget. The requests written, or why the link
+    /// ends.
+    fn settle(
+        &mut self,
+        result: Result<(), LinkDown>,
+        frames: &mut Vec<(usize, Frame)>,
+        done: &mut Vec<(usize, Frame)>,
+    ) -> Result<u64, LinkDown> {
+        if result.is_err() {
+            self.abandon(frames);
+        }
+        let peer = &self.peer;
+        let ls = &peer.links[self.k].stats;
+        let (n, b) = tally(done);
+        if let Some(side) = self.side.as_mut() {
+            side.sent.requests(n);
+        }
+        ls.batches.fetch_add(done.len() as u64, Ordering::Relaxed);
+        ls.requests.fetch_add(n, Ordering::Relaxed);
+        for (s, f) in done.drain(..) {
+            peer.shards[s].recycle(f.bytes);
+        }
+        if let Err(down) = result {
+            let (lost, lb) = tally(frames);
+            frames.clear();
+            ls.dropped.fetch_add(lost, Ordering::Relaxed);
+            peer.release(b + lb);
+            return Err(down);
+        }
+        peer.release(b);
+        self.last_write = Instant::now();
+        Ok(n)
     }
 
     /// After a failed write: every message in flight is lost too.
@@ -434,63 +425,98 @@ impl LinkWriter {
     }
 }
 
-/// The writer's side of the sleeping-writer protocol: called when a pass
-/// found nothing to write; returns whether the writer may now wait for
-/// [`LinkShared::notify`].
-///
-/// The protocol, which is what makes a push cheap:
-///
-/// 1. The writer raises `sleeping` (`SeqCst`), then looks at each of its
-///    shards once more, under the shard's lock ([`Shard::is_empty`]). If
-///    one holds anything it lowers the flag and makes another pass.
-/// 2. A push appends to its shard and, still under the shard's lock, reads
-///    `sleeping` (the `under_lock` closure of [`Shard::push`]). Only if the
-///    flag is up does it swap it down and notify; a busy writer (flag down)
-///    costs a push nothing but that load.
-///
-/// No wake-up is lost: the push's append and the writer's re-check of that
-/// shard are ordered by the shard's lock. If the re-check comes first, the
-/// push runs after it and sees the flag up, so it notifies (and `Notify`
-/// keeps the permit if the writer is not waiting yet); if the push comes
-/// first, the re-check sees the element and the writer does not sleep. A
-/// spurious wake-up (a permit left by a push whose element the writer had
-/// already taken) only costs an empty pass.
-///
-/// [`Shard::is_empty`]: crate::queue::shard::Shard::is_empty
-/// [`Shard::push`]: crate::queue::shard::Shard::push
-fn may_sleep(peer: &Core, link: &LinkShared, mine: &[usize]) -> bool {
-    link.state.sleep();
-    if mine.iter().any(|&s| !peer.shards[s].is_empty()) {
-        link.state.awake();
-        return false;
+/// A pass's view of the messages going out in fragments.
+struct Fragments<'a> {
+    /// Whether the connection takes fragments.
+    on: bool,
+    seq: &'a mut u64,
+    inflight: &'a mut Vec<InFlight>,
+}
+
+impl Fragments<'_> {
+    /// Rewrites the batches of a pass (`frames`, emptied) through the
+    /// connection's atom cache into `scratch`. A single large message
+    /// starts going out in fragments instead: only those go in fragments,
+    /// as they are, since their atoms as text cost the receiver a lookup
+    /// each, and a big batch of small messages is better off whole,
+    /// through the cache. Returns the whole batches, and the atoms written
+    /// as cache references.
+    fn split(
+        &mut self,
+        frames: &mut Vec<(usize, Frame)>,
+        cache: &mut OutCache,
+        scratch: &mut Vec<u8>,
+        ls: &LinkStats,
+    ) -> (Vec<(usize, Frame)>, u64) {
+        let mut hits = 0;
+        let mut whole = Vec::with_capacity(frames.len());
+        for (shard, frame) in frames.drain(..) {
+            if self.on && frame.count == 1 && frame.bytes.len() > FRAGMENT {
+                if let Some(ranges) = InFlight::ranges(&frame.bytes) {
+                    *self.seq += 1;
+                    ls.fragmented.fetch_add(1, Ordering::Relaxed);
+                    // Its ids go as they are, declared by its first fragment.
+                    hits += frame.refs;
+                    self.inflight
+                        .push(InFlight::new(shard, frame, *self.seq, ranges));
+                    continue;
+                }
+            }
+            hits += crate::wire::frame::frame_out(
+                Some(&mut *cache),
+                &frame.bytes,
+                frame.text,
+                frame.refs,
+                scratch,
+            );
+            whole.push((shard, frame));
+        }
+        (whole, hits)
     }
-    true
+}
+
+/// Moves the messages whose last fragment went out from `inflight` to
+/// `done`.
+fn retire_sent(inflight: &mut Vec<InFlight>, done: &mut Vec<(usize, Frame)>) {
+    let mut i = 0;
+    while i < inflight.len() {
+        if inflight[i].left == 0 {
+            let f = inflight.swap_remove(i);
+            done.push((f.shard, f.frame));
+        } else {
+            i += 1;
+        }
+    }
+}
+
+/// Whether the writer may sleep: nothing queued in its shards, looked at
+/// after it announced sleep (`Protocol::may_sleep`).
+fn may_sleep(peer: &Core, link: &LinkShared, mine: &[usize]) -> bool {
+    link.proto
+        .may_sleep(|| mine.iter().any(|&s| !peer.shards[s].is_empty()))
 }
 
 /// Coalescing, the same protocol with another threshold: on a busy link
-/// (the last pass wrote [`GATHER_AFTER`] requests or more, or a push woke
-/// the writer less than [`BUSY_SLEEP`] after it went to sleep) the writer
+/// (the last pass wrote [`GATHER_AFTER`](super::GATHER_AFTER) requests or
+/// more, or a push woke the writer less than
+/// [`BUSY_SLEEP`](super::BUSY_SLEEP) after it went to sleep) the writer
 /// does not take the few that came meanwhile at once: it waits until one
 /// of its shards holds [`GATHER_REQUESTS`](super::GATHER_REQUESTS) or
 /// [`GATHER_BYTES`](super::GATHER_BYTES) or an urgent
-/// request (a push that sees it wakes the writer: `Backlog::worth_writing`)
+/// request (a push that sees it wakes the writer: `worth_writing`)
 /// or [`GATHER_WAIT`] has passed. Fewer, larger
 /// batches: fewer writes and wake-ups here, and on the peer fewer messages
 /// to decode and receiver wake-ups, for at most `GATHER_WAIT` of latency on
 /// a busy link. A lone request on a quiet link never waits: the pass before
 /// it wrote less than `GATHER_AFTER` and the writer slept longer than
-/// `BUSY_SLEEP` (or the request was written alone: `link/side.rs`).
+/// `BUSY_SLEEP` (or the request was written alone: `link/lent_side.rs`).
 ///
 /// Returns whether the writer should wait (no shard is past a threshold).
 fn may_gather(peer: &Core, link: &LinkShared, mine: &[usize]) -> bool {
-    link.state.gather();
-    let ready = mine
-        .iter()
-        .any(|&s| super::worth_writing(peer.shards[s].backlog()));
-    if ready {
-        link.state.awake();
-    }
-    !ready
+    link.proto.may_gather(|| {
+        mine.iter()
+            .any(|&s| super::worth_writing(peer.shards[s].backlog()))
+    })
 }
 
 /// Why a [`LinkWriter::wait`] ended.
@@ -509,12 +535,6 @@ enum Woke {
 fn side_of(side: &mut Option<WriteSide>) -> Result<&mut WriteSide, LinkDown> {
     side.as_mut()
         .ok_or(LinkDown::Write(std::io::ErrorKind::Other))
-}
-
-fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    // Poisoned only if a thread panicked holding it; the side is whole
-    // between statements.
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// Why the reader task stopped.

@@ -14,7 +14,7 @@
 //!   byte of it is buffered, and expanding atom cache references stops at
 //!   [`MAX_DECODED`] (a two-byte reference may stand for 65,535 bytes).
 //! * No nesting read off the wire sizes a recursion: terms are never built.
-//!   The walker in [`crate::wire::conn_atom_cache`] is iterative (a count of terms still
+//!   The walker in [`crate::wire::term_walk`] is iterative (a count of terms still
 //!   to walk, not a stack), and the `is_auth` shape is matched at fixed
 //!   positions, skipping the parts we copy back by where they end.
 //! * A frame that is not well formed closes its connection (the caller logs
@@ -32,8 +32,9 @@
 //!                Payload {Tag, yes}
 //! ```
 
-use crate::wire::conn_atom_cache::{self, Decoded, InCache};
+use crate::wire::conn_atom_cache::{Decoded, InCache};
 use crate::wire::etf;
+use crate::wire::term_walk;
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
 use tokio::io::{AsyncRead, AsyncReadExt};
@@ -181,7 +182,7 @@ fn well_formed(body: &[u8]) -> bool {
         if body[pos] != etf::VERSION {
             return false;
         }
-        match conn_atom_cache::term_end(body, pos + 1) {
+        match term_walk::term_end(body, pos + 1) {
             Some(end) => pos = end,
             None => return false,
         }
@@ -191,7 +192,7 @@ fn well_formed(body: &[u8]) -> bool {
 
 /// Whether the atom at `inp[pos..]` is `name`; returns the position after it.
 fn atom_is(inp: &[u8], pos: usize, name: &str) -> Option<usize> {
-    let (_, start, len, next) = conn_atom_cache::atom_text(inp, pos)?;
+    let (_, start, len, next) = term_walk::atom_text(inp, pos)?;
     (&inp[start..start + len] == name.as_bytes()).then_some(next)
 }
 
@@ -208,8 +209,8 @@ fn is_auth(body: &[u8]) -> Option<Vec<u8>> {
     let pos = tuple(body, 1, 4)?;
     let pos =
         (body.get(pos..pos + 2)? == [etf::SMALL_INTEGER_EXT, etf::REG_SEND]).then_some(pos + 2)?;
-    let pos = conn_atom_cache::term_end(body, pos)?; // From
-    let pos = conn_atom_cache::term_end(body, pos)?; // Unused
+    let pos = term_walk::term_end(body, pos)?; // From
+    let pos = term_walk::term_end(body, pos)?; // Unused
     let pos = atom_is(body, pos, "net_kernel")?;
     // Payload: 131 {'$gen_call', {Pid, Tag}, {is_auth, _}}
     (*body.get(pos)? == etf::VERSION).then_some(())?;
@@ -220,8 +221,8 @@ fn is_auth(body: &[u8]) -> Option<Vec<u8>> {
     if !matches!(body.get(pid)?, &etf::NEW_PID_EXT | &etf::PID_EXT) {
         return None;
     }
-    let tag = conn_atom_cache::term_end(body, pid)?;
-    let tag_end = conn_atom_cache::term_end(body, tag)?;
+    let tag = term_walk::term_end(body, pid)?;
+    let tag_end = term_walk::term_end(body, tag)?;
     let pos = tuple(body, tag_end, 2)?;
     atom_is(body, pos, "is_auth")?;
     let mut out = vec![0, 0, 0, 0, etf::PASS_THROUGH];

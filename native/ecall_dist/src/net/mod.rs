@@ -1,12 +1,14 @@
-//! The network: writes with a stall deadline ([`io`]), TCP and TLS streams
-//! ([`stream`]), the checked reading of what a peer sends ([`inbound`]),
-//! and the C-node's identity: epmd, listener and handshake ([`cnode`]),
-//! with the incoming handshakes it lets wait ([`pending`]).
+//! The network: writes with a stall deadline ([`stall_write`]), what a
+//! socket took ([`sent`]), TCP and TLS streams ([`stream`]), the checked
+//! reading of what a peer sends ([`inbound`]), and the C-node's identity:
+//! epmd, listener and handshake ([`cnode`]), with the incoming handshakes
+//! it lets wait ([`pending`]).
 //!
 //! Everything read here is hostile until checked (see [`inbound`]).
 
 pub mod cnode;
 pub mod inbound;
-pub(crate) mod io;
 pub mod pending;
+pub(crate) mod sent;
+pub(crate) mod stall_write;
 pub mod stream;

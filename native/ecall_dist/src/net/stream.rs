@@ -242,7 +242,7 @@ impl LinkStream {
 
 impl LinkWrite {
     /// A non-blocking write from any thread (a lone write or a flush:
-    /// link/side.rs): the bytes taken, or `WouldBlock`. Under TLS the
+    /// link/lent_side.rs): the bytes taken, or `WouldBlock`. Under TLS the
     /// bytes go through the connection's TLS state, which the reader
     /// shares under the split's lock: when the reader holds it, or TLS
     /// cannot take the bytes now, this is `WouldBlock` too. The records of

@@ -153,7 +153,7 @@ impl Shard {
     ///
     /// `under_lock` runs while the shard lock is held, after the element is
     /// in, with what the shard now holds (the sleeping-writer protocol:
-    /// `may_sleep` in `link/writer.rs`).
+    /// `link/protocol.rs`).
     pub fn push<R>(
         &self,
         element: Element<'_>,
@@ -281,7 +281,7 @@ impl Shard {
 
     /// Builds in `out` the frame of a batch of this shard holding `element`
     /// alone (external format without the version byte), for a lone write
-    /// (`link/side.rs`). The shard itself is not touched. Returns whether
+    /// (`link/lent_side.rs`). The shard itself is not touched. Returns whether
     /// the header has atoms as text.
     pub fn lone_frame(&self, element: &[u8], out: &mut Vec<u8>) -> bool {
         out.clear();

@@ -6,9 +6,10 @@
 //! from the message's batch buffer (no copy): fragment headers are written
 //! in front of slices of it.
 
-use crate::wire::conn_atom_cache::{self, OutCache};
+use crate::wire::conn_atom_cache::OutCache;
 use crate::wire::etf::{self, FRAG_HEADER, FRAME_LEN, PLAIN_TERMS};
 use crate::wire::frame::Frame;
+use crate::wire::term_walk;
 use std::ops::Range;
 
 /// A single message larger than this goes out in fragments of this size,
@@ -42,7 +43,7 @@ impl InFlight {
             return None;
         }
         let control = PLAIN_TERMS + 1;
-        let control_end = conn_atom_cache::own_term_end(bytes, control)?;
+        let control_end = term_walk::own_term_end(bytes, control)?;
         if bytes.get(control_end) != Some(&etf::VERSION) {
             return None;
         }

@@ -1,8 +1,9 @@
 //! Frames: a batch as the queue holds it, and as it goes out on one
 //! connection.
 
-use super::conn_atom_cache::{self, OutCache};
+use super::conn_atom_cache::OutCache;
 use super::etf::{PLAIN_TERMS, VERSION};
+use super::term_walk;
 
 /// A complete frame, ready for the socket.
 #[derive(Debug)]
@@ -55,7 +56,7 @@ pub(crate) fn frame_out(
     out: &mut Vec<u8>,
 ) -> u64 {
     let Some(cache) = cache else {
-        if !conn_atom_cache::expand_ids(frame, out) {
+        if !term_walk::expand_ids(frame, out) {
             // Nothing we build fails to walk; sent as it is, the peer
             // would refuse it and close the connection, which is counted.
             tracing::error!("a frame did not walk: written as it is");
@@ -65,7 +66,7 @@ pub(crate) fn frame_out(
     };
     let control = PLAIN_TERMS + 1;
     let control_end = (!text)
-        .then(|| conn_atom_cache::own_term_end(frame, control))
+        .then(|| term_walk::own_term_end(frame, control))
         .flatten()
         .filter(|&e| frame.get(e) == Some(&VERSION));
     match control_end {

@@ -1,8 +1,9 @@
 //! The distribution wire format, as bytes: the external term format and
 //! the batch header ([`etf`]), the process-wide atom ids written at encode
 //! time ([`fixed_atom_ids`]), each connection's distribution atom cache
-//! ([`conn_atom_cache`]), frames ([`frame`]) and large messages in
-//! fragments ([`fragment`]).
+//! ([`conn_atom_cache`]), frames ([`frame`]), large messages in
+//! fragments ([`fragment`]), and the term walker they share
+//! ([`term_walk`]).
 //!
 //! Pure functions over byte slices: nothing here touches a socket, a queue
 //! or a thread.
@@ -12,3 +13,4 @@ pub mod etf;
 pub mod fixed_atom_ids;
 pub mod fragment;
 pub mod frame;
+pub mod term_walk;

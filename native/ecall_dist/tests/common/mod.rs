@@ -2,6 +2,8 @@
 //! names that do not collide, and a C-node identity registered with it.
 #![allow(dead_code)]
 
+pub mod erl;
+
 use ecall_dist::{Identity, IdentityConfig, Listen};
 use std::net::TcpListener;
 use std::path::PathBuf;

@@ -13,9 +13,9 @@
 //! connection (`ecall_dist::wire::conn_atom_cache`), which the link writer keeps.
 
 use super::two_way::{TwoWayBytes, TwoWayTable};
-use ecall_dist::wire::conn_atom_cache::atom_text;
 use ecall_dist::wire::etf::{ATOM_CACHE_REF, NEWER_REFERENCE_EXT, NEW_REFERENCE_EXT};
 use ecall_dist::wire::fixed_atom_ids;
+use ecall_dist::wire::term_walk::atom_text;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -259,10 +259,10 @@ pub fn count(id: bool, text: &mut bool, refs: &mut u64) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ecall_dist::wire::conn_atom_cache::expand_term;
     use ecall_dist::wire::etf::{
         ATOM_EXT, NEW_PID_EXT, NEW_PORT_EXT, SMALL_ATOM_EXT, SMALL_ATOM_UTF8_EXT, V4_PORT_EXT,
     };
+    use ecall_dist::wire::term_walk::expand_term;
 
     /// A term word the emulator would tag as an immediate (low bits 0b11).
     fn immediate(n: u64) -> u64 {

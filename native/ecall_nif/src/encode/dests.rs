@@ -23,10 +23,10 @@
 //! A pid goes out in 15 bytes instead of 16 plus its node's name.
 
 use super::atom_memo::{count, AtomMemo};
-use ecall_dist::wire::conn_atom_cache::atom_text;
 use ecall_dist::wire::etf::{
     ATOM_CACHE_REF, LIST_EXT, NEWER_REFERENCE_EXT, NEW_PID_EXT, NIL_EXT, VERSION,
 };
+use ecall_dist::wire::term_walk::atom_text;
 
 /// Appends the list `ext` (its `term_to_binary`, version byte included)
 /// to `out`, its atoms rewritten as ids where they have one. Returns
@@ -106,8 +106,8 @@ fn rewrite(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ecall_dist::wire::conn_atom_cache::expand_term;
     use ecall_dist::wire::etf::{SMALL_ATOM_UTF8_EXT, SMALL_TUPLE_EXT};
+    use ecall_dist::wire::term_walk::expand_term;
 
     fn atom(name: &[u8]) -> Vec<u8> {
         let mut v = vec![SMALL_ATOM_UTF8_EXT, name.len() as u8];

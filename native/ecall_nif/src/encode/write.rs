@@ -94,7 +94,7 @@ pub fn passes(used: usize, more: usize, limit: usize) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ecall_dist::wire::conn_atom_cache::term_end;
+    use ecall_dist::wire::term_walk::term_end;
 
     /// What `write` appends after bytes already there, checked to be one
     /// whole term.

@@ -6,7 +6,7 @@
 //! was about 100 µs of an idle round trip, against about 90 µs for the
 //! whole round trip of a native `!`. So while the writer sleeps it leaves
 //! its [`WriteSide`] (socket, atom cache, buffers) in
-//! [`LinkShared::parked`], and a push that finds it there writes its
+//! `LinkShared::proto` (`Protocol::lend`), and a push that finds it there writes its
 //! request itself, as a batch of one, with one non-blocking `send` on the
 //! caller's thread ([`LinkShared::write_lone`]). Nothing waits: if the
 //! socket takes only part of the frame, the rest goes to
@@ -27,8 +27,8 @@
 //!
 //! Order: a lone write happens only while the writer sleeps, and the writer
 //! sleeps only after it has written everything it took and found every
-//! shard of the link empty (`may_sleep`); a push that queues behind a
-//! sleeping writer wakes it (`WriterState::wake_for_push`) before its caller can push
+//! shard of the link empty (`Protocol::may_sleep`); a push that queues behind a
+//! sleeping writer wakes it (`Protocol::after_push`) before its caller can push
 //! again. So everything a caller pushed before is on the socket when its
 //! request is written alone. The writer takes its side back (under the
 //! same lock) before it writes anything, so writes never interleave.
@@ -37,7 +37,7 @@
 //!
 //! The side a sleeping writer lends serves flushes too
 //! ([`LinkShared::flush`], called by `Peer::flush`): where a push would
-//! wake the writer, it asks for a flush (`WriterState::ask_flush`) and its caller
+//! wake the writer, it asks for a flush (`Protocol::after_push`) and its caller
 //! has a flush run soon. Pushes meanwhile wake nobody; the flush takes a
 //! batch from each of the link's shards and writes them with one
 //! non-blocking `send` on its own thread (a scheduler, on the BEAM). A
@@ -53,10 +53,12 @@
 //! request of its caller's, pushed while a flush was asked for, may still
 //! be queued there), so it never overtakes a queued request.
 
-use super::state::Writer;
+use super::clock::clock;
+use super::counted_write::write_with_deadline;
+use super::protocol::Flush;
 use super::tuning::{LONE_GAP_NS, LONE_MAX, URGENT_GAP_NS};
-use super::write::write_with_deadline;
-use super::{LinkDown, LinkShared, LinkStats, SentLog};
+use super::{LinkDown, LinkShared, LinkStats};
+use crate::net::sent::SentLog;
 use crate::net::stream::LinkWrite;
 use crate::queue::shard::{Element, Shard};
 use crate::wire::conn_atom_cache::OutCache;
@@ -64,16 +66,8 @@ use crate::wire::frame::Frame;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-/// Monotonic nanoseconds since the first call (only differences matter).
-/// Starts at `LONE_GAP` so that the first lone write is never refused.
-pub(super) fn clock() -> u64 {
-    static EPOCH: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
-    let epoch = EPOCH.get_or_init(std::time::Instant::now);
-    u64::try_from(epoch.elapsed().as_nanos()).unwrap_or(u64::MAX) + LONE_GAP_NS
-}
-
 /// What writes to one connection. The writer owns it while awake; while it
-/// sleeps it lies in [`LinkShared::parked`].
+/// sleeps it is lent (`Protocol::lend`).
 #[derive(Debug)]
 pub(crate) struct WriteSide {
     pub(super) wr: LinkWrite,
@@ -115,7 +109,7 @@ impl WriteSide {
     }
 
     /// Writes `bufs` to the socket with the write deadline, and logs what
-    /// the socket took (see `link/sent.rs`). TLS is flushed with them.
+    /// the socket took (see `net/sent.rs`). TLS is flushed with them.
     pub(super) async fn write(
         &mut self,
         ls: &LinkStats,
@@ -201,7 +195,7 @@ impl LinkShared {
     /// or at all for an `urgent` request (the clock is read only then: a
     /// push to a busy link pays one load).
     fn quiet_now(&self, urgent: bool) -> Option<u64> {
-        if self.state.get() != Writer::Sleeping {
+        if !self.proto.sleeping() {
             return None;
         }
         let now = clock();
@@ -215,13 +209,7 @@ impl LinkShared {
 
     /// Whether a small push would be written alone now.
     pub(crate) fn lone_ready(&self) -> bool {
-        self.quiet_now(false).is_some()
-            && self
-                .parked
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .as_ref()
-                .is_some_and(WriteSide::takes_lone)
+        self.quiet_now(false).is_some() && self.proto.lent_is(WriteSide::takes_lone)
     }
 
     /// Writes `element` as a batch of one of `shard`, from the caller's
@@ -244,43 +232,32 @@ impl LinkShared {
         let Some(now) = self.quiet_now(element.urgent) else {
             return false;
         };
-        let Ok(mut parked) = self.parked.try_lock() else {
-            return false;
-        };
-        let Some(side) = parked.as_mut().filter(|s| s.takes_lone()) else {
-            return false;
-        };
-        // Again under the lock: the writer may have been woken meanwhile
-        // (it takes its side back under this lock before writing).
-        if self.state.get() != Writer::Sleeping {
-            return false;
-        }
         // Per-caller order: an earlier request of this caller's shard, pushed
         // while a flush was asked for (pushes then wake nobody), is still
         // queued; this one goes behind it. One taken by a flush is on the
-        // socket already: flushes write under this lock.
-        if !shard.is_empty() {
-            return false;
-        }
-        let text = shard.lone_frame(element.bytes, &mut side.plain) || element.text;
-        side.scratch.clear();
-        let hits = crate::wire::frame::frame_out(
-            side.cache.as_mut(),
-            &side.plain,
-            text,
-            element.refs.into(),
-            &mut side.scratch,
-        );
-        cached_atoms.fetch_add(hits, Ordering::Relaxed);
-        let partial = side.try_write_scratch(&self.stats, 1, 1);
-        self.stats.lone.fetch_add(1, Ordering::Relaxed);
-        self.quiet_since.store(now, Ordering::Relaxed);
-        drop(parked);
-        // The rest goes with the writer, woken for it.
-        if partial {
-            self.wake_writer();
-        }
-        true
+        // socket already: flushes write under the side's lock.
+        let own_shard_empty = || shard.is_empty();
+        let written = self.proto.lend_to_lone(own_shard_empty, |side| {
+            if !side.takes_lone() {
+                return None;
+            }
+            let text = shard.lone_frame(element.bytes, &mut side.plain) || element.text;
+            side.scratch.clear();
+            let hits = crate::wire::frame::frame_out(
+                side.cache.as_mut(),
+                &side.plain,
+                text,
+                element.refs.into(),
+                &mut side.scratch,
+            );
+            cached_atoms.fetch_add(hits, Ordering::Relaxed);
+            // The rest goes with the writer, woken for it.
+            let partial = side.try_write_scratch(&self.stats, 1, 1);
+            self.stats.lone.fetch_add(1, Ordering::Relaxed);
+            self.quiet_since.store(now, Ordering::Relaxed);
+            Some(((), partial))
+        });
+        written.is_some()
     }
 }
 
@@ -312,50 +289,49 @@ impl LinkShared {
         mine: impl Iterator<Item = usize> + Clone,
         cached_atoms: &AtomicU64,
     ) -> Vec<(usize, Frame)> {
-        let mut parked = self.parked.lock().unwrap_or_else(|p| p.into_inner());
-        // Awake since (it is awake before it takes its side back under
-        // this lock): what is queued is its to write.
-        if self.state.get() != Writer::Flushing {
-            return Vec::new();
-        }
-        let big = mine.clone().any(|s| {
-            let b = shards[s].backlog();
-            b.requests == u32::MAX || b.bytes >= super::GATHER_BYTES
+        let flushed = self.proto.lend_to_flush(|side| {
+            // A load that big is the writer's (it gathers and fragments),
+            // as is a rest of an earlier write.
+            let big = mine.clone().any(|s| {
+                let b = shards[s].backlog();
+                b.requests == u32::MAX || b.bytes >= super::GATHER_BYTES
+            });
+            if big || !side.takes_lone() {
+                return None;
+            }
+            side.scratch.clear();
+            let mut hits = 0;
+            let mut frames = Vec::new();
+            for s in mine {
+                if let Some(f) = shards[s].take() {
+                    hits += crate::wire::frame::frame_out(
+                        side.cache.as_mut(),
+                        &f.bytes,
+                        f.text,
+                        f.refs,
+                        &mut side.scratch,
+                    );
+                    frames.push((s, f));
+                }
+            }
+            if frames.is_empty() {
+                return Some((frames, false));
+            }
+            cached_atoms.fetch_add(hits, Ordering::Relaxed);
+            let n: u64 = frames.iter().map(|(_, f)| u64::from(f.count)).sum();
+            let partial = side.try_write_scratch(&self.stats, frames.len() as u64, n);
+            self.stats.flushes.fetch_add(1, Ordering::Relaxed);
+            side.trim();
+            self.quiet_since.store(clock(), Ordering::Relaxed);
+            Some((frames, partial))
         });
-        let Some(side) = parked.as_mut().filter(|s| s.takes_lone() && !big) else {
-            drop(parked);
-            self.stats.flush_handoffs.fetch_add(1, Ordering::Relaxed);
-            self.wake_writer();
-            return Vec::new();
-        };
-        side.scratch.clear();
-        let mut hits = 0;
-        let mut frames = Vec::new();
-        for s in mine {
-            if let Some(f) = shards[s].take() {
-                hits += crate::wire::frame::frame_out(
-                    side.cache.as_mut(),
-                    &f.bytes,
-                    f.text,
-                    f.refs,
-                    &mut side.scratch,
-                );
-                frames.push((s, f));
+        match flushed {
+            Flush::Wrote(frames) => frames,
+            Flush::NotFlushing => Vec::new(),
+            Flush::HandedOff => {
+                self.stats.flush_handoffs.fetch_add(1, Ordering::Relaxed);
+                Vec::new()
             }
         }
-        if frames.is_empty() {
-            return frames;
-        }
-        cached_atoms.fetch_add(hits, Ordering::Relaxed);
-        let n: u64 = frames.iter().map(|(_, f)| u64::from(f.count)).sum();
-        let partial = side.try_write_scratch(&self.stats, frames.len() as u64, n);
-        self.stats.flushes.fetch_add(1, Ordering::Relaxed);
-        side.trim();
-        self.quiet_since.store(clock(), Ordering::Relaxed);
-        drop(parked);
-        if partial {
-            self.wake_writer();
-        }
-        frames
     }
 }

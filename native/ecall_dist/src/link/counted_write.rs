@@ -1,8 +1,9 @@
 //! A link's socket writes: [`write_all_vectored`] with the link's stall
 //! deadline, counted in its stats and in its sent log.
 
-use super::{LinkDown, LinkStats, SentLog};
-use crate::net::io::write_all_vectored;
+use super::{LinkDown, LinkStats};
+use crate::net::sent::SentLog;
+use crate::net::stall_write::write_all_vectored;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 use tokio::io::AsyncWrite;
@@ -37,7 +38,7 @@ pub(crate) async fn write_with_deadline<W: AsyncWrite + Unpin>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::net::io::tests::Trickle;
+    use crate::net::stall_write::tests::Trickle;
 
     /// The wrapper counts a write in the link's stats, and logs every byte
     /// the socket took.
