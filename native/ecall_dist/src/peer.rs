@@ -377,7 +377,10 @@ mod tests {
                 cookie: "c".into(),
                 receivers: vec!["ecall_rx_1".into()],
                 shards: 1,
-                caps: BatchCaps::default(),
+                caps: BatchCaps {
+                    max_count: 1000,
+                    max_bytes: 1 << 20,
+                },
                 max_queue_bytes: budget,
                 stall_timeout: None,
                 backoff_min: Duration::from_millis(1),

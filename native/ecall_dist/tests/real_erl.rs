@@ -198,7 +198,13 @@ async fn spliced_payload_is_what_binary_to_term_reads() {
     use ecall_dist::internals::shard::{Element, Shard};
     use ecall_dist::wire::etf::BatchHeader;
     let header = BatchHeader::new("a_ecall_1@h", 3, "ecall_rx_1");
-    let shard = Shard::new(&header, BatchCaps::default());
+    let shard = Shard::new(
+        &header,
+        BatchCaps {
+            max_count: 1000,
+            max_bytes: 1 << 20,
+        },
+    );
     let terms = [
         atom("one"),
         Term::from(Tuple::from(vec![

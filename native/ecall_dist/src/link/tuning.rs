@@ -1,17 +1,18 @@
-//! Every tuning constant of the write path, in one place, each with the
-//! workload that set its value. The mechanisms they tune are described in
-//! `link/mod.rs` (gathering), `link/lent_side.rs` (lone
-//! writes, flushes) and `link/pacing.rs` (when to gather); the writer's
-//! states in `link/state.rs`. Two more live on the Erlang side, in
-//! `ecall_request.erl`: what makes a caller's call urgent (`?CLOSED_LOOP_US`,
-//! `?LOOP_COMPANY`). The numbers quoted are from `bench/run.sh` on a 2-core
+//! Every tuning number of the write path, in one place, each with the
+//! measurement that set its value, or "not measured" and the reason for
+//! it. The mechanisms they tune are described in `link/mod.rs`
+//! (gathering), `link/lent_side.rs` (lone writes, flushes) and `link/pacing.rs`
+//! (when to gather). Measurements are from `bench/run.sh` on a 2-core
 //! machine.
 //!
-//! Each section opens with what its mechanism wins, from one sitting that
-//! switched each mechanism off in turn (paced sweeps of send, cast and call
-//! at 10,000 and 20,000 writers, the latency mode, closed loops of calls
-//! and of sends at 1 to 1,000 callers; four baseline runs; `doc/performance.md`
-//! has the table).
+//! The two numbers of the Erlang side (what makes a call urgent) are
+//! defined in `ecall_request.erl`, beside the code that reads them on
+//! every call, with their measurements: `?CLOSED_LOOP_US` (2 ms) and
+//! `?LOOP_COMPANY` (256). The settings' defaults are defined once, in
+//! `ecall_config.erl`, and handed to the crate in `PeerConfig`.
+//!
+//! The docs quote several of these numbers; `tests/tuning_docs.rs` fails
+//! when a quote and its constant differ.
 
 // --- Gathering: a busy link's writer waits for a batch worth a write ---
 // Wins: paced casts at 20,000 writers 227-237k a second against 201-223k
@@ -19,19 +20,23 @@
 // cast 5.2-5.5 µs against 5.8-6.6); sends and calls level (three
 // alternated rounds of `bench/run.sh sweep 20000 100 50`, commit 7eb6261).
 
-/// Requests in one shard that end a gathering wait.
+/// Requests in one shard that end a gathering wait. Not measured on its
+/// own: gathering's win above was measured with this value.
 pub const GATHER_REQUESTS: u32 = 128;
 
-/// Bytes in one shard that end a gathering wait.
+/// Bytes in one shard that end a gathering wait: a fragment's worth
+/// ([`FRAGMENT`](crate::wire::fragment::FRAGMENT)), which a pass writes
+/// at once whatever the wait. Not measured.
 pub const GATHER_BYTES: usize = 64 * 1024;
 
 /// The longest a gathering writer waits (tokio's timer has a resolution of
 /// 1 ms, so in practice 1 to 2 ms): the most a request waits for company.
+/// The shortest wait the timer makes; not measured against longer ones.
 pub const GATHER_WAIT: std::time::Duration = std::time::Duration::from_millis(1);
 
 /// A pass that wrote at least this many requests makes the next one gather:
 /// below it the writer writes what comes at once (a lone request waits for
-/// nothing).
+/// nothing). Not measured on its own.
 pub const GATHER_AFTER: u64 = 4;
 
 /// A writer woken this soon after it went to sleep takes its link for busy
@@ -49,7 +54,9 @@ pub const BUSY_SLEEP: std::time::Duration = std::time::Duration::from_micros(200
 // 69 % faster per call, 64 pairs exchanging by sends 127 % faster.)
 
 /// The largest request written alone; larger ones always queue (a single
-/// `send` of more would likely be partial anyway).
+/// `send` of more would likely be partial anyway). The NIF's inline
+/// encoding limit, so that any request encoded on a normal scheduler may
+/// go alone. Not measured.
 pub const LONE_MAX: usize = 16 * 1024;
 
 /// How long a link must have been quiet (its writer asleep, no lone write)
@@ -59,13 +66,23 @@ pub const LONE_MAX: usize = 16 * 1024;
 /// caller's scheduler and a message to decode on the peer, which a busy
 /// link cannot afford, while a quiet one (a request now and then) gains a
 /// thread hop per request. At most 2,000 lone writes per second per link,
-/// and none on a link in steady use.
+/// and none on a link in steady use. Not measured against other gaps: the
+/// lone writes' win above was measured with this value.
 pub const LONE_GAP: std::time::Duration = std::time::Duration::from_micros(500);
 pub(crate) const LONE_GAP_NS: u64 = LONE_GAP.as_nanos() as u64;
 
 /// With flushes on (`Peer::flush`), how long a link must have been quiet
 /// for an urgent request to be written alone: closer than that, urgent
 /// requests come from several callers at once, and a flush writes them
-/// together.
+/// together. Not measured against other gaps: the flushes' win above was
+/// measured with this value.
 pub const URGENT_GAP: std::time::Duration = std::time::Duration::from_micros(50);
 pub(crate) const URGENT_GAP_NS: u64 = URGENT_GAP.as_nanos() as u64;
+
+// --- Closing ---
+
+/// How long a closed link waits for the peer to close its side after ours
+/// (see `LinkWriter::run`): a peer that has read everything closes within
+/// a round trip; one that has not gets this long before the socket is
+/// dropped. Not measured.
+pub const LINGER: std::time::Duration = std::time::Duration::from_secs(2);

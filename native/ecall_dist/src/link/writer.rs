@@ -3,7 +3,7 @@
 use super::counted_write::write_with_deadline;
 use super::pacing::Pacing;
 use super::Core;
-use super::{LinkDown, LinkShared, LinkStats, WriteSide, GATHER_WAIT};
+use super::{LinkDown, LinkShared, LinkStats, WriteSide, GATHER_WAIT, LINGER};
 use crate::net::inbound;
 use crate::wire::conn_atom_cache::OutCache;
 use crate::wire::fragment::{InFlight, FRAGMENT};
@@ -11,10 +11,6 @@ use crate::wire::frame::Frame;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
-
-/// How long a closed link waits for the peer to close its side after ours
-/// (see [`LinkWriter::run`]).
-pub const LINGER: Duration = Duration::from_secs(2);
 
 use crate::net::stream::LinkWrite;
 use tokio::io::AsyncWriteExt;

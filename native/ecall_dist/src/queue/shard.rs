@@ -19,7 +19,8 @@ use std::collections::VecDeque;
 use std::sync::Mutex;
 
 /// Caps on one batch. They are safety valves, not operating points: under
-/// normal load the backlog decides the batch size.
+/// normal load the backlog decides the batch size. Their defaults are the
+/// settings `max_batch_count` and `max_batch_bytes` (`ecall_config.erl`).
 #[derive(Debug, Clone, Copy)]
 pub struct BatchCaps {
     /// Most elements in one batch.
@@ -27,15 +28,6 @@ pub struct BatchCaps {
     /// Most element bytes in one batch (a single larger element still goes,
     /// alone).
     pub max_bytes: usize,
-}
-
-impl Default for BatchCaps {
-    fn default() -> Self {
-        BatchCaps {
-            max_count: 1000,
-            max_bytes: 1 << 20,
-        }
-    }
 }
 
 /// One encoded request, as a push hands it over.
