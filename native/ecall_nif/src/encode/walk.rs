@@ -198,220 +198,309 @@ fn with_encoder<R>(
 
 impl Encoder {
     /// Appends term `root` of `env` to the buffer, unless the element gave
-    /// up already.
+    /// up already: pops what is still to write ([`Encoder::next_term`])
+    /// and writes it ([`Encoder::put`]) until nothing is left, or gives up
+    /// when the element passes its limit.
     fn term<'a>(&mut self, env: Env<'a>, root: Term<'a>) {
+        if self.large {
+            // An earlier element of the same tuple gave up already.
+            return;
+        }
+        self.todo.push(Work::Term(root.as_c_arg()));
+        while let Some(w) = self.todo.pop() {
+            if self.buf.len() > self.limit {
+                return self.give_up();
+            }
+            let Some(t) = self.next_term(env, w) else {
+                continue;
+            };
+            if !self.put(env, t) {
+                return self.give_up();
+            }
+        }
+    }
+
+    /// The term that `w` stands for; `None` when `w` was the end of a
+    /// proper list, whose length and tail this writes.
+    #[inline(always)]
+    fn next_term<'a>(&mut self, env: Env<'a>, w: Work) -> Option<Term<'a>> {
+        match w {
+            // SAFETY: every word on the stack is a term of `env`: the root,
+            // or an element, cell, key or value of one.
+            Work::Term(raw) => Some(unsafe { Term::new(env, raw) }),
+            Work::Cells {
+                rest,
+                header,
+                count,
+            } => {
+                // SAFETY: as above.
+                let list = unsafe { Term::new(env, rest) };
+                if let Ok((head, tail)) = list.list_get_cell() {
+                    self.todo.push(Work::Cells {
+                        rest: tail.as_c_arg(),
+                        header,
+                        count: count + 1,
+                    });
+                    return Some(head);
+                }
+                // The tail: the count is known now.
+                write::list_length(&mut self.buf, header, count);
+                if list.is_empty_list() {
+                    write::nil(&mut self.buf);
+                    return None;
+                }
+                // Improper: the tail is a term of its own.
+                Some(list)
+            }
+        }
+    }
+
+    /// Writes `t`, or its header with its parts queued. False if it would
+    /// pass the element's limit (nothing queued then).
+    #[inline(always)]
+    fn put<'a>(&mut self, env: Env<'a>, t: Term<'a>) -> bool {
+        let raw = t.as_c_arg();
+        let word = word(raw);
+        if self.put_known(t, raw, word) {
+            return true;
+        }
+        let ty = t.get_type();
+        match ty {
+            TermType::Atom => {
+                let id = atom(t, word, &mut self.memo, &mut self.buf);
+                count(id, &mut self.text, &mut self.refs);
+            }
+            TermType::Pid | TermType::Port | TermType::Ref => {
+                self.pid_port_or_ref(t, ty, raw, word);
+            }
+            TermType::Integer => match t.decode::<i64>() {
+                Ok(i) => write::integer(i, &mut self.buf),
+                Err(_) => fallback(t, &mut self.buf),
+            },
+            TermType::Float => match t.decode::<f64>() {
+                Ok(f) => write::float(f, &mut self.buf),
+                Err(_) => fallback(t, &mut self.buf),
+            },
+            TermType::Binary => return self.binary(t),
+            TermType::Tuple => return self.tuple(env, t),
+            TermType::List => self.list(t),
+            TermType::Map => return self.map(env, t),
+            // Funs and anything newer: atoms inside, as text.
+            _ => {
+                fallback(t, &mut self.buf);
+                self.text = true;
+            }
+        }
+        true
+    }
+
+    /// Writes `t` from what this thread met before, at no call into the
+    /// VM: an atom or a local pid the memo holds, or the pid or port of
+    /// another node met last (most sends' destination, push after push).
+    /// Whether it did.
+    #[inline(always)]
+    fn put_known(&mut self, t: Term<'_>, raw: ErlNifTerm, word: u64) -> bool {
         let Encoder {
             memo,
             remote,
+            buf: out,
+            text,
+            refs,
+            ..
+        } = self;
+        if let Some(e) = memo.get(word) {
+            if e.len != 0 {
+                put_bytes(e, out, text, refs);
+            } else {
+                // Too long for the entry: an atom as text.
+                long_atom(t, word, memo, out);
+                *text = true;
+            }
+            return true;
+        }
+        if word & 0b11 != 0b11 {
+            if let Some(e) = remote.get_last(raw) {
+                put_bytes(e, out, text, refs);
+                return true;
+            }
+        }
+        false
+    }
+
+    /// A pid, port or reference the memo does not hold: another node's
+    /// pid or port from the remote table, the same term as the last one
+    /// written through the VM copied, or else through the VM, and kept
+    /// where it will be met again (references are never cached: most are
+    /// met once, as a call's alias).
+    #[inline]
+    fn pid_port_or_ref(&mut self, t: Term<'_>, ty: TermType, raw: ErlNifTerm, word: u64) {
+        let Encoder {
+            memo,
+            remote,
+            buf: out,
+            text,
+            refs,
+            last_vm,
+            ..
+        } = self;
+        let start = out.len();
+        // A pid or port that is not an immediate is another node's.
+        let other_node = ty != TermType::Ref && word & 0b11 != 0b11;
+        let hash = if other_node {
+            t.hash_internal(0x7265_6d6f)
+        } else {
+            0
+        };
+        if let Some(e) = other_node.then(|| remote.get(raw, hash)).flatten() {
+            put_bytes(e, out, text, refs);
+            return;
+        }
+        let id = match *last_vm {
+            Some((w, s, e, id)) if w == raw => {
+                out.extend_from_within(s..e);
+                id
+            }
+            _ => {
+                fallback(t, out);
+                let id = memo.node_id(start, out);
+                let local_pid = ty == TermType::Pid && t.decode::<rustler::LocalPid>().is_ok();
+                if local_pid && id && out.len() - start <= ENTRY_MAX {
+                    memo.keep_local_pid(word, &out[start..]);
+                } else if other_node {
+                    remote.put(raw, hash, &out[start..], !id);
+                } else {
+                    *last_vm = Some((raw, start, out.len(), id));
+                }
+                id
+            }
+        };
+        count(id, text, refs);
+    }
+
+    /// A binary, given up before the copy (not after it) if it would pass
+    /// the limit; a bitstring that is not a whole number of bytes through
+    /// the VM. False: given up.
+    #[inline]
+    fn binary(&mut self, t: Term<'_>) -> bool {
+        match Binary::from_term(t) {
+            Ok(b) if passes(self.buf.len(), b.len(), self.limit) => false,
+            Ok(b) => {
+                write::binary(b.as_slice(), &mut self.buf);
+                true
+            }
+            Err(_) => {
+                fallback(t, &mut self.buf);
+                true
+            }
+        }
+    }
+
+    /// A tuple's header, then the elements the memo holds written at once
+    /// ([`Inline`]) up to the first it does not, which is queued with the
+    /// rest. False: given up (every element takes a byte at least, so one
+    /// that cannot fit is given up before its elements are queued).
+    #[inline]
+    fn tuple(&mut self, env: Env<'_>, t: Term<'_>) -> bool {
+        let mut arity = 0;
+        let mut array: *const ErlNifTerm = std::ptr::null();
+        // SAFETY: `t` is a valid term of `env` (it came from a NIF
+        // argument or from a term of one); on success the VM points
+        // `array` at the tuple's `arity` elements, which live as long as
+        // the tuple, that is for this NIF call.
+        let ok = unsafe { enif_get_tuple(env.as_c_arg(), t.as_c_arg(), &mut arity, &mut array) };
+        if ok == 0 {
+            fallback(t, &mut self.buf);
+            return true;
+        }
+        let arity = arity as usize;
+        if passes(self.buf.len(), arity, self.limit) {
+            return false;
+        }
+        let Encoder {
+            memo,
             todo,
             buf: out,
             text,
             refs,
             limit,
-            large,
-            last_vm,
+            ..
         } = self;
-        if *large {
-            // An earlier element of the same tuple gave up already.
+        write::tuple_header(out, arity);
+        let elements: &[ErlNifTerm] = if arity == 0 {
+            &[]
+        } else {
+            // SAFETY: the VM pointed `array` at the tuple's `arity`
+            // elements (non-null: there are some), which live as long as
+            // the tuple, that is for this call.
+            unsafe { std::slice::from_raw_parts(array, arity) }
+        };
+        let mut inline = Inline {
+            memo,
+            text,
+            refs,
+            limit: *limit,
+        };
+        let written = elements
+            .iter()
+            .take_while(|&&raw| inline.put(raw, out))
+            .count();
+        todo.extend(elements[written..].iter().rev().map(|&raw| Work::Term(raw)));
+        true
+    }
+
+    /// A list: `[]`, or its header with its cells queued (the length is
+    /// written at its tail: [`Work::Cells`]).
+    #[inline]
+    fn list(&mut self, t: Term<'_>) {
+        if t.is_empty_list() {
+            write::nil(&mut self.buf);
             return;
         }
-        todo.push(Work::Term(root.as_c_arg()));
-        while let Some(w) = todo.pop() {
-            if out.len() > *limit {
-                return give_up(large, todo);
-            }
-            let t = match w {
-                // SAFETY: every word on the stack is a term of `env`: the root,
-                // or an element, cell, key or value of one.
-                Work::Term(raw) => unsafe { Term::new(env, raw) },
-                Work::Cells {
-                    rest,
-                    header,
-                    count,
-                } => {
-                    // SAFETY: as above.
-                    let list = unsafe { Term::new(env, rest) };
-                    if let Ok((head, tail)) = list.list_get_cell() {
-                        todo.push(Work::Cells {
-                            rest: tail.as_c_arg(),
-                            header,
-                            count: count + 1,
-                        });
-                        todo.push(Work::Term(head.as_c_arg()));
-                        continue;
-                    }
-                    // The tail: the count is known now.
-                    write::list_length(out, header, count);
-                    if list.is_empty_list() {
-                        write::nil(out);
-                        continue;
-                    }
-                    // Improper: the tail is a term of its own.
-                    list
-                }
-            };
-            let raw = t.as_c_arg();
-            let word = word(raw);
-            // An atom or a local pid that hits costs no call into the VM.
-            if let Some(e) = memo.get(word) {
-                if e.len != 0 {
-                    put_bytes(e, out, text, refs);
-                } else {
-                    // Too long for the entry: an atom as text.
-                    long_atom(t, word, memo, out);
-                    *text = true;
-                }
-                continue;
-            }
-            if word & 0b11 != 0b11 {
-                if let Some(e) = remote.get_last(raw) {
-                    // The pid or port of another node met last: most sends'
-                    // destination, push after push.
-                    put_bytes(e, out, text, refs);
-                    continue;
-                }
-            }
-            let ty = t.get_type();
-            match ty {
-                TermType::Atom => {
-                    let id = atom(t, word, memo, out);
-                    count(id, text, refs);
-                }
-                ty @ (TermType::Pid | TermType::Port | TermType::Ref) => {
-                    let start = out.len();
-                    // A pid or port that is not an immediate is another
-                    // node's (references are never cached: most are met
-                    // once, as a call's alias).
-                    let other_node = ty != TermType::Ref && word & 0b11 != 0b11;
-                    let hash = if other_node {
-                        t.hash_internal(0x7265_6d6f)
-                    } else {
-                        0
-                    };
-                    if let Some(e) = other_node.then(|| remote.get(raw, hash)).flatten() {
-                        put_bytes(e, out, text, refs);
-                        continue;
-                    }
-                    let id = match *last_vm {
-                        Some((w, s, e, id)) if w == raw => {
-                            out.extend_from_within(s..e);
-                            id
-                        }
-                        _ => {
-                            fallback(t, out);
-                            let id = memo.node_id(start, out);
-                            let local_pid =
-                                ty == TermType::Pid && t.decode::<rustler::LocalPid>().is_ok();
-                            if local_pid && id && out.len() - start <= ENTRY_MAX {
-                                memo.keep_local_pid(word, &out[start..]);
-                            } else if other_node {
-                                remote.put(raw, hash, &out[start..], !id);
-                            } else {
-                                *last_vm = Some((raw, start, out.len(), id));
-                            }
-                            id
-                        }
-                    };
-                    count(id, text, refs);
-                }
-                TermType::Integer => match t.decode::<i64>() {
-                    Ok(i) => write::integer(i, out),
-                    Err(_) => fallback(t, out),
-                },
-                TermType::Float => match t.decode::<f64>() {
-                    Ok(f) => write::float(f, out),
-                    Err(_) => fallback(t, out),
-                },
-                TermType::Binary => match Binary::from_term(t) {
-                    // Given up before the copy, not after it.
-                    Ok(b) if passes(out.len(), b.len(), *limit) => {
-                        return give_up(large, todo);
-                    }
-                    Ok(b) => write::binary(b.as_slice(), out),
-                    // A bitstring that is not a whole number of bytes.
-                    Err(_) => fallback(t, out),
-                },
-                TermType::Tuple => {
-                    let mut arity = 0;
-                    let mut array: *const ErlNifTerm = std::ptr::null();
-                    // SAFETY: `t` is a valid term of `env` (it came from a NIF
-                    // argument or from a term of one); on success the VM points
-                    // `array` at the tuple's `arity` elements, which live as
-                    // long as the tuple, that is for this NIF call.
-                    let ok = unsafe {
-                        enif_get_tuple(env.as_c_arg(), t.as_c_arg(), &mut arity, &mut array)
-                    };
-                    if ok == 0 {
-                        fallback(t, out);
-                        continue;
-                    }
-                    let arity = arity as usize;
-                    // Every element takes a byte at least: one that cannot
-                    // fit is given up before its elements are queued.
-                    if passes(out.len(), arity, *limit) {
-                        return give_up(large, todo);
-                    }
-                    write::tuple_header(out, arity);
-                    let elements: &[ErlNifTerm] = if arity == 0 {
-                        &[]
-                    } else {
-                        // SAFETY: the VM pointed `array` at the tuple's
-                        // `arity` elements (non-null: there are some), which
-                        // live as long as the tuple, that is for this call.
-                        unsafe { std::slice::from_raw_parts(array, arity) }
-                    };
-                    let mut inline = Inline {
-                        memo,
-                        text,
-                        refs,
-                        limit: *limit,
-                    };
-                    let written = elements
-                        .iter()
-                        .take_while(|&&raw| inline.put(raw, out))
-                        .count();
-                    todo.extend(elements[written..].iter().rev().map(|&raw| Work::Term(raw)));
-                }
-                TermType::List => {
-                    if t.is_empty_list() {
-                        write::nil(out);
-                        continue;
-                    }
-                    todo.push(Work::Cells {
-                        rest: t.as_c_arg(),
-                        header: write::list_header(out),
-                        count: 0,
-                    });
-                }
-                TermType::Map => {
-                    // Every pair takes two bytes at least (and all of them
-                    // are queued at once): the same early answer.
-                    let mut size = 0;
-                    // SAFETY: `t` is a valid term of `env`; the VM writes
-                    // `size` on success (a map), reads nothing else.
-                    let is_map =
-                        unsafe { enif_get_map_size(env.as_c_arg(), t.as_c_arg(), &mut size) } != 0;
-                    if is_map && passes(out.len(), size.saturating_mul(2), *limit) {
-                        return give_up(large, todo);
-                    }
-                    let inline = Inline {
-                        memo,
-                        text,
-                        refs,
-                        limit: *limit,
-                    };
-                    if !(is_map && map(env, t, size, todo, out, inline)) {
-                        fallback(t, out);
-                        *text = true;
-                    }
-                }
-                // Funs and anything newer: atoms inside, as text.
-                _ => {
-                    fallback(t, out);
-                    *text = true;
-                }
-            }
+        self.todo.push(Work::Cells {
+            rest: t.as_c_arg(),
+            header: write::list_header(&mut self.buf),
+            count: 0,
+        });
+    }
+
+    /// A map ([`map`]), or through the VM if it cannot be iterated. False:
+    /// given up (every pair takes two bytes at least, and all of them are
+    /// queued at once).
+    #[inline]
+    fn map(&mut self, env: Env<'_>, t: Term<'_>) -> bool {
+        let mut size = 0;
+        // SAFETY: `t` is a valid term of `env`; the VM writes `size` on
+        // success (a map), reads nothing else.
+        let is_map = unsafe { enif_get_map_size(env.as_c_arg(), t.as_c_arg(), &mut size) } != 0;
+        if is_map && passes(self.buf.len(), size.saturating_mul(2), self.limit) {
+            return false;
         }
+        let Encoder {
+            memo,
+            todo,
+            buf: out,
+            text,
+            refs,
+            limit,
+            ..
+        } = self;
+        let inline = Inline {
+            memo,
+            text,
+            refs,
+            limit: *limit,
+        };
+        if !(is_map && map(env, t, size, todo, out, inline)) {
+            fallback(t, out);
+            *text = true;
+        }
+        true
+    }
+
+    /// Ends the walk of an element that passed its limit.
+    fn give_up(&mut self) {
+        self.large = true;
+        self.todo.clear();
     }
 }
 
@@ -522,12 +611,6 @@ fn long_atom(t: Term<'_>, word: u64, memo: &mut AtomMemo, out: &mut Vec<u8>) {
     let start = out.len();
     fallback(t, out);
     memo.keep_long(word, &out[start..]);
-}
-
-/// Ends the walk of an element that passed its limit.
-fn give_up(large: &mut bool, todo: &mut Vec<Work>) {
-    *large = true;
-    todo.clear();
 }
 
 /// `t` through `enif_term_to_binary`, without its version byte.
