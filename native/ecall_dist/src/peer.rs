@@ -284,7 +284,11 @@ impl Peer {
             return Push::Full;
         }
         let shard = shard % self.core.shards.len();
-        let link = &self.core.links[self.core.link_of_shard(shard)];
+        let k = self.core.link_of_shard(shard);
+        let link = &self.core.links[k];
+        // Whether a push that would wake a sleeping writer asks for a
+        // flush on the caller's side instead (`Peer::flush`).
+        let flushes = self.core.config.flusher;
         if lone.is_some_and(|e| e.urgent) {
             link.stats.urgent.fetch_add(1, Ordering::Relaxed);
         }
@@ -293,7 +297,7 @@ impl Peer {
         // callers still waiting for room are woken by the writer's
         // releases, and only queued requests make the writer release.
         if let Some(element) = lone.filter(|_| !admitted) {
-            if link.write_lone(&self.core.shards[shard], element, &st.cached_atoms) {
+            if link.write_lone(&self.core.shards[shard], element, &st.cached_atoms, flushes) {
                 // Written, not queued: its room goes back, waking whoever
                 // the reservation made wait meanwhile.
                 self.core.release(len);
@@ -310,11 +314,10 @@ impl Peer {
         };
         // Behind a sleeping writer, a flush on the caller's side where the
         // link takes one; else a sleeping or gathering writer is woken.
-        let flushes = link.flushable.load(Ordering::Relaxed);
         match link.proto.after_push(wakes, flushes) {
             AfterPush::Flush => {
                 st.pushed.fetch_add(1, Ordering::Relaxed);
-                return Push::Flush(self.core.link_of_shard(shard));
+                return Push::Flush(k);
             }
             AfterPush::Woke => {
                 st.wakes.fetch_add(1, Ordering::Relaxed);

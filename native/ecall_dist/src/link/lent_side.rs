@@ -191,25 +191,20 @@ impl WriteSide {
 }
 
 impl LinkShared {
-    /// The time now if the writer sleeps on a link quiet for [`LONE_GAP`](super::tuning::LONE_GAP),
-    /// or at all for an `urgent` request (the clock is read only then: a
-    /// push to a busy link pays one load).
-    fn quiet_now(&self, urgent: bool) -> Option<u64> {
+    /// The time now if the writer sleeps on a link quiet for `gap`
+    /// nanoseconds (the clock is read only then: a push to a busy link
+    /// pays one load).
+    fn quiet_now(&self, gap: u64) -> Option<u64> {
         if !self.proto.sleeping() {
             return None;
         }
         let now = clock();
-        let gap = match urgent {
-            true if self.flushable.load(Ordering::Relaxed) => URGENT_GAP_NS,
-            true => 0,
-            false => LONE_GAP_NS,
-        };
         (now.wrapping_sub(self.quiet_since.load(Ordering::Relaxed)) >= gap).then_some(now)
     }
 
     /// Whether a small push would be written alone now.
     pub(crate) fn lone_ready(&self) -> bool {
-        self.quiet_now(false).is_some() && self.proto.lent_is(WriteSide::takes_lone)
+        self.quiet_now(LONE_GAP_NS).is_some() && self.proto.lent_is(WriteSide::takes_lone)
     }
 
     /// Writes `element` as a batch of one of `shard`, from the caller's
@@ -217,19 +212,28 @@ impl LinkShared {
     /// docs); returns whether it took the request (else the caller queues
     /// it). Never blocks: the lock is only tried and the socket is
     /// non-blocking. Atoms sent as cache references are added to
-    /// `cached_atoms`.
+    /// `cached_atoms`. `flushes`: the link takes flushes
+    /// (`PeerConfig::flusher`).
     pub(crate) fn write_lone(
         &self,
         shard: &Shard,
         element: Element<'_>,
         cached_atoms: &AtomicU64,
+        flushes: bool,
     ) -> bool {
         if element.bytes.len() > LONE_MAX {
             return false;
         }
         // A link in use: this request wakes the writer, and those that
-        // follow queue behind it, in batches.
-        let Some(now) = self.quiet_now(element.urgent) else {
+        // follow queue behind it, in batches. An urgent one goes alone on
+        // a link quiet for URGENT_GAP where flushes would otherwise take
+        // it, and at once where they would not.
+        let gap = match (element.urgent, flushes) {
+            (false, _) => LONE_GAP_NS,
+            (true, true) => URGENT_GAP_NS,
+            (true, false) => 0,
+        };
+        let Some(now) = self.quiet_now(gap) else {
             return false;
         };
         // Per-caller order: an earlier request of this caller's shard, pushed

@@ -197,10 +197,6 @@ pub(crate) struct LinkShared {
     /// Since when the link has been quiet (`clock::clock`): set when the
     /// writer goes to sleep and by each lone write.
     pub(crate) quiet_since: AtomicU64,
-    /// Whether a push that would wake the sleeping writer asks for a flush
-    /// on the caller's side instead (`Peer::flush`): `PeerConfig::flusher`,
-    /// set when the writer falls asleep.
-    pub(crate) flushable: AtomicBool,
 }
 
 /// Why a link went down, or why an attempt to connect it failed: what

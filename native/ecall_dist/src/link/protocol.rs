@@ -241,8 +241,8 @@ impl<S, W: Wake> Protocol<S, W> {
     /// the lent side while the link is flushing, and says `None` if the
     /// load is the writer's (the link is then handed to it); else what it
     /// returns, and whether a rest is left for the writer (then woken).
-    /// Then call [`Protocol::flush_ended`] (unless the link was handed
-    /// off). The side's lock is taken, not tried: besides the writer, only
+    /// Then call [`Protocol::flush_ended`] (after a hand-off it finds the
+    /// writer awake and says no more). The side's lock is taken, not tried: besides the writer, only
     /// a lone write that began before the flush was asked for can hold it,
     /// for one non-blocking send.
     pub(crate) fn lend_to_flush<R>(

@@ -192,7 +192,6 @@ impl LinkWriter {
             // right after this writer's last write would find a busy link).
             link.quiet_since
                 .store(super::clock::clock(), Ordering::Relaxed);
-            link.flushable.store(peer.config.flusher, Ordering::Relaxed);
             if let Some(side) = self.side.take() {
                 link.proto.lend(side);
             }
