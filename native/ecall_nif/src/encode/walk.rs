@@ -416,15 +416,7 @@ impl Encoder {
         if passes(self.buf.len(), arity, self.limit) {
             return false;
         }
-        let Encoder {
-            memo,
-            todo,
-            buf: out,
-            text,
-            refs,
-            limit,
-            ..
-        } = self;
+        let (mut inline, todo, out) = self.inline_parts();
         write::tuple_header(out, arity);
         let elements: &[ErlNifTerm] = if arity == 0 {
             &[]
@@ -433,12 +425,6 @@ impl Encoder {
             // elements (non-null: there are some), which live as long as
             // the tuple, that is for this call.
             unsafe { std::slice::from_raw_parts(array, arity) }
-        };
-        let mut inline = Inline {
-            memo,
-            text,
-            refs,
-            limit: *limit,
         };
         let written = elements
             .iter()
@@ -475,10 +461,23 @@ impl Encoder {
         if is_map && passes(self.buf.len(), size.saturating_mul(2), self.limit) {
             return false;
         }
+        let (inline, todo, out) = self.inline_parts();
+        if !(is_map && map(env, t, size, todo, out, inline)) {
+            fallback(t, &mut self.buf);
+            self.text = true;
+        }
+        true
+    }
+
+    /// A tuple's or a map's view of the encoder: the writer of memoized
+    /// elements ([`Inline`]), the work stack and the buffer, borrowed
+    /// apart.
+    #[inline]
+    fn inline_parts(&mut self) -> (Inline<'_>, &mut Vec<Work>, &mut Vec<u8>) {
         let Encoder {
             memo,
             todo,
-            buf: out,
+            buf,
             text,
             refs,
             limit,
@@ -490,11 +489,7 @@ impl Encoder {
             refs,
             limit: *limit,
         };
-        if !(is_map && map(env, t, size, todo, out, inline)) {
-            fallback(t, out);
-            *text = true;
-        }
-        true
+        (inline, todo, buf)
     }
 
     /// Ends the walk of an element that passed its limit.
