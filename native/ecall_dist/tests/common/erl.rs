@@ -174,33 +174,26 @@ pub fn open_peer_with(
     (peer, rx)
 }
 
+/// What [`sink_link`] returns: the epmd and the identity (to be kept
+/// alive), the node, the peer, and its link events.
+pub type SinkLink = (
+    Epmd,
+    Arc<Identity>,
+    Erl,
+    Arc<Peer>,
+    mpsc::UnboundedReceiver<Event>,
+);
+
 /// A private epmd, an identity, a node running `eval` (which registers a
 /// `sink` and prints "ready"), and a peer whose one link to that sink is
 /// up, with its further link events. The epmd and the identity are
 /// returned to be kept alive.
-pub async fn sink_link(
-    eval: &str,
-) -> (
-    Epmd,
-    Arc<Identity>,
-    Erl,
-    Arc<Peer>,
-    mpsc::UnboundedReceiver<Event>,
-) {
+pub async fn sink_link(eval: &str) -> SinkLink {
     sink_link_stall(eval, Duration::from_secs(10)).await
 }
 
 /// [`sink_link`] with the link's write deadline.
-pub async fn sink_link_stall(
-    eval: &str,
-    stall: Duration,
-) -> (
-    Epmd,
-    Arc<Identity>,
-    Erl,
-    Arc<Peer>,
-    mpsc::UnboundedReceiver<Event>,
-) {
+pub async fn sink_link_stall(eval: &str, stall: Duration) -> SinkLink {
     let epmd = Epmd::start().await;
     let id = identity(&epmd, COOKIE, Duration::from_secs(15)).await;
     let mut erl = Erl::start(&epmd, COOKIE, &[], eval);
