@@ -62,7 +62,8 @@ overloaded(Dropped) ->
 -spec call(node(), module(), atom(), list(), timeout()) ->
           {ok, term()} | {error, term()}.
 call(Node, M, F, A, Timeout) ->
-    Result = call(Node, M, F, A, Timeout, urgent(Node)),
+    Peer = ecall_conn:peer(Node),
+    Result = call_peer(Node, Peer, M, F, A, Timeout, urgent(Node, Peer)),
     returned(),
     Result.
 
@@ -70,30 +71,34 @@ call(Node, M, F, A, Timeout) ->
 %% parallel patterns decide in the calling process, and call from helpers.
 -spec call(node(), module(), atom(), list(), timeout(), boolean()) ->
           {ok, term()} | {error, term()}.
-call(Node, M, F, A, Timeout, _Urgent) when Node =:= node() ->
-    erpc_call(Node, M, F, A, Timeout);
 call(Node, M, F, A, Timeout, Urgent) ->
-    case ecall_conn:peer(Node) of
-        undefined ->
-            ecall_conn:plain(Node),
+    call_peer(Node, ecall_conn:peer(Node), M, F, A, Timeout, Urgent).
+
+%% A call to `Node', whose published transport (ecall_conn:peer/1) is
+%% `Peer'.
+-spec call_peer(node(), ecall_transport:t() | undefined, module(), atom(), list(),
+                timeout(), boolean()) -> {ok, term()} | {error, term()}.
+call_peer(Node, _Peer, M, F, A, Timeout, _Urgent) when Node =:= node() ->
+    erpc_call(Node, M, F, A, Timeout);
+call_peer(Node, undefined, M, F, A, Timeout, _Urgent) ->
+    ecall_conn:plain(Node),
+    erpc_call(Node, M, F, A, Timeout);
+call_peer(Node, {Mod, State}, M, F, A, Timeout, Urgent) ->
+    %% Made here, next to the receive that waits for its reply: the
+    %% compiler then lets that receive skip the messages the caller
+    %% already had (a process with a long mailbox does not scan it on
+    %% every call).
+    Ref = make_ref(),
+    case Mod:call(State, Ref, M, F, A, Urgent) of
+        {ok, Id} ->
+            wait_reply(Mod, State, Id, Ref, Timeout);
+        watched ->
+            call_watched(Node, Mod, State, M, F, A, Timeout, Urgent);
+        closed ->
             erpc_call(Node, M, F, A, Timeout);
-        {Mod, State} ->
-            %% Made here, next to the receive that waits for its reply: the
-            %% compiler then lets that receive skip the messages the caller
-            %% already had (a process with a long mailbox does not scan it
-            %% on every call).
-            Ref = make_ref(),
-            case Mod:call(State, Ref, M, F, A, Urgent) of
-                {ok, Id} ->
-                    wait_reply(Mod, State, Id, Ref, Timeout);
-                watched ->
-                    call_watched(Node, Mod, State, M, F, A, Timeout, Urgent);
-                closed ->
-                    erpc_call(Node, M, F, A, Timeout);
-                overload ->
-                    %% A call always says so: it has no result.
-                    {error, overload}
-            end
+        overload ->
+            %% A call always says so: it has no result.
+            {error, overload}
     end.
 
 %% A call answered by id (ecall_transport:call/6): the reply, or a failure
@@ -156,8 +161,13 @@ call_watched(Node, Mod, State, M, F, A, Timeout, Urgent) ->
 %% and is not urgent; the next one is.)
 -spec urgent(node()) -> boolean().
 urgent(Node) ->
+    urgent(Node, ecall_conn:peer(Node)).
+
+%% urgent/1 with `Node''s published transport looked up already.
+-spec urgent(node(), ecall_transport:t() | undefined) -> boolean().
+urgent(Node, Peer) ->
     closed_loop() andalso
-        case ecall_conn:peer(Node) of
+        case Peer of
             {Mod, State} ->
                 case Mod:loop_starts(State) of
                     off ->
