@@ -5,7 +5,7 @@
 
 -export([big/0]).
 %% Run on B (and its watchers on A too).
--export([term_sink_start/1, rx_memory/0, watcher_start/0, probe_sink_start/0, probe_result/1]).
+-export([term_sink_start/1, rx_memory/0, probe_sink_start/0, probe_result/1]).
 
 -import(ecall_bench, [start_b/0, chosen/1, settle/1, ready/2, vm_rss/0, write_csv/3]).
 %%--------------------------------------------------------------------
@@ -47,16 +47,13 @@
 -define(BIG_SINK, ecall_bench_big_sink).
 %% The longest a term may take to arrive before the run fails.
 -define(BIG_WAIT, 300000).
--define(LONG_SCHEDULE_MS, 10).
 -define(BURST_SENDERS, 20).
 -define(BURST_TERMS, 3).
 %% The worst long_schedule events printed per node and run (the CSV has all).
 -define(WORST_SHOWN, 3).
 
--type long_schedule() :: #{timeout_ms := non_neg_integer(), who := string(),
-                           in := string(), out := string()}.
 %% What a node's watcher saw during one phase.
--type watched() :: #{lateness_ms := float(), events := [long_schedule()]}.
+-type watched() :: ecall_test_nodes:watched().
 %% B's memory at one moment (rx_memory/0).
 -type b_memory() :: #{rx_heap_bytes := non_neg_integer(), rx_heap_max_bytes := non_neg_integer(),
                       b_memory_bytes := non_neg_integer(), b_rss_bytes := non_neg_integer()}.
@@ -455,114 +452,18 @@ rx_memory() ->
       b_memory_bytes => erlang:memory(total), b_rss_bytes => vm_rss()}.
 
 %%--------------------------------------------------------------------
-%% Watchers: on each node, a 1 ms ticker and a system monitor of long
-%% schedules, from watch/1 to watched/1.
+%% Watchers (ecall_test_nodes:watcher_start/0): on each node, a 1 ms
+%% ticker and a system monitor of long schedules, from watch/1 to
+%% watched/1.
 
 -spec watch([node()]) -> [pid()].
 watch(Nodes) ->
-    [erpc:call(N, ?MODULE, watcher_start, []) || N <- Nodes].
+    [erpc:call(N, ecall_test_nodes, watcher_start, []) || N <- Nodes].
 
 %% What each watcher saw; they stop.
 -spec watched([pid()]) -> [watched()].
 watched(Watchers) ->
-    [begin
-         W ! {stop, self()},
-         receive {watched, W, Seen} -> Seen end
-     end || W <- Watchers].
-
-%% On the node watched: a watcher, there once this returns.
--spec watcher_start() -> pid().
-watcher_start() ->
-    Self = self(),
-    Pid = spawn(fun() -> watcher(Self) end),
-    receive {watching, Pid} -> Pid end.
-
-%% The node's system monitor (the one before it comes back when it stops)
-%% and the owner of its ticker. Long schedules of the watcher itself are
-%% not reported, so it does nothing else.
--spec watcher(pid()) -> ok.
-watcher(Starter) ->
-    Previous = erlang:system_monitor(self(), [{long_schedule, ?LONG_SCHEDULE_MS}]),
-    Ticker = spawn_link(fun() -> ticker(erlang:monotonic_time(millisecond) + 1, 0) end),
-    Starter ! {watching, self()},
-    watcher_loop(Previous, Ticker, []).
-
--spec watcher_loop(undefined | {pid(), list()}, pid(), [long_schedule()]) -> ok.
-watcher_loop(Previous, Ticker, Events) ->
-    receive
-        {monitor, Who, long_schedule, Info} ->
-            watcher_loop(Previous, Ticker, [long_schedule(Who, Info) | Events]);
-        {stop, From} ->
-            _ = erlang:system_monitor(Previous),
-            Ticker ! {stop, self()},
-            Late = receive {ticked, Ticker, L} -> L end,
-            From ! {watched, self(), #{lateness_ms => Late / 1000,
-                                       events => lists:reverse(last_events(Events))}},
-            ok
-    end.
-
-%% The events already sent when the monitor was switched off.
--spec last_events([long_schedule()]) -> [long_schedule()].
-last_events(Events) ->
-    receive
-        {monitor, Who, long_schedule, Info} -> last_events([long_schedule(Who, Info) | Events])
-    after 0 ->
-            Events
-    end.
-
-%% Wakes at each millisecond (an absolute timer), keeping its worst
-%% lateness in µs: wake-up minus the planned time. After a late wake-up
-%% the next tick is planned from now, not from the ticks missed.
--spec ticker(integer(), non_neg_integer()) -> ok.
-ticker(Planned, Worst) ->
-    _ = erlang:send_after(Planned, self(), tick, [{abs, true}]),
-    receive
-        tick ->
-            Now = erlang:monotonic_time(microsecond),
-            ticker(max(Planned + 1, erlang:monotonic_time(millisecond) + 1),
-                   max(Worst, Now - Planned * 1000));
-        {stop, From} ->
-            From ! {ticked, self(), Worst},
-            ok
-    end.
-
-%% One long_schedule event, with the process named now (while it may
-%% still be there): its registered name, else its initial call.
--spec long_schedule(pid() | port(), [{atom(), term()}]) -> long_schedule().
-long_schedule(Who, Info) ->
-    #{timeout_ms => proplists:get_value(timeout, Info, 0), who => who(Who),
-      in => location(proplists:get_value(in, Info)),
-      out => location(proplists:get_value(out, Info))}.
-
--spec who(pid() | port()) -> string().
-who(Port) when is_port(Port) ->
-    case erlang:port_info(Port, name) of
-        {name, Name} -> "port " ++ Name;
-        undefined -> "port " ++ erlang:port_to_list(Port)
-    end;
-who(Pid) ->
-    case process_info(Pid, [registered_name, initial_call]) of
-        undefined ->
-            pid_to_list(Pid) ++ " (gone)";
-        [{registered_name, Name}, _] when is_atom(Name) ->
-            atom_to_list(Name);
-        [_, {initial_call, {proc_lib, init_p, 5}}] ->
-            case process_info(Pid, dictionary) of
-                {dictionary, Dict} -> location(proplists:get_value('$initial_call', Dict));
-                undefined -> pid_to_list(Pid) ++ " (gone)"
-            end;
-        [_, {initial_call, MFA}] ->
-            location(MFA)
-    end.
-
-%% M:F/A (no commas: it goes into the CSV as it is).
--spec location(term()) -> string().
-location({M, F, A}) when is_integer(A) ->
-    lists:flatten(io_lib:format("~s:~s/~b", [M, F, A]));
-location(undefined) ->
-    "-";
-location(Other) ->
-    [C || C <- lists:flatten(io_lib:format("~w", [Other])), C =/= $,].
+    [ecall_test_nodes:watched(W) || W <- Watchers].
 
 %%--------------------------------------------------------------------
 %% The big mode's output.

@@ -15,8 +15,7 @@
 -export([big_terms_hold_up_the_receiving_node_as_native_does/1,
          failed_fence_leaves_a_big_message_to_the_receiver/1]).
 %% Run on B.
--export([watcher_start/0, big_sink/1, rx_heaps/0, ecall_events/2, order_collector/2,
-         rx_tracer_start/2]).
+-export([big_sink/1, rx_heaps/0, order_collector/2, rx_tracer_start/2]).
 
 %% How late B's 1 ms ticker may be while big terms arrive through the
 %% links: ?LATE_FACTOR times its lateness while the same terms arrive by
@@ -36,9 +35,6 @@
 %% against 120 ms by `!' in one run).
 -define(LATE_FACTOR, 3).
 -define(LATE_SLACK_MS, 50).
-%% long_schedule events: a process or port that ran this long (ms) or
-%% more without a break.
--define(LONG_SCHEDULE_MS, 10).
 %% An upper bound on waiting for a term or an event, never a pause.
 -define(WAIT, 60000).
 
@@ -91,16 +87,16 @@ big_terms_through(B, Holder) ->
     Rx1 = erpc:call(B, ?MODULE, rx_heaps, []),
     ok = ecall_test_nodes:sync_receivers(B),
     #{receivers := #{requests := R1}} = erpc:call(B, ecall, stats, []),
-    Late = fun(V) -> lists:min([L || {V1, #{late_ms := L}} <- Runs, V1 =:= V]) end,
+    Late = fun(V) -> lists:min([L || {V1, #{lateness_ms := L}} <- Runs, V1 =:= V]) end,
     Events = fun(V) -> [E || {V1, #{events := Es}} <- Runs, V1 =:= V, E <- Es] end,
     ct:pal("B's ticker, worst lateness per round (ms): ~w~n"
            "long_schedule events on B by `!': ~p~nthrough ecall: ~p~n"
            "B's receiver heaps (words): ~w before, ~w after",
-           [[{V, L} || {V, #{late_ms := L}} <- Runs], Events(native), Events(ecall), Rx0, Rx1]),
+           [[{V, L} || {V, #{lateness_ms := L}} <- Runs], Events(native), Events(ecall), Rx0, Rx1]),
     %% The terms went straight to their targets: B's receivers replayed
     %% one fence per term sent through ecall, and built none of them.
     ?assertEqual(length([V || {ecall, _} = V <- Runs]) * length(element(2, Holder)), R1 - R0),
-    ?assertEqual([], erpc:call(B, ?MODULE, ecall_events, [Events(ecall), ecall_modules()])),
+    ?assertEqual([], ecall_events(Events(ecall), ecall_modules())),
     [?assert(After =< Before + 10000) || {Before, After} <- lists:zip(Rx0, Rx1)],
     ?assert(Late(ecall) =< ?LATE_FACTOR * Late(native) + ?LATE_SLACK_MS).
 
@@ -113,14 +109,14 @@ ecall_modules() ->
 %% after the other, while B's watcher runs; then each sink checks its term
 %% against the holder's hash. Returns what the watcher saw.
 watched_transfers(B, {Holder, Held}, Variant) ->
-    Watcher = erpc:call(B, ?MODULE, watcher_start, []),
+    Watcher = erpc:call(B, ecall_test_nodes, watcher_start, []),
     Sinks = [begin
                  Sink = erpc:call(B, erlang, spawn, [?MODULE, big_sink, [self()]]),
                  Holder ! {send, self(), Variant, Sink, Name},
                  receive {arrived, Sink} -> ok after ?WAIT -> ct:fail({not_arrived, Variant, Name}) end,
                  {Sink, Hash}
              end || {Name, Hash} <- Held],
-    Watched = watched(Watcher),
+    Watched = ecall_test_nodes:watched(Watcher),
     [begin
          Sink ! {hash, self()},
          receive {hash, Sink, H} -> ?assertEqual(Hash, H) after ?WAIT -> ct:fail(no_hash) end
@@ -169,90 +165,19 @@ rx_heaps() ->
               {total_heap_size, Words} <- [process_info(whereis(binary_to_atom(N)),
                                                         total_heap_size)]].
 
-%% On B: the long_schedule events (as the watcher kept them) that name a
-%% process of ecall (registered name or initial call) or a function of one
-%% of `Modules'.
+%% The long_schedule events (as the watcher wrote them down) that name a
+%% process of ecall (registered name, or initial call) or a function of
+%% one of `Modules'.
 ecall_events(Events, Modules) ->
-    Ecall = fun({M, _, _}) -> lists:member(M, Modules);
-               (Name) when is_atom(Name) -> lists:prefix("ecall_", atom_to_list(Name));
-               (_) -> false
+    Names = [atom_to_list(M) || M <- Modules],
+    Ecall = fun(Where) ->
+                    case string:split(Where, ":") of
+                        [M, _FA] -> lists:member(M, Names);
+                        [Name] -> lists:prefix("ecall_", Name)
+                    end
             end,
     [E || #{who := Who, in := In, out := Out} = E <- Events,
           lists:any(Ecall, [Who, In, Out])].
-
-%%--------------------------------------------------------------------
-%% B's watcher: a 1 ms ticker and a system monitor of long schedules.
-
-%% On B: a watcher, there once this returns.
-watcher_start() ->
-    Self = self(),
-    Pid = spawn(fun() -> watcher(Self) end),
-    receive {watching, Pid} -> Pid end.
-
-%% Stops the watcher: {the ticker's worst lateness in ms, the events}.
-watched(Watcher) ->
-    Watcher ! {stop, self()},
-    receive {watched, Watcher, Seen} -> Seen after ?WAIT -> ct:fail(watcher_lost) end.
-
-%% The node's system monitor (the one before it comes back when it
-%% stops) and the owner of its ticker.
-watcher(Starter) ->
-    Previous = erlang:system_monitor(self(), [{long_schedule, ?LONG_SCHEDULE_MS}]),
-    Ticker = spawn_link(fun() -> ticker(erlang:monotonic_time(millisecond) + 1, 0) end),
-    Starter ! {watching, self()},
-    watcher_loop(Previous, Ticker, []).
-
-watcher_loop(Previous, Ticker, Events) ->
-    receive
-        {monitor, Who, long_schedule, Info} ->
-            watcher_loop(Previous, Ticker, [long_schedule(Who, Info) | Events]);
-        {stop, From} ->
-            _ = case Previous of
-                    undefined -> erlang:system_monitor(undefined);
-                    _ -> erlang:system_monitor(Previous)
-                end,
-            Ticker ! {stop, self()},
-            Late = receive {ticked, Ticker, L} -> L end,
-            From ! {watched, self(), #{late_ms => Late div 1000,
-                                       events => lists:reverse(last_events(Events))}}
-    end.
-
-last_events(Events) ->
-    receive
-        {monitor, Who, long_schedule, Info} -> last_events([long_schedule(Who, Info) | Events])
-    after 0 ->
-        Events
-    end.
-
-%% Wakes at each millisecond (an absolute timer), keeping its worst
-%% lateness in µs; after a late wake-up the next tick is planned from now.
-ticker(Planned, Worst) ->
-    _ = erlang:send_after(Planned, self(), tick, [{abs, true}]),
-    receive
-        tick ->
-            Now = erlang:monotonic_time(microsecond),
-            ticker(max(Planned + 1, erlang:monotonic_time(millisecond) + 1),
-                   max(Worst, Now - Planned * 1000));
-        {stop, From} ->
-            From ! {ticked, self(), Worst}
-    end.
-
-%% One event, with the process named now (while it is still there): its
-%% registered name, else its initial call.
-long_schedule(Who, Info) ->
-    #{ms => proplists:get_value(timeout, Info, 0), who => who(Who),
-      in => proplists:get_value(in, Info), out => proplists:get_value(out, Info)}.
-
-who(Port) when is_port(Port) ->
-    Port;
-who(Pid) ->
-    case process_info(Pid, [registered_name, initial_call, dictionary]) of
-        undefined -> gone;
-        [{registered_name, Name}, _, _] when is_atom(Name) -> Name;
-        [_, {initial_call, {proc_lib, init_p, 5}}, {dictionary, Dict}] ->
-            proplists:get_value('$initial_call', Dict);
-        [_, {initial_call, MFA}, _] -> MFA
-    end.
 
 %%--------------------------------------------------------------------
 

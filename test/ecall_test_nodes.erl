@@ -18,6 +18,19 @@
 %% logger handler used by the suites.
 -export([log/2]).
 -export([kill_transport_process/2]).
+%% A node's watcher (ecall_large_SUITE, bench/run.sh big): run there.
+-export([watcher_start/0, watched/1]).
+-export_type([watched/0, long_schedule/0]).
+
+%% long_schedule events: a process or port that ran this long (ms) or
+%% more without a break.
+-define(LONG_SCHEDULE_MS, 10).
+%% One such event: how long, who (its registered name, else its initial
+%% call, as M:F/A), and where it was switched in and out.
+-type long_schedule() :: #{timeout_ms := non_neg_integer(), who := string(),
+                           in := string(), out := string()}.
+%% What a watcher saw: its 1 ms ticker's worst lateness, and the events.
+-type watched() :: #{lateness_ms := float(), events := [long_schedule()]}.
 %% Run on peers.
 -export([drop_connection/1, collector/2, echo/1, echo_loop/0, ecall_echo_loop/0, fail/2, tell/2, whoami/0,
          block/1, error_on/1]).
@@ -329,3 +342,108 @@ kill_transport_process(Node, Is) ->
         {'DOWN', Ref, process, Conn, Why} -> Why
     after 5000 -> error(connection_kept_a_dead_transport_process)
     end.
+
+%%--------------------------------------------------------------------
+%% A node's watcher: a 1 ms ticker and a system monitor of long
+%% schedules, from watcher_start/0 (run on the node watched) to
+%% watched/1.
+
+%% Stops `Watcher': what it saw.
+-spec watched(pid()) -> watched().
+watched(Watcher) ->
+    Watcher ! {stop, self()},
+    receive {watched, Watcher, Seen} -> Seen after 60000 -> error(watcher_lost) end.
+
+%% On the node watched: a watcher, there once this returns.
+-spec watcher_start() -> pid().
+watcher_start() ->
+    Self = self(),
+    Pid = spawn(fun() -> watcher(Self) end),
+    receive {watching, Pid} -> Pid end.
+
+%% The node's system monitor (the one before it comes back when it stops)
+%% and the owner of its ticker. Long schedules of the watcher itself are
+%% not reported, so it does nothing else.
+-spec watcher(pid()) -> ok.
+watcher(Starter) ->
+    Previous = erlang:system_monitor(self(), [{long_schedule, ?LONG_SCHEDULE_MS}]),
+    Ticker = spawn_link(fun() -> ticker(erlang:monotonic_time(millisecond) + 1, 0) end),
+    Starter ! {watching, self()},
+    watcher_loop(Previous, Ticker, []).
+
+-spec watcher_loop(undefined | {pid(), list()}, pid(), [long_schedule()]) -> ok.
+watcher_loop(Previous, Ticker, Events) ->
+    receive
+        {monitor, Who, long_schedule, Info} ->
+            watcher_loop(Previous, Ticker, [long_schedule(Who, Info) | Events]);
+        {stop, From} ->
+            _ = erlang:system_monitor(Previous),
+            Ticker ! {stop, self()},
+            Late = receive {ticked, Ticker, L} -> L end,
+            From ! {watched, self(), #{lateness_ms => Late / 1000,
+                                       events => lists:reverse(last_events(Events))}},
+            ok
+    end.
+
+%% The events already sent when the monitor was switched off.
+-spec last_events([long_schedule()]) -> [long_schedule()].
+last_events(Events) ->
+    receive
+        {monitor, Who, long_schedule, Info} -> last_events([long_schedule(Who, Info) | Events])
+    after 0 ->
+            Events
+    end.
+
+%% Wakes at each millisecond (an absolute timer), keeping its worst
+%% lateness in µs: wake-up minus the planned time. After a late wake-up
+%% the next tick is planned from now, not from the ticks missed.
+-spec ticker(integer(), non_neg_integer()) -> ok.
+ticker(Planned, Worst) ->
+    _ = erlang:send_after(Planned, self(), tick, [{abs, true}]),
+    receive
+        tick ->
+            Now = erlang:monotonic_time(microsecond),
+            ticker(max(Planned + 1, erlang:monotonic_time(millisecond) + 1),
+                   max(Worst, Now - Planned * 1000));
+        {stop, From} ->
+            From ! {ticked, self(), Worst},
+            ok
+    end.
+
+%% One long_schedule event, with the process named now (while it may
+%% still be there): its registered name, else its initial call.
+-spec long_schedule(pid() | port(), [{atom(), term()}]) -> long_schedule().
+long_schedule(Who, Info) ->
+    #{timeout_ms => proplists:get_value(timeout, Info, 0), who => who(Who),
+      in => location(proplists:get_value(in, Info)),
+      out => location(proplists:get_value(out, Info))}.
+
+-spec who(pid() | port()) -> string().
+who(Port) when is_port(Port) ->
+    case erlang:port_info(Port, name) of
+        {name, Name} -> "port " ++ Name;
+        undefined -> "port " ++ erlang:port_to_list(Port)
+    end;
+who(Pid) ->
+    case process_info(Pid, [registered_name, initial_call]) of
+        undefined ->
+            pid_to_list(Pid) ++ " (gone)";
+        [{registered_name, Name}, _] when is_atom(Name) ->
+            atom_to_list(Name);
+        [_, {initial_call, {proc_lib, init_p, 5}}] ->
+            case process_info(Pid, dictionary) of
+                {dictionary, Dict} -> location(proplists:get_value('$initial_call', Dict));
+                undefined -> pid_to_list(Pid) ++ " (gone)"
+            end;
+        [_, {initial_call, MFA}] ->
+            location(MFA)
+    end.
+
+%% M:F/A (no commas: it goes into the CSV as it is).
+-spec location(term()) -> string().
+location({M, F, A}) when is_integer(A) ->
+    lists:flatten(io_lib:format("~s:~s/~b", [M, F, A]));
+location(undefined) ->
+    "-";
+location(Other) ->
+    [C || C <- lists:flatten(io_lib:format("~w", [Other])), C =/= $,].
