@@ -242,10 +242,11 @@ link_loss_reported(B, Conn) ->
             ?assertMatch(#{out_of_order := 0, total := ?PER_CALLER}, Result)
     after 10000 -> ct:fail(queued_messages_lost)
     end,
-    %% That link wrote them (and the marker of flush_links/1).
+    %% That link wrote them (and the marker of flush_links/1, whose own
+    %% count may not be in yet).
     _ = ecall_test_nodes:flush_links(B),
     #{1 := Written1} = link_requests(B),
-    ?assertEqual(?PER_CALLER + 1, Written1 - Written0),
+    ?assert(lists:member(Written1 - Written0, [?PER_CALLER, ?PER_CALLER + 1])),
     {ok, #{disconnects := D}} = ecall:stats(B),
     ?assert(D >= 1),
     receive

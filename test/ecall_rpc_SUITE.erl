@@ -171,10 +171,12 @@ link_loss_fails_its_callers_only(Config) ->
     Written0 = link_requests(B),
     [C ! go || C <- Callers],
     Blocked = [receive {blocked, P, B} -> P after 5000 -> ct:fail(not_blocked) end || _ <- Callers],
+    %% Each link wrote its three (and a marker of flush_links/1, whose own
+    %% count may not be in yet).
     _ = ecall_test_nodes:flush_links(B),
     Written1 = link_requests(B),
-    ?assertEqual(#{1 => 3 + 1, 2 => 3 + 1},
-                 maps:map(fun(K, R) -> R - maps:get(K, Written0) end, Written1)),
+    ?assertEqual([1, 2], lists:sort(maps:keys(Written1))),
+    [?assert(lists:member(R - maps:get(K, Written0), [3, 3 + 1])) || {K, R} <- maps:to_list(Written1)],
     [Id1 | _] = ecall:identities(),
     ok = erpc:call(B, ecall_test_nodes, drop_connection, [Id1]),
     %% Link 0 (Id1) callers fail ...
