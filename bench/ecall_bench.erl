@@ -90,6 +90,8 @@ run(["cluster" | Rest]) ->
     cluster(Nodes, W);
 run(["hops"]) ->
     hops();
+run(["rest" | Rest]) ->
+    rest(case Rest of [] -> 8; [N] -> list_to_integer(N) end);
 run(["tls" | Rest]) ->
     %% bench/run.sh started both nodes on TLS distribution: native over
     %% it, the pure-Erlang transport over it, and the C-node links over
@@ -104,7 +106,7 @@ run(["pingpong" | Rest]) ->
 run(["soak", Minutes]) ->
     soak(list_to_integer(Minutes));
 run(Other) ->
-    erlang:error({usage, "demo | quick | full | paced [N K P] | tls [N] | hops | sweep N1,N2,.. K P | micro | large | big | fanout | latency [N] | profile [N [send|cast|call]] | cluster [NODES [WRITERS]] | soak MINUTES", Other}).
+    erlang:error({usage, "demo | quick | full | paced [N K P] | tls [N] | hops | sweep N1,N2,.. K P | micro | large | big | fanout | latency [N] | profile [N [send|cast|call]] | cluster [NODES [WRITERS]] | rest [PEERS] | soak MINUTES", Other}).
 
 %%--------------------------------------------------------------------
 %% Soak: 5,000 writers at 20 msg/s each through ecall for MINUTES; every
@@ -427,6 +429,40 @@ cluster(NNodes, W) ->
                                  F <- Fs]),
     [peer:stop(P) || {P, _} <- Peers],
     ok.
+
+%% Rest: what each peer costs this node at rest. This node's Erlang
+%% memory, and the part of it in ecall's own processes and ETS tables,
+%% before any peer and once N peers running ecall are connected, every
+%% link up and nothing sent (the processes collected first, each time).
+%% The whole includes the peer's native connection and the harness's
+%% `peer' process.
+rest(N) ->
+    {ok, _} = application:ensure_all_started(ecall),
+    Before = rest_memory(),
+    Peers = [ecall_test_nodes:start_peer(?NODE_ARGS, [?MODULE]) || _ <- lists:seq(1, N)],
+    [ok = ecall:connect(B) || {_, B} <- Peers],
+    After = rest_memory(),
+    [peer:stop(P) || {P, _} <- Peers],
+    Rows = [M#{state => S} || {S, M} <- [{no_peer, Before}, {peers, After}]],
+    #{total := T0, ecall := E0} = Before,
+    #{total := T1, ecall := E1} = After,
+    io:format("rest: ~b peers connected: ~.1f KB of Erlang memory per peer, ~.1f KB of "
+              "it in ecall's processes and tables~n",
+              [N, (T1 - T0) / N / 1024, (E1 - E0) / N / 1024]),
+    write_csv("rest", [state, total, ecall, ecall_processes, ecall_tables], Rows).
+
+%% erlang:memory(total), and the bytes of ecall's processes (those of its
+%% application) and the ETS tables they own, after a collection of every
+%% process.
+rest_memory() ->
+    [garbage_collect(P) || P <- processes()],
+    Procs = [P || P <- processes(), application:get_application(P) =:= {ok, ecall}],
+    ProcBytes = lists:sum([M || P <- Procs, {memory, M} <- [process_info(P, memory)]]),
+    Word = erlang:system_info(wordsize),
+    Tabs = [T || T <- ets:all(), lists:member(ets:info(T, owner), Procs)],
+    TabBytes = lists:sum([M * Word || T <- Tabs, M <- [ets:info(T, memory)], is_integer(M)]),
+    #{total => erlang:memory(total), ecall => ProcBytes + TabBytes,
+      ecall_processes => ProcBytes, ecall_tables => TabBytes}.
 
 %% Each node connected to all the others with every link up (discovery
 %% does it; there is no message to wait for here).

@@ -2,7 +2,7 @@
 # Runs the two-node benchmark:
 #   bench/run.sh demo | quick | full | paced [N K P] | sweep N1,N2,.. K P
 #                | micro | large | big | fanout | latency [N] | pingpong [N] | tls [N] | hops
-#                | profile [N [OP]] | soak MINUTES
+#                | profile [N [OP]] | rest [PEERS] | soak MINUTES
 # demo/quick: send, cast, call at 2,000 and 10,000 writers; full: the
 # article's sweep to 150,000 writers; paced: send at N writers, K messages
 # each, P ms apart; sweep: every operation at the writer counts given;
@@ -28,7 +28,8 @@
 # tls: send, cast, call at N writers, native and both ecall transports, on TLS
 # distribution (ECALL_BENCH_TLS=1 puts any other mode on TLS); hops: idle round trips leg by leg (! or ecall each way);
 # profile: perf on both nodes during one point per transport, flame graphs
-# and a breakdown; soak: 5,000 writers for MINUTES. Variants (ECALL_BENCH_VARIANTS,
+# and a breakdown; rest: Erlang memory per peer at rest, with PEERS
+# peers (default 8); soak: 5,000 writers for MINUTES. Variants (ECALL_BENCH_VARIANTS,
 # comma-separated, in the order to run them at each point; default all):
 # native, ecall_erlang, ecall_nif, local;
 # ECALL_BENCH_OPS (send,cast,call) limits a sweep's operations;
