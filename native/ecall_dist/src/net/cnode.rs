@@ -8,6 +8,7 @@
 
 use crate::error::Error;
 use crate::net::inbound::{self, InboundStats};
+use crate::net::log_every::LogEvery;
 use crate::net::pending::{Evicted, Pending, Slot, MAX_PENDING_HANDSHAKES};
 use erl_dist::epmd::{EpmdClient, EpmdError, NodeEntry};
 use erl_dist::handshake::{HandshakeStatus, ServerSideHandshake};
@@ -223,6 +224,8 @@ pub struct Identity {
     /// What peers sent on accepted connections (`malformed` counts the
     /// connections closed for it).
     pub inbound: Arc<InboundStats>,
+    /// The warning of a refused or timed-out incoming handshake.
+    failed_log: LogEvery,
     _epmd: Compat<TcpStream>,
 }
 
@@ -251,6 +254,7 @@ impl Identity {
             shed_stalled: AtomicU64::new(0),
             accept_errors: AtomicU64::new(0),
             inbound: Arc::default(),
+            failed_log: LogEvery::new(LOG_EVERY),
             _epmd: keep,
         });
         tokio::spawn(accept_loop(
@@ -333,8 +337,10 @@ async fn register(
     }
 }
 
-/// How often, at most, a flood of incoming connections is logged.
-const SHED_LOG_EVERY: std::time::Duration = Duration::from_secs(10);
+/// How often, at most, a warning that a flood of incoming connections
+/// would repeat is logged: handshakes shed, refused or timed out (each
+/// line has the counts since start).
+const LOG_EVERY: Duration = Duration::from_secs(10);
 
 async fn accept_loop(
     id: std::sync::Weak<Identity>,
@@ -342,7 +348,7 @@ async fn accept_loop(
     cancel: CancellationToken,
 ) {
     let pending = Pending::new(MAX_PENDING_HANDSHAKES);
-    let mut next_shed_log = tokio::time::Instant::now();
+    let shed_log = LogEvery::new(LOG_EVERY);
     // After an accept error (EMFILE when the process is out of file
     // descriptors), wait before the next accept: retrying at once spins a
     // core and takes descriptors the rest of the node needs. Doubles up to
@@ -378,9 +384,7 @@ async fn accept_loop(
             // Counted by the connection that closes; logged at most every
             // few seconds (a flood would flood the log), with the counts
             // so far.
-            let now = tokio::time::Instant::now();
-            if now >= next_shed_log {
-                next_shed_log = now + SHED_LOG_EVERY;
+            if shed_log.due() {
                 tracing::warn!(
                     node = me.node(),
                     max_pending = MAX_PENDING_HANDSHAKES,
@@ -437,14 +441,44 @@ async fn serve_incoming(
                 tracing::info!(node, peer = %peer, reason, "incoming connection closed");
             }
         }
-        Ok(Err(e)) => {
-            me.refused.fetch_add(1, Ordering::Relaxed);
-            tracing::warn!(node = me.node(), error = %e, "incoming handshake refused");
+        Ok(Err(e)) => me.handshake_failed(Failed::Refused, &e),
+        Err(_) => me.handshake_failed(Failed::TimedOut, "no handshake within the deadline"),
+    }
+}
+
+/// How an incoming handshake failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Failed {
+    Refused,
+    TimedOut,
+}
+
+impl Identity {
+    /// An incoming handshake that failed: counted, and a warning at most
+    /// every 10 s (a flood of them would flood the log) with the counts
+    /// since start, this one included; the others at debug. The line goes
+    /// before the count: a count that shows the failure shows that its
+    /// line was sent.
+    fn handshake_failed(&self, how: Failed, error: &str) {
+        let (count, what) = match how {
+            Failed::Refused => (&self.refused, "incoming handshake refused"),
+            Failed::TimedOut => (&self.timed_out, "incoming handshake timed out"),
+        };
+        if self.failed_log.due() {
+            let refused = self.refused.load(Ordering::Relaxed) + u64::from(how == Failed::Refused);
+            let timed_out =
+                self.timed_out.load(Ordering::Relaxed) + u64::from(how == Failed::TimedOut);
+            tracing::warn!(
+                node = self.node(),
+                error,
+                refused,
+                timed_out,
+                "{what} (at most one such line every 10 s; counts since start)"
+            );
+        } else {
+            tracing::debug!(node = self.node(), error, "{what}");
         }
-        Err(_) => {
-            me.timed_out.fetch_add(1, Ordering::Relaxed);
-            tracing::warn!(node = me.node(), "incoming handshake timed out");
-        }
+        count.fetch_add(1, Ordering::Relaxed);
     }
 }
 
