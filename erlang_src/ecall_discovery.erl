@@ -48,11 +48,19 @@ connect_all(Pids) ->
                                               Node =/= Me],
     ok.
 
+%% A connection closed on purpose while this waited for it (disconnect/1,
+%% or a move to the other transport, which opens a new one) is no failure
+%% to warn of.
 -spec connect(node()) -> ok.
 connect(Node) ->
     case ecall:connect(Node) of
-        ok -> ok;
-        {error, Reason} -> ?LOG_WARNING("ecall: cannot connect to ~p: ~p", [Node, Reason])
+        ok ->
+            ok;
+        {error, Reason} when Reason =:= normal; Reason =:= transport_change ->
+            ?LOG_INFO("ecall: discovery's connect to ~p ended: the connection was closed (~p) "
+                      "before it was up", [Node, Reason]);
+        {error, Reason} ->
+            ?LOG_WARNING("ecall: cannot connect to ~p: ~p", [Node, Reason])
     end.
 
 -spec handle_call(term(), gen_server:from(), map()) -> {reply, {error, badarg}, map()}.

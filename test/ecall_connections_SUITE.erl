@@ -18,7 +18,8 @@
          configuration_doc_matches_spec/1, settings_apply_when_read/1,
          connection_up_and_down_are_notices/1,
          blocked_sender_goes_by_native_when_the_connection_closes/1,
-         discovery_reconnects_after_a_nodedown/1, discovery_reconnects_after_a_restart/1]).
+         discovery_reconnects_after_a_nodedown/1, discovery_reconnects_after_a_restart/1,
+         discovery_is_quiet_about_a_disconnect/1]).
 %% logger handler.
 -export([log/2]).
 %% Run on peers.
@@ -38,7 +39,8 @@ all() ->
      a_peer_without_ecall_says_so, not_started_says_so, configuration_doc_matches_spec,
      settings_apply_when_read, connection_up_and_down_are_notices,
      blocked_sender_goes_by_native_when_the_connection_closes,
-     discovery_reconnects_after_a_nodedown, discovery_reconnects_after_a_restart].
+     discovery_reconnects_after_a_nodedown, discovery_reconnects_after_a_restart,
+     discovery_is_quiet_about_a_disconnect].
 
 init_per_suite(Config) ->
     ok = ecall_test_nodes:start_ecall(),
@@ -596,6 +598,67 @@ discovery_reconnects_after_a_restart(_Config) ->
                   peer:stop(Peer2)
               end
       end).
+
+%% A connect of discovery's that a disconnect/1 ends is no failure: said
+%% at info, not warned of. The connection process is held (suspended)
+%% while discovery's connect waits on it: a process of B's joining the
+%% group sends discovery there, and the connect waits on the connection
+%% that is there already. disconnect/1 then closes it (a suspended process
+%% still ends on a system message). With every failure warned of, this
+%% case gets "cannot connect to B: normal" at warning.
+discovery_is_quiet_about_a_disconnect(_Config) ->
+    ?assert(ecall_config:get(discovery)),
+    {Peer, B} = start_peer(),
+    #{level := Level} = logger:get_primary_config(),
+    ok = logger:add_handler(?MODULE, ?MODULE, #{config => #{pid => self()}}),
+    ok = logger:set_primary_config(level, info),
+    try
+        ok = ecall:connect(B),
+        Conn = whereis(ecall_conn:name(B)),
+        ok = sys:suspend(Conn),
+        Member = erpc:call(B, erlang, spawn, [timer, sleep, [infinity]]),
+        ok = erpc:call(B, pg, join, [ecall_pg, nodes, Member]),
+        ok = await_awaited(Conn),
+        ok = ecall:disconnect(B),
+        Said = await_log_text(lists:flatten(io_lib:format("~p", [B]))),
+        ?assertMatch({info, _}, Said),
+        ?assertNotEqual(nomatch, string:find(element(2, Said), "closed (normal)"))
+    after
+        ok = logger:set_primary_config(level, Level),
+        _ = logger:remove_handler(?MODULE),
+        %% A connection process left suspended by a failure would hold up
+        %% the application's stop.
+        _ = [catch sys:resume(P) || P <- [whereis(ecall_conn:name(B))], is_pid(P)],
+        peer:stop(Peer)
+    end.
+
+%% Until a caller waits on connection process Conn (its call is in the
+%% mailbox of the suspended process; nothing signals it: polled, under a
+%% deadline).
+await_awaited(Conn) ->
+    await_awaited(Conn, erlang:monotonic_time(millisecond) + 10000).
+
+await_awaited(Conn, Deadline) ->
+    {messages, Ms} = process_info(Conn, messages),
+    case [M || {'$gen_call', _, await} = M <- Ms] of
+        [_ | _] -> ok;
+        [] ->
+            ?assert(erlang:monotonic_time(millisecond) < Deadline),
+            timer:sleep(10),
+            await_awaited(Conn, Deadline)
+    end.
+
+%% The first line at warning or info that names discovery's connect to
+%% the node (`NodeText', as ~p prints it), as {Level, Text}.
+await_log_text(NodeText) ->
+    receive
+        {log, Level, Text} when Level =:= warning; Level =:= info ->
+            case string:find(Text, "connect to " ++ NodeText) of
+                nomatch -> await_log_text(NodeText);
+                _ -> {Level, Text}
+            end
+    after 10000 -> ct:fail(no_line_about_the_connect)
+    end.
 
 %% Runs Fun(Sup) with ecall_conn_sup traced for the processes it starts
 %% (discovery is on here, as by default).
