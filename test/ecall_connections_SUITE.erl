@@ -19,7 +19,8 @@
          connection_up_and_down_are_notices/1,
          blocked_sender_goes_by_native_when_the_connection_closes/1,
          discovery_reconnects_after_a_nodedown/1, discovery_reconnects_after_a_restart/1,
-         discovery_is_quiet_about_a_disconnect/1]).
+         discovery_is_quiet_about_a_disconnect/1,
+         restart_with_handshakes_under_way_registers_at_once/1]).
 %% logger handler.
 -export([log/2]).
 %% Run on peers.
@@ -35,6 +36,7 @@ all() ->
      not_distributed, bad_arguments, bad_config_stops_start, links_follow_schedulers,
      receiver_answers_system_messages,
      spawn_failure_is_counted_and_answered, restart_cycles_start_first_time,
+     restart_with_handshakes_under_way_registers_at_once,
      order_holds_across_reconnects, a_node_that_crashes_is_written_down,
      a_peer_without_ecall_says_so, not_started_says_so, configuration_doc_matches_spec,
      settings_apply_when_read, connection_up_and_down_are_notices,
@@ -292,6 +294,45 @@ hold(Holder) ->
 wait_erpc(Node, M, F, A) ->
     try erpc:call(Node, M, F, A)
     catch error:{erpc, system_limit} -> wait_erpc(Node, M, F, A)
+    end.
+
+%% ecall stopped and started again on node C while 64 handshakes wait on
+%% one of its identities (65 idle connections: once the first is shed,
+%% each of the others has its handshake under way): the new start
+%% registers every identity at once. The handshakes under way end with the
+%% identity; they held it, and its name in epmd, until their 5 s deadline,
+%% and the start found the name taken.
+restart_with_handshakes_under_way_registers_at_once(_Config) ->
+    {Peer, C} = start_peer(),
+    try
+        #{identities := [#{port := Port} = I0 | _]} = erpc:call(C, ecall, stats, []),
+        Idle = [begin
+                    {ok, S} = gen_tcp:connect({127, 0, 0, 1}, Port, [binary, {active, false}]),
+                    S
+                end || _ <- lists:seq(1, 65)],
+        Shed0 = maps:get(handshakes_shed_idle, I0),
+        ok = await_shed(C, Shed0 + 1),
+        ok = erpc:call(C, application, stop, [ecall]),
+        ?assertEqual(ok, erpc:call(C, application, start, [ecall])),
+        ?assertEqual(ecall_config:links(), length(erpc:call(C, ecall, nodes, []))),
+        [gen_tcp:close(S) || S <- Idle]
+    after
+        peer:stop(Peer)
+    end.
+
+%% Until C's first identity has shed N handshakes in all (counted by the
+%% connection closed; nothing signals it: polled, under a deadline).
+await_shed(C, N) ->
+    await_shed(C, N, erlang:monotonic_time(millisecond) + 10000).
+
+await_shed(C, N, Deadline) ->
+    #{identities := [#{handshakes_shed_idle := Shed} | _]} = erpc:call(C, ecall, stats, []),
+    if
+        Shed >= N -> ok;
+        true ->
+            ?assert(erlang:monotonic_time(millisecond) < Deadline),
+            timer:sleep(10),
+            await_shed(C, N, Deadline)
     end.
 
 %% application:stop/1 then start/1 at once, 100 times, on a node connected

@@ -212,6 +212,40 @@ async fn a_flood_of_idle_connections_keeps_no_real_peer_out() {
     assert_eq!(counted(&id.refused, left).await, left, "refused");
 }
 
+/// Closing an identity ends the handshakes under way at once: they do not
+/// keep it (and its name in epmd) until their deadline, 10 s here.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn closing_an_identity_ends_its_pending_handshakes() {
+    use ecall_dist::internals::pending::MAX_PENDING_HANDSHAKES;
+    let epmd = Epmd::start().await;
+    let id = identity(&epmd, COOKIE, Duration::from_secs(1)).await;
+    // One past the cap: once the first is shed, each of the other 64 has
+    // its handshake task.
+    let mut idle = Vec::new();
+    for _ in 0..=MAX_PENDING_HANDSHAKES {
+        idle.push(TcpStream::connect(("127.0.0.1", id.port())).await.unwrap());
+    }
+    assert_eq!(counted(&id.shed_idle, 1).await, 1, "shed idle");
+    let weak = Arc::downgrade(&id);
+    let t0 = std::time::Instant::now();
+    id.close();
+    drop(id);
+    for s in &mut idle[1..] {
+        let mut sink = Vec::new();
+        let closed = tokio::time::timeout(WAIT, s.read_to_end(&mut sink)).await;
+        assert!(closed.is_ok(), "a pending connection is still open");
+    }
+    assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
+    // Nothing holds the identity any more.
+    let gone = tokio::time::timeout(WAIT, async {
+        while weak.strong_count() > 0 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    assert!(gone.is_ok(), "the identity is still held");
+}
+
 /// Connections that send their name and stop hold their slots only while
 /// no newer connection needs one: a real handshake still gets in, closing
 /// the oldest of them (counted as shed, stalled).

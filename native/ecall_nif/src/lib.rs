@@ -56,7 +56,16 @@ pub struct CNode {
 }
 
 #[rustler::resource_impl]
-impl Resource for CNode {}
+impl Resource for CNode {
+    /// The identities close with their owner (ecall_cnode, which goes when
+    /// the application stops): a handshake under way must not keep one,
+    /// and its name in epmd, until its deadline.
+    fn destructor(self, _env: Env<'_>) {
+        for id in &self.ids {
+            id.close();
+        }
+    }
+}
 
 /// One peer's shards and links. Closing happens when the owner asks or when
 /// the last reference is garbage-collected.

@@ -294,6 +294,15 @@ impl Identity {
     pub fn handshake_timeout(&self) -> Duration {
         self.config.handshake_timeout
     }
+
+    /// Stops accepting, ends the handshakes under way and closes the
+    /// connections accepted. The name goes from epmd when the last
+    /// reference to the identity is dropped, which the handshakes under way
+    /// no longer hold up: their tasks end now, not at their deadline (an
+    /// application restarted during a flood found its names still taken).
+    pub fn close(&self) {
+        self.cancel.cancel();
+    }
 }
 
 impl Drop for Identity {
@@ -423,6 +432,9 @@ async fn serve_incoming(
             };
             return;
         }
+        // The identity is closing (Identity::close): this task must not
+        // keep it.
+        _ = cancel.cancelled() => return,
     };
     drop(slot);
     match hs {
