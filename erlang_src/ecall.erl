@@ -356,7 +356,8 @@ connect(Node) ->
 %% unless it is closing. A closing one stays registered until the peer has
 %% replayed what its links delivered (a drain that reconnects the two nodes
 %% if a nodedown closed it, and so brings discovery's connect here): a new
-%% one once it has gone.
+%% one once it has gone. One that was gone by the time it was asked
+%% (`noproc': it was closing, not yet published as such) is the same case.
 -spec join(node(), pid()) -> ok | {error, term()}.
 join(Node, Pid) ->
     case ecall_conn:route(Node) of
@@ -364,7 +365,10 @@ join(Node, Pid) ->
             ok = ecall_conn:await_close(Node),
             connect(Node);
         _ ->
-            ecall_conn:await(Pid)
+            case ecall_conn:await(Pid) of
+                {error, noproc} -> connect(Node);
+                Outcome -> Outcome
+            end
     end.
 
 %% Whether this node can open connections with the transport it would use.
