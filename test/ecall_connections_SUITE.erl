@@ -70,7 +70,10 @@ wrong_cookie_refused_incoming(_Config) ->
         ?assertEqual(pang, peer:call(Peer, net_adm, ping, [Id], 30000)),
         await_warning(["incoming handshake refused", "refused=" ++ integer_to_list(Refused0 + 1)]),
         [?assertEqual(pang, peer:call(Peer, net_adm, ping, [Id], 30000)) || _ <- [2, 3]],
-        ok = await_refused(Id, Refused0 + 3),
+        %% The peer may hear the socket close before the count is made.
+        ok = ecall_test_nodes:await({refused, Refused0 + 3},
+                                    fun() -> refused(Id) >= Refused0 + 3 end),
+        ?assertEqual(Refused0 + 3, refused(Id)),
         _ = sys:get_state(ecall_log),
         ?assertEqual([], [T || {log, warning, T} <- flush_logs(),
                                string:find(T, "incoming handshake refused") =/= nomatch])
@@ -83,23 +86,6 @@ refused(Id) ->
     #{identities := Ids} = ecall:stats(),
     [R] = [R || #{node := N, refused := R} <- Ids, N =:= Id],
     R.
-
-%% Until `Id' has counted N refusals: the peer may hear the socket close
-%% before the count is made (nothing signals the count; polled, under a
-%% deadline).
-await_refused(Id, N) ->
-    await_refused(Id, N, erlang:monotonic_time(millisecond) + 10000).
-
-await_refused(Id, N, Deadline) ->
-    case refused(Id) of
-        N -> ok;
-        R when R > N -> ct:fail({refused, R, expected, N});
-        R ->
-            case erlang:monotonic_time(millisecond) > Deadline of
-                true -> ct:fail({refused, R, expected, N});
-                false -> timer:sleep(10), await_refused(Id, N, Deadline)
-            end
-    end.
 
 %% The log lines the handler has sent so far.
 flush_logs() ->
@@ -311,7 +297,7 @@ restart_with_handshakes_under_way_registers_at_once(_Config) ->
                     S
                 end || _ <- lists:seq(1, 65)],
         Shed0 = maps:get(handshakes_shed_idle, I0),
-        ok = await_shed(C, Shed0 + 1),
+        ok = ecall_test_nodes:await({shed, Shed0 + 1}, fun() -> shed_idle(C) > Shed0 end),
         ok = erpc:call(C, application, stop, [ecall]),
         ?assertEqual(ok, erpc:call(C, application, start, [ecall])),
         ?assertEqual(ecall_config:links(), length(erpc:call(C, ecall, nodes, []))),
@@ -320,20 +306,10 @@ restart_with_handshakes_under_way_registers_at_once(_Config) ->
         peer:stop(Peer)
     end.
 
-%% Until C's first identity has shed N handshakes in all (counted by the
-%% connection closed; nothing signals it: polled, under a deadline).
-await_shed(C, N) ->
-    await_shed(C, N, erlang:monotonic_time(millisecond) + 10000).
-
-await_shed(C, N, Deadline) ->
+%% What C's first identity has shed before a name.
+shed_idle(C) ->
     #{identities := [#{handshakes_shed_idle := Shed} | _]} = erpc:call(C, ecall, stats, []),
-    if
-        Shed >= N -> ok;
-        true ->
-            ?assert(erlang:monotonic_time(millisecond) < Deadline),
-            timer:sleep(10),
-            await_shed(C, N, Deadline)
-    end.
+    Shed.
 
 %% application:stop/1 then start/1 at once, 100 times, on a node connected
 %% both ways and sending to this node all along: every start succeeds at
@@ -659,7 +635,8 @@ discovery_is_quiet_about_a_disconnect(_Config) ->
         ok = sys:suspend(Conn),
         Member = erpc:call(B, erlang, spawn, [timer, sleep, [infinity]]),
         ok = erpc:call(B, pg, join, [ecall_pg, nodes, Member]),
-        ok = await_awaited(Conn),
+        %% Its call in the suspended process's mailbox.
+        ok = ecall_test_nodes:await(awaited, fun() -> awaited(Conn) end),
         ok = ecall:disconnect(B),
         Said = await_log_text(lists:flatten(io_lib:format("~p", [B]))),
         ?assertMatch({info, _}, Said),
@@ -673,21 +650,10 @@ discovery_is_quiet_about_a_disconnect(_Config) ->
         peer:stop(Peer)
     end.
 
-%% Until a caller waits on connection process Conn (its call is in the
-%% mailbox of the suspended process; nothing signals it: polled, under a
-%% deadline).
-await_awaited(Conn) ->
-    await_awaited(Conn, erlang:monotonic_time(millisecond) + 10000).
-
-await_awaited(Conn, Deadline) ->
+%% Whether a caller waits on connection process Conn.
+awaited(Conn) ->
     {messages, Ms} = process_info(Conn, messages),
-    case [M || {'$gen_call', _, await} = M <- Ms] of
-        [_ | _] -> ok;
-        [] ->
-            ?assert(erlang:monotonic_time(millisecond) < Deadline),
-            timer:sleep(10),
-            await_awaited(Conn, Deadline)
-    end.
+    lists:any(fun({'$gen_call', _, await}) -> true; (_) -> false end, Ms).
 
 %% The first line at warning or info that names discovery's connect to
 %% the node (`NodeText', as ~p prints it), as {Level, Text}.

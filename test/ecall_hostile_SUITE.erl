@@ -19,6 +19,8 @@
 %% Run on peers.
 -export([deep_list/1, deep_tuple/1, send_and_wait_close/2, flood_start/3, flood_stop/1]).
 
+-import(ecall_test_nodes, [await/2]).
+
 suite() ->
     [{timetrap, {minutes, 3}}].
 
@@ -355,19 +357,6 @@ delta(Key, I0, Id) ->
                K -> list_to_atom("handshakes_" ++ atom_to_list(K))
            end,
     maps:get(Name, maps:get(Id, identities())) - maps:get(Name, I0).
-
-%% Waits for `Fun' to hold, up to 30 s: counts that nothing signals.
-await(What, Fun) ->
-    await(What, Fun, erlang:monotonic_time(millisecond) + 30000).
-
-await(What, Fun, Deadline) ->
-    case Fun() of
-        true ->
-            ok;
-        false ->
-            erlang:monotonic_time(millisecond) < Deadline orelse ct:fail({timeout, What}),
-            receive after 20 -> await(What, Fun, Deadline) end
-    end.
 
 %% This node's open file descriptors.
 fds() ->

@@ -17,6 +17,8 @@
          connect_back/1, flush_links/1, sync_receivers/1]).
 %% logger handler used by the suites.
 -export([log/2]).
+%% Polling for a condition nothing signals.
+-export([await/2]).
 -export([kill_transport_process/2]).
 %% A node's watcher (ecall_large_SUITE, bench/run.sh big): run there.
 -export([watcher_start/0, watched/1]).
@@ -447,3 +449,18 @@ location(undefined) ->
     "-";
 location(Other) ->
     [C || C <- lists:flatten(io_lib:format("~w", [Other])), C =/= $,].
+
+%% Waits for `Fun' to hold, up to 30 s, and fails with `{timeout, What}'
+%% then: for counts and states that nothing signals (polled every 20 ms).
+-spec await(term(), fun(() -> boolean())) -> ok.
+await(What, Fun) ->
+    await(What, Fun, erlang:monotonic_time(millisecond) + 30000).
+
+await(What, Fun, Deadline) ->
+    case Fun() of
+        true ->
+            ok;
+        false ->
+            erlang:monotonic_time(millisecond) < Deadline orelse ct:fail({timeout, What}),
+            receive after 20 -> await(What, Fun, Deadline) end
+    end.
