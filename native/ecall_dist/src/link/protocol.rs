@@ -167,20 +167,27 @@ impl<S, W: Wake> Protocol<S, W> {
     /// Whether it may wait for a wake-up (else it stays awake and makes
     /// another pass).
     pub(crate) fn may_sleep(&self, any_queued: impl FnOnce() -> bool) -> bool {
-        self.state.sleep();
-        if any_queued() {
-            self.state.awake();
-            return false;
-        }
-        true
+        self.announce_then_ask(WriterState::sleep, any_queued)
     }
 
     /// Writer, on a busy link: announces that it gathers, then asks
     /// `any_worth_writing` (each shard's backlog under its lock). Whether
     /// it should wait for company (else it stays awake and writes).
     pub(crate) fn may_gather(&self, any_worth_writing: impl FnOnce() -> bool) -> bool {
-        self.state.gather();
-        if any_worth_writing() {
+        self.announce_then_ask(WriterState::gather, any_worth_writing)
+    }
+
+    /// The rule both waits keep: the writer announces the wait (`announce`)
+    /// before it looks at the shards (`work`), so a push that the look
+    /// misses sees the announcement and wakes it. Work found: awake again,
+    /// and no wait.
+    fn announce_then_ask(
+        &self,
+        announce: impl FnOnce(&WriterState),
+        work: impl FnOnce() -> bool,
+    ) -> bool {
+        announce(&self.state);
+        if work() {
             self.state.awake();
             return false;
         }
