@@ -303,6 +303,34 @@ impl Identity {
     pub fn close(&self) {
         self.cancel.cancel();
     }
+
+    /// An incoming handshake that failed: counted, and a warning at most
+    /// every [`LOG_EVERY`] (a flood of them would flood the log) with the counts
+    /// since start, this one included; the others at debug. The line goes
+    /// before the count: a count that shows the failure shows that its
+    /// line was sent.
+    fn handshake_failed(&self, how: Failed, error: &str) {
+        let (count, what) = match how {
+            Failed::Refused => (&self.refused, "incoming handshake refused"),
+            Failed::TimedOut => (&self.timed_out, "incoming handshake timed out"),
+        };
+        if self.failed_log.due() {
+            let refused = self.refused.load(Ordering::Relaxed) + u64::from(how == Failed::Refused);
+            let timed_out =
+                self.timed_out.load(Ordering::Relaxed) + u64::from(how == Failed::TimedOut);
+            let every = LOG_EVERY.as_secs();
+            tracing::warn!(
+                node = self.node(),
+                error,
+                refused,
+                timed_out,
+                "{what} (at most one such line every {every} s; counts since start)"
+            );
+        } else {
+            tracing::debug!(node = self.node(), error, "{what}");
+        }
+        count.fetch_add(1, Ordering::Relaxed);
+    }
 }
 
 impl Drop for Identity {
@@ -463,35 +491,6 @@ async fn serve_incoming(
 enum Failed {
     Refused,
     TimedOut,
-}
-
-impl Identity {
-    /// An incoming handshake that failed: counted, and a warning at most
-    /// every 10 s (a flood of them would flood the log) with the counts
-    /// since start, this one included; the others at debug. The line goes
-    /// before the count: a count that shows the failure shows that its
-    /// line was sent.
-    fn handshake_failed(&self, how: Failed, error: &str) {
-        let (count, what) = match how {
-            Failed::Refused => (&self.refused, "incoming handshake refused"),
-            Failed::TimedOut => (&self.timed_out, "incoming handshake timed out"),
-        };
-        if self.failed_log.due() {
-            let refused = self.refused.load(Ordering::Relaxed) + u64::from(how == Failed::Refused);
-            let timed_out =
-                self.timed_out.load(Ordering::Relaxed) + u64::from(how == Failed::TimedOut);
-            tracing::warn!(
-                node = self.node(),
-                error,
-                refused,
-                timed_out,
-                "{what} (at most one such line every 10 s; counts since start)"
-            );
-        } else {
-            tracing::debug!(node = self.node(), error, "{what}");
-        }
-        count.fetch_add(1, Ordering::Relaxed);
-    }
 }
 
 async fn server_handshake(
