@@ -321,6 +321,10 @@ all_atoms([N | Rest]) when is_atom(N) -> all_atoms(Rest);
 all_atoms([]) -> true;
 all_atoms(_) -> false.
 
+%% How many connection processes one connect/1 may find there already and
+%% see end under it (see join/3) before it gives up with their reason.
+-define(CONNECT_TRIES, 3).
+
 %% @doc Connects to `Node' now (discovery does it on its own for nodes that
 %% run ecall). Returns when every link is up; `{error, not_started}' when
 %% the application is not started; `{error, normal}' when disconnect/1
@@ -336,40 +340,54 @@ connect(Node) when is_atom(Node) ->
             {error, local_node};
         true ->
             case usable() of
-                ok ->
-                    %% The connection process answers every waiter within
-                    %% `connect_timeout' (it stops then, and its terminate
-                    %% answers `{error, timeout}'), so no second timer here.
-                    case ecall_conn_sup:start_conn(Node) of
-                        {ok, Pid} -> ecall_conn:await(Pid);
-                        {error, {already_started, Pid}} -> join(Node, Pid);
-                        {error, Reason} -> {error, Reason}
-                    end;
-                {error, _} = E ->
-                    E
+                ok -> open(Node, ?CONNECT_TRIES);
+                {error, _} = E -> E
             end
     end;
 connect(Node) ->
     erlang:error(badarg, [Node]).
 
+%% The connection process answers every waiter within `connect_timeout'
+%% (it stops then, and its terminate answers `{error, timeout}'), so no
+%% second timer here.
+-spec open(node(), pos_integer()) -> ok | {error, term()}.
+open(Node, Tries) ->
+    case ecall_conn_sup:start_conn(Node) of
+        {ok, Pid} -> ecall_conn:await(Pid);
+        {error, {already_started, Pid}} -> join(Node, Pid, Tries);
+        {error, Reason} -> {error, Reason}
+    end.
+
 %% The connection process to `Node' that is there already: its outcome,
-%% unless it is closing. A closing one stays registered until the peer has
-%% replayed what its links delivered (a drain that reconnects the two nodes
-%% if a nodedown closed it, and so brings discovery's connect here): a new
-%% one once it has gone. One that was gone by the time it was asked
-%% (`noproc': it was closing, not yet published as such) is the same case.
--spec join(node(), pid()) -> ok | {error, term()}.
-join(Node, Pid) ->
+%% unless it ends under us for a reason that says nothing of a new one.
+%% - Closing: it stays registered until the peer has replayed what its
+%%   links delivered (a drain that reconnects the two nodes if a nodedown
+%%   closed it, and so brings discovery's connect here). A new one once it
+%%   has gone.
+%% - Gone by the time it is asked (`noproc': closing, not yet published as
+%%   such), or ended by a nodedown it had not yet read when we asked: the
+%%   two nodes may be connected again (discovery connects when the peer
+%%   joins again, which comes after the nodeup), so a new one too. If the
+%%   node is down, the new one fails at once (`nodedown', `noconnection').
+%% Bounded: `Tries' such ends, then their reason.
+-spec join(node(), pid(), pos_integer()) -> ok | {error, term()}.
+join(Node, Pid, Tries) ->
     case ecall_conn:route(Node) of
         {closing, Pid} ->
             ok = ecall_conn:await_close(Node),
-            connect(Node);
+            again(Node, Tries, closing);
         _ ->
             case ecall_conn:await(Pid) of
-                {error, noproc} -> connect(Node);
-                Outcome -> Outcome
+                {error, Gone} when Gone =:= noproc; Gone =:= nodedown ->
+                    again(Node, Tries, Gone);
+                Outcome ->
+                    Outcome
             end
     end.
+
+-spec again(node(), pos_integer(), atom()) -> ok | {error, term()}.
+again(_Node, 1, Why) -> {error, Why};
+again(Node, Tries, _Why) -> open(Node, Tries - 1).
 
 %% Whether this node can open connections with the transport it would use.
 -spec usable() -> ok | {error, term()}.

@@ -19,7 +19,7 @@
          connection_up_and_down_are_notices/1,
          blocked_sender_goes_by_native_when_the_connection_closes/1,
          discovery_reconnects_after_a_nodedown/1, discovery_reconnects_after_a_restart/1,
-         discovery_is_quiet_about_a_disconnect/1,
+         discovery_is_quiet_about_a_disconnect/1, connect_outlives_an_unread_nodedown/1,
          restart_with_handshakes_under_way_registers_at_once/1]).
 %% logger handler.
 -export([log/2]).
@@ -42,7 +42,7 @@ all() ->
      settings_apply_when_read, connection_up_and_down_are_notices,
      blocked_sender_goes_by_native_when_the_connection_closes,
      discovery_reconnects_after_a_nodedown, discovery_reconnects_after_a_restart,
-     discovery_is_quiet_about_a_disconnect].
+     discovery_is_quiet_about_a_disconnect, connect_outlives_an_unread_nodedown].
 
 init_per_suite(Config) ->
     ok = ecall_test_nodes:start_ecall(),
@@ -649,6 +649,50 @@ discovery_is_quiet_about_a_disconnect(_Config) ->
         _ = [catch sys:resume(P) || P <- [whereis(ecall_conn:name(B))], is_pid(P)],
         peer:stop(Peer)
     end.
+
+%% A connect that finds a connection up, and waits on it while it ends by
+%% a nodedown it had not read when asked, opens a new one: the two nodes
+%% may be connected again by then (discovery's connect, sent when the
+%% peer joins again after the nodeup, meets this). Here the connection
+%% process is held (suspended) with the nodedown in its mailbox, the nodes
+%% are connected again, and a connect waits behind the nodedown. Without
+%% a new connection, it returns `{error, nodedown}'.
+connect_outlives_an_unread_nodedown(_Config) ->
+    %% A peer controlled over stdio: one over distribution halts on the
+    %% disconnect.
+    {Peer, B} = start_named_peer(peer:random_name(nodedown_unread)),
+    try
+        ok = ecall:connect(B),
+        Conn = whereis(ecall_conn:name(B)),
+        ok = sys:suspend(Conn),
+        true = erlang:disconnect_node(B),
+        ok = ecall_test_nodes:await(nodedown, fun() -> holds(Conn, {nodedown, B}) end),
+        pong = net_adm:ping(B),
+        Self = self(),
+        Connect = spawn_link(fun() -> Self ! {connected, self(), ecall:connect(B)} end),
+        ok = ecall_test_nodes:await(awaited, fun() -> awaited_by(Conn, Connect) end),
+        ok = sys:resume(Conn),
+        receive {connected, Connect, Outcome} -> ?assertEqual(ok, Outcome)
+        after 30000 -> ct:fail(no_outcome)
+        end,
+        New = whereis(ecall_conn:name(B)),
+        ?assert(is_pid(New)),
+        ?assertNotEqual(Conn, New),
+        ?assertEqual({ok, B}, ecall:call(B, erlang, node, []))
+    after
+        _ = [catch sys:resume(P) || P <- [whereis(ecall_conn:name(B))], is_pid(P)],
+        peer:stop(Peer)
+    end.
+
+%% Whether process Pid holds message Msg in its mailbox.
+holds(Pid, Msg) ->
+    {messages, Ms} = process_info(Pid, messages),
+    lists:member(Msg, Ms).
+
+%% Whether process Caller waits on connection process Conn.
+awaited_by(Conn, Caller) ->
+    {messages, Ms} = process_info(Conn, messages),
+    lists:any(fun({'$gen_call', {P, _}, await}) -> P =:= Caller; (_) -> false end, Ms).
 
 %% Whether a caller waits on connection process Conn.
 awaited(Conn) ->
