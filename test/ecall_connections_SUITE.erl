@@ -635,8 +635,9 @@ discovery_is_quiet_about_a_disconnect(_Config) ->
         ok = sys:suspend(Conn),
         Member = erpc:call(B, erlang, spawn, [timer, sleep, [infinity]]),
         ok = erpc:call(B, pg, join, [ecall_pg, nodes, Member]),
-        %% Its call in the suspended process's mailbox.
-        ok = ecall_test_nodes:await(awaited, fun() -> awaited(Conn) end),
+        %% Discovery's call (from a process of its own) in the suspended
+        %% process's mailbox.
+        ok = ecall_test_nodes:await(awaited, fun() -> holds(Conn, await_from(any)) end),
         ok = ecall:disconnect(B),
         Said = await_log_text(lists:flatten(io_lib:format("~p", [B]))),
         ?assertMatch({info, _}, Said),
@@ -666,11 +667,12 @@ connect_outlives_an_unread_nodedown(_Config) ->
         Conn = whereis(ecall_conn:name(B)),
         ok = sys:suspend(Conn),
         true = erlang:disconnect_node(B),
-        ok = ecall_test_nodes:await(nodedown, fun() -> holds(Conn, {nodedown, B}) end),
+        ok = ecall_test_nodes:await(nodedown,
+                                    fun() -> holds(Conn, fun(M) -> M =:= {nodedown, B} end) end),
         pong = net_adm:ping(B),
         Self = self(),
         Connect = spawn_link(fun() -> Self ! {connected, self(), ecall:connect(B)} end),
-        ok = ecall_test_nodes:await(awaited, fun() -> awaited_by(Conn, Connect) end),
+        ok = ecall_test_nodes:await(awaited, fun() -> holds(Conn, await_from(Connect)) end),
         ok = sys:resume(Conn),
         receive {connected, Connect, Outcome} -> ?assertEqual(ok, Outcome)
         after 30000 -> ct:fail(no_outcome)
@@ -684,20 +686,17 @@ connect_outlives_an_unread_nodedown(_Config) ->
         peer:stop(Peer)
     end.
 
-%% Whether process Pid holds message Msg in its mailbox.
-holds(Pid, Msg) ->
+%% Whether process Pid holds a message for which Pred holds.
+holds(Pid, Pred) ->
     {messages, Ms} = process_info(Pid, messages),
-    lists:member(Msg, Ms).
+    lists:any(Pred, Ms).
 
-%% Whether process Caller waits on connection process Conn.
-awaited_by(Conn, Caller) ->
-    {messages, Ms} = process_info(Conn, messages),
-    lists:any(fun({'$gen_call', {P, _}, await}) -> P =:= Caller; (_) -> false end, Ms).
-
-%% Whether a caller waits on connection process Conn.
-awaited(Conn) ->
-    {messages, Ms} = process_info(Conn, messages),
-    lists:any(fun({'$gen_call', _, await}) -> true; (_) -> false end, Ms).
+%% Whether a message to a connection process is a call of ecall_conn:await/1
+%% from `Caller' (`any': from any process).
+await_from(Caller) ->
+    fun({'$gen_call', {P, _}, await}) -> Caller =:= any orelse P =:= Caller;
+       (_) -> false
+    end.
 
 %% The first line at warning or info that names discovery's connect to
 %% the node (`NodeText', as ~p prints it), as {Level, Text}.
