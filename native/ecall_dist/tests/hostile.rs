@@ -8,9 +8,9 @@
 
 mod common;
 
-use common::{corpus, counted, identity, unique, Epmd, COOKIE, WAIT};
+use common::{corpus, counted, identity, identity_config, unique, Epmd, COOKIE, WAIT};
 use ecall_dist::internals::inbound::{self, MAX_INCOMING_FRAME};
-use ecall_dist::Identity;
+use ecall_dist::{Identity, IdentityConfig};
 use erl_dist::handshake::{ClientSideHandshake, HandshakeStatus};
 use erl_dist::node::{Creation, LocalNode};
 use proptest::prelude::*;
@@ -212,13 +212,19 @@ async fn a_flood_of_idle_connections_keeps_no_real_peer_out() {
     assert_eq!(counted(&id.refused, left).await, left, "refused");
 }
 
-/// Closing an identity ends the handshakes under way at once: they do not
-/// keep it (and its name in epmd) until their deadline, 10 s here.
+/// Closing an identity ends the handshakes under way: they do not keep it
+/// (and its name in epmd) until their deadline, ten minutes here, far
+/// past the [`WAIT`] this allows them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn closing_an_identity_ends_its_pending_handshakes() {
     use ecall_dist::internals::pending::MAX_PENDING_HANDSHAKES;
     let epmd = Epmd::start().await;
-    let id = identity(&epmd, COOKIE, Duration::from_secs(1)).await;
+    let id = Identity::start(IdentityConfig {
+        handshake_timeout: Duration::from_secs(600),
+        ..identity_config(&epmd, COOKIE, Duration::from_secs(1))
+    })
+    .await
+    .expect("identity starts");
     // One past the cap: once the first is shed, each of the other 64 has
     // its handshake task.
     let mut idle = Vec::new();
@@ -227,7 +233,6 @@ async fn closing_an_identity_ends_its_pending_handshakes() {
     }
     assert_eq!(counted(&id.shed_idle, 1).await, 1, "shed idle");
     let weak = Arc::downgrade(&id);
-    let t0 = std::time::Instant::now();
     id.close();
     drop(id);
     for s in &mut idle[1..] {
@@ -235,7 +240,6 @@ async fn closing_an_identity_ends_its_pending_handshakes() {
         let closed = tokio::time::timeout(WAIT, s.read_to_end(&mut sink)).await;
         assert!(closed.is_ok(), "a pending connection is still open");
     }
-    assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
     // Nothing holds the identity any more.
     let gone = tokio::time::timeout(WAIT, async {
         while weak.strong_count() > 0 {

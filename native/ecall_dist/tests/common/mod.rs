@@ -107,8 +107,10 @@ pub async fn epmd_names(port: u16) -> Option<Vec<(String, u16)>> {
         .ok()
 }
 
-pub async fn identity(epmd: &Epmd, cookie: &str, tick: Duration) -> Arc<Identity> {
-    Identity::start(IdentityConfig {
+/// The configuration of [`identity`]: a unique name, any loopback port,
+/// no TLS, handshakes of at most 10 s.
+pub fn identity_config(epmd: &Epmd, cookie: &str, tick: Duration) -> IdentityConfig {
+    IdentityConfig {
         node: format!("{}@{}", unique("rust_ecall"), host()),
         cookie: cookie.into(),
         tick,
@@ -120,9 +122,13 @@ pub async fn identity(epmd: &Epmd, cookie: &str, tick: Duration) -> Arc<Identity
         },
         tls: None,
         register_retry: Duration::from_secs(1),
-    })
-    .await
-    .expect("identity starts")
+    }
+}
+
+pub async fn identity(epmd: &Epmd, cookie: &str, tick: Duration) -> Arc<Identity> {
+    Identity::start(identity_config(epmd, cookie, tick))
+        .await
+        .expect("identity starts")
 }
 
 /// Every corpus file with the verdict its name asks for.
