@@ -328,8 +328,10 @@ all_atoms(_) -> false.
 %% @doc Connects to `Node' now (discovery does it on its own for nodes that
 %% run ecall). Returns when every link is up; `{error, not_started}' when
 %% the application is not started; `{error, normal}' when disconnect/1
-%% closed the connection before it was up; else why it failed (`timeout'
-%% after `connect_timeout', `noconnection', ...).
+%% closed the connection before it was up; `{error, nodedown | noproc |
+%% closing}' when three connections to it in a row, opened by others, ended
+%% while this waited on them; else why it failed (`timeout' after
+%% `connect_timeout', `noconnection', ...).
 -spec connect(node()) -> ok | {error, term()}.
 connect(Node) when is_atom(Node) ->
     Started = started(),
