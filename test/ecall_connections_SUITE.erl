@@ -18,13 +18,15 @@
          configuration_doc_matches_spec/1, settings_apply_when_read/1,
          connection_up_and_down_are_notices/1,
          blocked_sender_goes_by_native_when_the_connection_closes/1,
+         message_in_fragments_outlives_the_close/1,
          discovery_reconnects_after_a_nodedown/1, discovery_reconnects_after_a_restart/1,
          discovery_is_quiet_about_a_disconnect/1, connect_outlives_an_unread_nodedown/1,
          restart_with_handshakes_under_way_registers_at_once/1]).
 %% logger handler.
 -export([log/2]).
 %% Run on peers.
--export([not_distributed_check/0, hold/1, order_collector/2, load_loop/1, seq_log/2]).
+-export([not_distributed_check/0, hold/1, order_collector/2, load_loop/1, seq_log/2,
+         big_receiver/1]).
 
 -import(ecall_test_nodes, [start_peer/0, start_peer/1, node_args/0]).
 
@@ -41,6 +43,7 @@ all() ->
      a_peer_without_ecall_says_so, not_started_says_so, configuration_doc_matches_spec,
      settings_apply_when_read, connection_up_and_down_are_notices,
      blocked_sender_goes_by_native_when_the_connection_closes,
+     message_in_fragments_outlives_the_close,
      discovery_reconnects_after_a_nodedown, discovery_reconnects_after_a_restart,
      discovery_is_quiet_about_a_disconnect, connect_outlives_an_unread_nodedown].
 
@@ -518,6 +521,58 @@ blocked_then_closed(C, Sender, Collector) ->
     ?assertEqual(lists:usort(Got), Got),
     ?assertEqual(lists:seq(Blocked, Blocked + 10), Got -- Before),
     ?assertEqual(Blocked - 1 - length(Before), Queued + Lost).
+
+%% A message that a link had begun to write in fragments when the
+%% connection closed is finished, not lost: the close drops what is still
+%% queued, and this message was on the wire already. The peer is stopped
+%% (SIGSTOP) so that the 32 MB message cannot leave before the close: the
+%% sockets take a few MB of it, and the link waits in the middle. Once the
+%% close has run (ecall_nif:peer_close/1 returned), the peer runs again and
+%% must get the message whole. (When a closed link dropped what it had in
+%% flight, the message was neither delivered nor counted.)
+message_in_fragments_outlives_the_close(_Config) ->
+    {Peer, C} = start_peer(["-ecall", "discovery", "false"]),
+    ok = ecall:connect(C),
+    Self = self(),
+    Receiver = erpc:call(C, erlang, spawn, [?MODULE, big_receiver, [Self]]),
+    OsPid = erpc:call(C, os, getpid, []),
+    {ok, #{fragmented := F0}} = ecall:stats(C),
+    Big = binary:copy(<<"f">>, 32 * 1024 * 1024),
+    1 = erlang:trace_pattern({ecall_nif, peer_close, 1}, [{'_', [], [{return_trace}]}], [local]),
+    "" = os:cmd("kill -STOP " ++ OsPid),
+    try
+        _ = ecall:send(Receiver, {big, Big}),
+        %% The link took it and began writing it.
+        ok = ecall_test_nodes:await(fragmented,
+                                    fun() ->
+                                            {ok, #{fragmented := F}} = ecall:stats(C),
+                                            F > F0
+                                    end),
+        Conn = whereis(ecall_conn:name(C)),
+        1 = erlang:trace(Conn, true, [call]),
+        Closer = spawn_link(fun() -> Self ! {closed, self(), ecall:disconnect(C)} end),
+        receive
+            {trace, Conn, return_from, {ecall_nif, peer_close, 1}, ok} -> ok
+        after 30000 -> ct:fail(not_closed)
+        end,
+        "" = os:cmd("kill -CONT " ++ OsPid),
+        receive {closed, Closer, ok} -> ok after 30000 -> ct:fail(close_stuck) end
+    after
+        erlang:trace_pattern({ecall_nif, peer_close, 1}, false, [local]),
+        os:cmd("kill -CONT " ++ OsPid),
+        flush_all_traces()
+    end,
+    Size = byte_size(Big),
+    receive
+        {big, Receiver, Size} -> ok
+    after 30000 ->
+            ct:fail({lost, ecall:last_stats(C)})
+    end,
+    peer:stop(Peer).
+
+%% On the peer: tells Owner the size of the one {big, Bin} it gets.
+big_receiver(Owner) ->
+    receive {big, B} -> Owner ! {big, self(), byte_size(B)} end.
 
 %% Sends {seq, I, Payload} by ecall:send/2 each time it is told to, and
 %% says so; `{report, To}' asks the collector for its log, behind them.

@@ -88,7 +88,16 @@ impl LinkWriter {
         mut reader: JoinHandle<LinkDown>,
         mut ctl: mpsc::Receiver<Vec<u8>>,
     ) -> (LinkDown, u64) {
-        let why = self.serve(&mut reader, &mut ctl).await;
+        let mut why = self.serve(&mut reader, &mut ctl).await;
+        // Messages going out in fragments were taken off their shards and
+        // began on the wire: the close drops only what is still queued, so
+        // they are finished; any other end loses them, counted.
+        if matches!(why, LinkDown::Closed) {
+            if let Err(down) = self.finish_in_flight().await {
+                why = down;
+            }
+        }
+        self.drop_in_flight();
         // Before the shutdown, while the kernel still holds what the peer
         // did not acknowledge. Our own close lingers until the peer has
         // read everything: nothing is unconfirmed then.
@@ -412,6 +421,31 @@ impl LinkWriter {
         peer.release(b);
         self.last_write = Instant::now();
         Ok(n)
+    }
+
+    /// After the peer's close: passes until every message in flight has
+    /// gone out whole. A write that fails loses them (counted by
+    /// [`LinkWriter::settle`]).
+    async fn finish_in_flight(&mut self) -> Result<(), LinkDown> {
+        let (mut frames, mut done) = (Vec::new(), Vec::new());
+        while !self.inflight.is_empty() {
+            let result = self.pass(&mut frames, &mut done).await;
+            self.settle(result, &mut frames, &mut done)?;
+        }
+        Ok(())
+    }
+
+    /// When the connection ends: the messages still in flight are lost,
+    /// counted in `dropped`, and their bytes go back to the budget.
+    fn drop_in_flight(&mut self) {
+        let mut frames = Vec::new();
+        self.abandon(&mut frames);
+        let (lost, bytes) = tally(&frames);
+        self.peer.links[self.k]
+            .stats
+            .dropped
+            .fetch_add(lost, Ordering::Relaxed);
+        self.peer.release(bytes);
     }
 
     /// After a failed write: every message in flight is lost too.
