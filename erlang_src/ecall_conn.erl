@@ -363,8 +363,11 @@ terminate(Reason, #st{node = Node, peer = Peer, published = P, waiting = W, up =
     %% persistent term costs a scan of the processes; once per close.
     _ = P andalso persistent_term:put({ecall_peer, Node}, {closing, self()}),
     _ = [release(Node, K, Watcher, Why) || {K, Watcher} <- maps:to_list(Up)],
-    Drops = close(Node, Peer, Why, {St#st.transport, L}),
+    Dropped = close(Peer, Why),
     _ = P andalso drain(Node, L),
+    %% Counted after the drain: a link's last pass (a message it finishes
+    %% in fragments) may still lose requests after the close.
+    Drops = closed(Node, Peer, Why, Dropped, {St#st.transport, L}),
     _ = P andalso persistent_term:erase({ecall_peer, Node}),
     case Drops of
         none ->
@@ -401,30 +404,39 @@ drain(Node, Links) ->
     _ = (catch erpc:call(Node, ecall_receiver_sup, fence, [Ids, Left], Left + 500)),
     ok.
 
-%% What a close drops is logged (one line, always: a close is rare) and
+%% Closes the transport: what it dropped, counted.
+-spec close(ecall_transport:t() | undefined, term()) -> non_neg_integer() | none.
+close(undefined, _Why) ->
+    none;
+close({Mod, State}, Why) ->
+    Mod:close(State, Why).
+
+%% What a close dropped is logged (one line, always: a close is rare) and
 %% added to the node's count (`closed_drops' in ecall:stats/0), and the
 %% peer's last stats are kept (ecall:last_stats/1): its live counters go
-%% with it. Returns what was queued at the close and what the links had
-%% lost before (reaps, failed writes), or `none' without a transport.
--spec close(node(), ecall_transport:t() | undefined, term(), {nif | erlang, non_neg_integer()}) ->
+%% with it. Returns what was queued at the close and what the links lost
+%% (reaps, failed writes, their last pass), or `none' without a transport.
+-spec closed(node(), ecall_transport:t() | undefined, term(), non_neg_integer() | none,
+             {nif | erlang, non_neg_integer()}) ->
           {non_neg_integer(), non_neg_integer()} | none.
-close(_Node, undefined, _Why, _Path) ->
+closed(_Node, undefined, _Why, _Dropped, _Path) ->
     none;
-close(Node, {Mod, State}, Why, {Transport, Links}) ->
-    Dropped = Mod:close(State, Why),
+closed(Node, {Mod, State}, Why, Dropped, {Transport, Links}) ->
     Stats = Mod:stats(State),
     %% The NIF transport counts what the close found queued apart from
-    %% what its links lost before; the proxies lose nothing before.
-    Queued = maps:get(closed_drops, Stats, Dropped),
-    Lost = Dropped - Queued,
-    ecall_conn_sup:add_closed_drops(Dropped),
+    %% what its links lost; the proxies lose nothing on the way.
+    {Queued, Lost} = case Stats of
+                         #{closed_drops := C, dropped := D} -> {C, D};
+                         _ -> {Dropped, 0}
+                     end,
+    ecall_conn_sup:add_closed_drops(Queued + Lost),
     ok = ecall_conn_sup:keep_last(Node, Stats#{state => closed, reason => Why,
                                                closed_drops => Queued,
                                                closed_at => erlang:system_time(millisecond)}),
     %% Shown by OTP's default logger configuration, as the connection's up
     %% line is: which transport a peer's traffic takes is visible.
     ?LOG_NOTICE("ecall: connection to ~p closed (~0p; ~p transport, ~b links): ~b queued "
-                "requests dropped, ~b lost on its links before (ecall:last_stats(~p))",
+                "requests dropped, ~b lost on its links (ecall:last_stats(~p))",
                 [Node, Why, Transport, Links, Queued, Lost, Node]),
     {Queued, Lost}.
 
