@@ -6,7 +6,7 @@ SHELL := /bin/bash
 export ECALL_OTP27_CACHE ?= /var/cache/ecall-otp27
 export ECALL_OTP29_CACHE ?= /var/cache/ecall-otp29
 
-.PHONY: all deps build demo test test-rust test-ct test-build examples check clean config-doc
+.PHONY: all deps build demo test test-rust test-ct test-build chaos examples check clean config-doc
 
 all: build
 
@@ -29,6 +29,12 @@ test-rust:
 
 test-ct:
 	test/scripts/ct.sh
+
+# The chaos suite for longer than `make test' runs it: rounds of
+# CHAOS_TESTS sequences for CHAOS_MINUTES, or one round with CHAOS_SEED
+# (test/scripts/chaos.sh).
+chaos: build
+	test/scripts/chaos.sh
 
 # The build without cargo: the message, then ECALL_NO_NIF=1 and two nodes on
 # the pure-Erlang transport; a library installed while two nodes run it; and

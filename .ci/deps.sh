@@ -23,12 +23,14 @@ case "$rust" in
         ;;
 esac
 
-pkgs=(erlang-nox erlang-dev rebar3 erlang-common-test erlang-dialyzer patchelf python3 iproute2 util-linux openssl binutils)
+pkgs=(erlang-nox erlang-dev rebar3 erlang-common-test erlang-dialyzer erlang-proper patchelf python3 iproute2 util-linux openssl binutils)
 need=()
 command -v erl >/dev/null || need+=(erlang-nox erlang-dev)
 command -v rebar3 >/dev/null || need+=(rebar3)
 command -v ct_run >/dev/null || need+=(erlang-common-test)
 command -v dialyzer >/dev/null || need+=(erlang-dialyzer)
+# The chaos suite's state machine (PropEr).
+[ -d "$(erl -noshell -eval 'io:format("~s", [code:lib_dir(proper)]), halt().' 2>/dev/null)" ] || need+=(erlang-proper)
 command -v patchelf >/dev/null || need+=(patchelf)
 command -v python3 >/dev/null || need+=(python3)
 # The partition suite makes network namespaces (ip) and the EMFILE test
