@@ -110,14 +110,16 @@ chaos(_Config) ->
         Prop = proper:forall(proper_statem:commands(?MODULE),
                              fun run/1),
         case proper:quickcheck(Prop, [{numtests, Tests}, {start_size, ?LENGTH}, {max_size, ?LENGTH},
-                                      {max_shrinks, 40},
+                                      {max_shrinks, 100},
                                       {on_output, fun(F, A) -> ct:pal(F, A) end}]) of
             true ->
                 ct:pal("chaos: commands run: ~p", [get(ecall_chaos_ran)]);
             Other ->
                 Shrunk = proper:counterexample(),
-                ct:pal("chaos: failed (~p); seed ~b,~b,~b; shrunk sequence:~n~p",
-                       [Other, A1, A2, A3, Shrunk]),
+                {Last, Problems} = get(ecall_chaos_last),
+                ct:pal("chaos: failed (~p); seed ~b,~b,~b; shrunk sequence:~n~p~n"
+                       "the last sequence that failed:~n~p~nits problems:~n~p",
+                       [Other, A1, A2, A3, Shrunk, Last, Problems]),
                 ct:fail({chaos_failed, Other, {seed, Seed}})
         end
     after
@@ -144,6 +146,7 @@ run(Cmds) ->
                 abort_sequence(#{}),
                 {[], [{crashed, Class, Reason, Stack}]}
         end,
+    Problems =:= [] orelse put(ecall_chaos_last, {Cmds, Problems}),
     proper:whenfail(
       fun() ->
               ct:pal("chaos: sequence failed:~n~p~nproblems: ~p~nlast history: ~p",
