@@ -62,9 +62,13 @@ pub struct Epmd {
 
 impl Epmd {
     /// Starts epmd on a free port. The port is free when `free_port` looks,
-    /// but another test's outgoing connection can take it (it comes from the
-    /// same ephemeral range) before epmd binds it: epmd then exits at once,
-    /// and the next attempt takes another port.
+    /// but another process can take it before epmd binds it (an outgoing
+    /// connection of another test, from the same ephemeral range; another
+    /// test's epmd, started on the same port the same way): epmd then
+    /// exits at once, and the next attempt takes another port. Ready is
+    /// when the listening socket on the port is this epmd's own (its
+    /// descriptor, by /proc) and it answers a names request: an answer
+    /// alone could come from another test's epmd that took the port.
     pub async fn start() -> Epmd {
         const ATTEMPTS: usize = 5;
         for attempt in 1..=ATTEMPTS {
@@ -74,10 +78,10 @@ impl Epmd {
                 .kill_on_drop(true)
                 .spawn()
                 .expect("epmd on PATH (make deps installs Erlang)");
-            // Ready when it answers a names request.
             let t0 = std::time::Instant::now();
             loop {
-                if epmd_names(port).await.is_some() {
+                let ours = child.id().is_some_and(|pid| listens_on(pid, port));
+                if ours && epmd_names(port).await.is_some() {
                     return Epmd {
                         port,
                         _child: child,
@@ -95,6 +99,34 @@ impl Epmd {
         }
         panic!("epmd did not start in {ATTEMPTS} attempts");
     }
+}
+
+/// Whether process `pid` holds the socket listening on 127.0.0.1:`port`
+/// (Linux: the listener's inode in /proc/net/tcp among the process's
+/// descriptors). A port taken between `free_port` and its reuse is then
+/// told apart from one this process bound.
+pub fn listens_on(pid: u32, port: u16) -> bool {
+    let Ok(table) = std::fs::read_to_string("/proc/net/tcp") else {
+        return false;
+    };
+    // local_address is 0100007F:PPPP for 127.0.0.1; state 0A is LISTEN.
+    let local = format!("0100007F:{port:04X}");
+    let inodes: Vec<String> = table
+        .lines()
+        .skip(1)
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (f.len() > 9 && f[1] == local && f[3] == "0A").then(|| f[9].to_string())
+        })
+        .collect();
+    if inodes.is_empty() {
+        return false;
+    }
+    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return false;
+    };
+    fds.filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+        .any(|l| inodes.iter().any(|i| l.to_string_lossy() == format!("socket:[{i}]")))
 }
 
 pub async fn epmd_names(port: u16) -> Option<Vec<(String, u16)>> {
