@@ -177,16 +177,25 @@ async fn random_handshakes_are_refused() {
 
 /// A flood of connections that never start their handshake keeps no real
 /// peer out: each newcomer past `MAX_PENDING_HANDSHAKES` closes the oldest
-/// that has not sent its name (counted as shed, idle), long before the
-/// handshake deadline, so the identity holds at most that many sockets and
-/// a real handshake made during the flood is answered.
+/// that has not sent its name (counted as shed, idle), not the handshake
+/// deadline, so the identity holds at most that many sockets and a real
+/// handshake made during the flood is answered.
+///
+/// The deadline is an hour here, so that no close of this test can be
+/// the deadline's, however slowly the machine runs it: every close is
+/// counted as shed (and none as timed out) by what the cap did, not by
+/// how long the flood took.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flood_of_idle_connections_keeps_no_real_peer_out() {
     use ecall_dist::internals::pending::MAX_PENDING_HANDSHAKES;
     const FLOOD: usize = 4 * MAX_PENDING_HANDSHAKES;
     let epmd = Epmd::start().await;
-    let id = identity(&epmd, COOKIE, Duration::from_secs(1)).await;
-    let t0 = std::time::Instant::now();
+    let id = Identity::start(IdentityConfig {
+        handshake_timeout: Duration::from_secs(3600),
+        ..identity_config(&epmd, COOKIE, Duration::from_secs(1))
+    })
+    .await
+    .expect("identity starts");
     let mut idle = Vec::new();
     for _ in 0..FLOOD {
         idle.push(TcpStream::connect(("127.0.0.1", id.port())).await.unwrap());
@@ -201,8 +210,6 @@ async fn a_flood_of_idle_connections_keeps_no_real_peer_out() {
         let closed = tokio::time::timeout(WAIT, s.read_to_end(&mut sink)).await;
         assert!(closed.is_ok(), "an evicted connection is still open");
     }
-    // The handshake deadline of these identities is 10 s.
-    assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
     assert_eq!(id.accepted.load(Relaxed), 1);
     assert_eq!(id.shed_stalled.load(Relaxed), 0);
     assert_eq!(id.timed_out.load(Relaxed), 0);
