@@ -156,18 +156,27 @@ async fn flushes_write_from_the_caller_in_order() {
 /// An urgent request (its caller waits for each answer before its next
 /// one) behind a sleeping writer is written by its caller even on a link
 /// written to a moment ago: the writer would write it alone anyway, one
-/// thread wake-up later. 50 of them pushed back to back: without urgency,
-/// only the first (the link is then busy for `LONE_GAP`) went alone; a
-/// tick or anything else that wakes the writer meanwhile only sends a few
-/// through it, hence "at least half".
+/// thread wake-up later. 50 of them pushed back to back: every one is
+/// written alone, and none wakes the writer. Without urgency only the
+/// first went alone: the link is then busy for `LONE_GAP`, and the next
+/// push woke the writer (counted in `wakes`). Nothing else wakes the
+/// writer here: the identity ticks once an hour (a tick is the only write
+/// of the writer's own on an idle link), so the counts are exact however
+/// slowly the pushes run.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn urgent_requests_are_written_alone_on_a_busy_link() {
     use ecall_dist::internals::shard::Element;
     use std::sync::atomic::Ordering::Relaxed;
-    let (_epmd, _id, mut erl, peer) = seq_link().await;
+    let epmd = Epmd::start().await;
+    let id = identity(&epmd, COOKIE, Duration::from_secs(3600)).await;
+    let mut erl = Erl::start(&epmd, COOKIE, &[], seq_eval());
+    assert_eq!(erl.line().await, "ready");
+    let (peer, mut events) = open_peer(&id, &erl.node, COOKIE, "sink");
+    assert!(matches!(next_event(&mut events).await, Event::Up));
     writer_asleep(&peer).await;
     let ls = peer.link_stats(0).unwrap();
     let lone0 = ls.lone.load(Relaxed);
+    let wakes0 = peer.stats().wakes.load(Relaxed);
     for i in 1..=50 {
         let bytes = seq_element(i, 100);
         let urgent = Element {
@@ -177,10 +186,13 @@ async fn urgent_requests_are_written_alone_on_a_busy_link() {
         assert_eq!(peer.push_element(0, urgent, 0), Push::Queued);
     }
     let lone = ls.lone.load(Relaxed) - lone0;
+    let wakes = peer.stats().wakes.load(Relaxed) - wakes0;
+    // Not urgent, on a busy link: this one wakes the writer.
     let done = element_body(&encode(&atom("done"))).unwrap().to_vec();
     assert_eq!(peer.push(0, &done, 0), Push::Queued);
     assert_eq!(erl.line().await, "got 50 in order");
-    assert!(lone >= 25, "{lone} of 50 urgent requests written alone");
+    assert_eq!(lone, 50, "{lone} of 50 urgent requests written alone");
+    assert_eq!(wakes, 0, "an urgent push woke the writer");
     assert_eq!(ls.urgent.load(Relaxed), 50);
     peer.close();
 }
