@@ -152,7 +152,7 @@ squatted_name_boots_then_moves_to_the_links(_Config) ->
 %% in the background succeeds and the connection moves to the links.
 unreachable_epmd_boots_then_moves_to_the_links(_Config) ->
     process_flag(trap_exit, true),
-    Closed = closed_port(),
+    {Held, Closed} = closed_port(),
     {X, Port, Boot} = start_node(peer:random_name(ecall_boot_e),
                                  ["-kernel", "erl_epmd_port", integer_to_list(Closed)]),
     try
@@ -166,7 +166,8 @@ unreachable_epmd_boots_then_moves_to_the_links(_Config) ->
         after peer:stop(Peer)
         end
     after
-        stop_node(X, Port)
+        stop_node(X, Port),
+        ok = socket:close(Held)
     end.
 
 epmd_comes_within_reach(X, Port, B) ->
@@ -367,12 +368,16 @@ await_line(Port, All, Any) ->
     after ?WAIT -> ct:fail({no_line, All, Any})
     end.
 
-%% A port on 127.0.0.1 nobody listens on now (bound, then closed).
+%% A port on 127.0.0.1 that nobody listens on for as long as the socket
+%% returned is open: {Socket, Port}. The socket is bound (the system
+%% picks the port) and never listens, so a connection there is refused,
+%% and no other process can bind the port meanwhile (a port bound and
+%% then released could be taken, and listened on, before it is used).
 closed_port() ->
-    {ok, L} = gen_tcp:listen(0, [{ip, {127, 0, 0, 1}}]),
-    {ok, P} = inet:port(L),
-    ok = gen_tcp:close(L),
-    P.
+    {ok, S} = socket:open(inet, stream, tcp),
+    ok = socket:bind(S, #{family => inet, addr => {127, 0, 0, 1}, port => 0}),
+    {ok, #{port := P}} = socket:sockname(S),
+    {S, P}.
 
 %% The first line of `Boot' (printed before the node was up), else the
 %% first the node prints next, that holds every one of `All' and one of
