@@ -47,35 +47,105 @@ end_per_suite(Config) ->
 %% waiting for company; its reply comes back urgent too. A caller's first
 %% call is not urgent (it has no last call), and neither is the reply.
 %% Counted per link in `urgent' on each node; the results are checked too.
-%% Of a lone caller's ?LOOP_CALLS back-to-back calls, all but the first
-%% follow the one before at once: at least 90 % of them are counted urgent
-%% (on a heavy machine a few may come 2 ms late, not more), never the
-%% first, and B counts exactly as many urgent replies. (This case used to
-%% pass with one urgent call of 49: a caller whose calls stopped being
-%% urgent after its first closed-loop call went through.)
+%%
+%% Whether a call is in a closed loop is a matter of time (it comes within
+%% 2 ms of the caller's last return: ecall_request:closed_loop/0), which a
+%% loaded machine can stretch for any call. So the caller's own decisions
+%% are traced (closed_loop/0 and urgent/2, with what they returned), and
+%% what is asserted holds whatever the schedule: every call found in a
+%% closed loop is urgent (one caller is far from the company limit), no
+%% other call is, never the first, and both nodes count exactly the urgent
+%% ones. Rounds of ?LOOP_CALLS back-to-back calls, each from a new process,
+%% go on until ?LOOP_CALLS div 2 calls were found in a closed loop (the
+%% first round, unless the machine is very busy), so that the urgent path
+%% is not left untried. (This case used to pass with one urgent call of
+%% 49: a caller whose calls stopped being urgent after its first
+%% closed-loop call went through; its urgent/2 answered false where
+%% closed_loop/0 had answered true.)
 closed_loop_calls_are_urgent(Config) ->
     B = ?config(b, Config),
     connect_back(B),
-    {UA0, UB0} = U0 = urgent_counts(B),
+    U0 = urgent_counts(B),
     ?assertEqual({ok, B}, in_fresh_process(fun() -> ecall:call(B, erlang, node, []) end)),
     %% Nothing else calls between the two readings.
     ?assertEqual(U0, urgent_counts(B)),
-    ok = closed_loop_of_calls(B),
-    {UA1, UB1} = urgent_counts(B),
-    ct:pal("~b of ~b calls in a closed loop urgent", [UA1 - UA0, ?LOOP_CALLS]),
-    ?assert(UA1 - UA0 >= ?LOOP_CALLS * 9 div 10),
-    ?assert(UA1 - UA0 =< ?LOOP_CALLS - 1),
-    ?assertEqual(UA1 - UA0, UB1 - UB0),
+    Urgent = closed_loops_until(B, fun loop_of_calls/1, ?LOOP_CALLS div 2, 10, 0),
+    ct:pal("~b calls in closed loops urgent", [Urgent]),
     %% The parallel patterns decide in the calling process: the same for
     %% 20 call_all/4 back to back (19 follow one).
-    AllResults = in_fresh_process(
-                   fun() -> [ecall:call_all([B], erlang, node, []) || _ <- lists:seq(1, 20)] end),
-    ?assertEqual(lists:duplicate(20, {ok, [{B, B}]}), AllResults),
-    {UA2, UB2} = urgent_counts(B),
-    ct:pal("~b of 20 call_all/4 in a closed loop urgent", [UA2 - UA1]),
-    ?assert(UA2 - UA1 >= 19 * 9 div 10),
-    ?assert(UA2 - UA1 =< 19),
-    ?assertEqual(UA2 - UA1, UB2 - UB1).
+    AllLoop = fun(Node) ->
+                      [ecall:call_all([Node], erlang, node, []) || _ <- lists:seq(1, 20)]
+              end,
+    AllUrgent = closed_loops_until(
+                  B, fun(Node) ->
+                             ?assertEqual(lists:duplicate(20, {ok, [{Node, Node}]}), AllLoop(Node))
+                     end, 10, 10, 0),
+    ct:pal("~b call_all/4 in closed loops urgent", [AllUrgent]).
+
+%% Rounds of Loop(B), each in a new process whose urgency decisions are
+%% traced, until `Want' calls in all were found in a closed loop (at most
+%% `Max' rounds). Each round: the decisions as asserted above, and the
+%% links' counts of urgent requests on both nodes rose by exactly the
+%% urgent ones. Returns the urgent calls in all.
+closed_loops_until(_B, _Loop, Want, 0, Urgent) ->
+    ct:fail({closed_loop_calls, Urgent, of_at_least, Want});
+closed_loops_until(B, Loop, Want, Max, Urgent) ->
+    {UA0, UB0} = urgent_counts(B),
+    Decisions = urgency_traced(fun() -> Loop(B) end),
+    {UA1, UB1} = urgent_counts(B),
+    %% Each urgent/2 answer with the closed_loop/0 answer just before it
+    %% (the one urgent/2 made itself).
+    %% The first call has no last one.
+    ?assertMatch([{closed_loop, false} | _], Decisions),
+    Pairs = pair_decisions(Decisions, undefined),
+    [?assertEqual(Closed, U) || {Closed, U} <- Pairs],
+    N = length([U || {_, true} = U <- Pairs]),
+    ?assertEqual(N, UA1 - UA0),
+    ?assertEqual(N, UB1 - UB0),
+    case Urgent + N of
+        Enough when Enough >= Want -> Enough;
+        More -> closed_loops_until(B, Loop, Want, Max - 1, More)
+    end.
+
+%% [{closed_loop/0's answer, urgent/2's answer}] from the traced answers,
+%% in order.
+pair_decisions([], _Closed) -> [];
+pair_decisions([{closed_loop, C} | Rest], _) -> pair_decisions(Rest, C);
+pair_decisions([{urgent, U} | Rest], Closed) -> [{Closed, U} | pair_decisions(Rest, Closed)].
+
+%% Runs Fun in a new process (one with no calls behind it) with the
+%% answers of ecall_request:closed_loop/0 and ecall_request:urgent/2
+%% traced: [{closed_loop | urgent, boolean()}], in the order they came.
+urgency_traced(Fun) ->
+    Go = make_ref(),
+    {Pid, Mref} = spawn_monitor(fun() -> receive Go -> exit({done, Fun()}) end end),
+    Spec = [{'_', [], [{return_trace}]}],
+    1 = erlang:trace_pattern({ecall_request, closed_loop, 0}, Spec, [local]),
+    1 = erlang:trace_pattern({ecall_request, urgent, 2}, Spec, [local]),
+    1 = erlang:trace(Pid, true, [call]),
+    Pid ! Go,
+    try
+        receive
+            {'DOWN', Mref, process, Pid, {done, _}} -> ok;
+            {'DOWN', Mref, process, Pid, Why} -> ct:fail({traced_process, Why})
+        end
+    after
+        erlang:trace_pattern({ecall_request, closed_loop, 0}, false, [local]),
+        erlang:trace_pattern({ecall_request, urgent, 2}, false, [local])
+    end,
+    Delivered = erlang:trace_delivered(Pid),
+    receive {trace_delivered, Pid, Delivered} -> ok end,
+    traced_answers(Pid).
+
+traced_answers(Pid) ->
+    receive
+        {trace, Pid, call, _} ->
+            traced_answers(Pid);
+        {trace, Pid, return_from, {ecall_request, F, _}, Answer} ->
+            [{F, Answer} | traced_answers(Pid)]
+    after 0 ->
+        []
+    end.
 
 %% A peer of ecall's first releases has no ecall_receiver_sup:hello/1, and
 %% its receivers would count a call marked urgent as malformed (its caller
@@ -190,9 +260,20 @@ urgent_sends(Config) ->
 %% right after it fell asleep. A push that woke the writer then would make
 %% it take the link for busy and gather (wait 1-2 ms for company) before
 %% every write, on both nodes: about one wait per exchange here. Written
-%% alone or flushed instead, the requests leave the writer asleep, and
-%% this node's links wait a few times in all, not once per exchange.
-%% Every reply comes back, in order.
+%% alone or flushed instead, the requests leave the writer asleep. Every
+%% reply comes back, in order.
+%%
+%% Counted, not timed: a writer gathers only once woken within 200 us of
+%% falling asleep, or after a pass of several requests, which only an
+%% awake writer makes; its own tick wakes it after a long sleep, which
+%% never makes it gather. So this node's links count no more gathering
+%% waits than wake-ups by pushes (`wakes') and by flushes handed to the
+%% writer (`flush_handoffs'). And the pushes themselves wake it only
+%% rarely: a flush hands off only when the writer is awake or about to
+%% sleep (after one of its ticks, some seconds apart), so such wake-ups
+%% are a small part of the exchanges, far from the one per exchange of a
+%% writer woken by each push (a quarter of them would need the exchanges
+%% to last minutes, past the suite's timetrap).
 sends_in_a_closed_loop(Config) ->
     B = ?config(b, Config),
     connect_back(B),
@@ -200,20 +281,19 @@ sends_in_a_closed_loop(Config) ->
     N = 200,
     Exchange = fun(I) ->
                        _ = ecall:send(Echo, {echo, self(), I}),
-                       receive I -> ok after 5000 -> {timeout, I} end
+                       receive I -> ok after 30000 -> {timeout, I} end
                end,
     %% The path warmed (connections up, atoms cached): counted from here.
     ok = Exchange(0),
-    {ok, #{gathers := G0}} = ecall:stats(B),
-    T0 = erlang:monotonic_time(millisecond),
-    Results = [Exchange(I) || I <- lists:seq(1, N)],
-    Ms = erlang:monotonic_time(millisecond) - T0,
-    {ok, #{gathers := G1}} = ecall:stats(B),
+    Keys = [gathers, wakes, flush_handoffs, flushes, lone],
+    #{gathers := G, wakes := W, flush_handoffs := H} = Counted =
+        counted(B, Keys, fun() -> ?assertEqual(lists:duplicate(N, ok),
+                                               [Exchange(I) || I <- lists:seq(1, N)])
+                         end),
     Echo ! stop,
-    ?assertEqual(lists:duplicate(N, ok), Results),
-    ct:pal("~b exchanges in ~b ms, ~b gathering waits", [N, Ms, G1 - G0]),
-    %% One wait per 100 ms of exchanges at most, and a few besides.
-    ?assert(G1 - G0 =< 4 + Ms div 100).
+    ct:pal("~b exchanges: ~p", [N, Counted]),
+    ?assert(G =< W + H),
+    ?assert(W + H =< N div 4).
 
 %% The same 64 pairs with the default settings: a push that finds its
 %% link's writer asleep sends a message to the peer's flusher process
@@ -366,13 +446,19 @@ urgent_counts(B) ->
 %% Fun's result, run in a new process: one with no calls behind it.
 in_fresh_process(Fun) ->
     {Pid, Mref} = spawn_monitor(fun() -> exit({done, Fun()}) end),
-    receive {'DOWN', Mref, process, Pid, {done, R}} -> R end.
+    receive
+        {'DOWN', Mref, process, Pid, {done, R}} -> R;
+        {'DOWN', Mref, process, Pid, Why} -> ct:fail({fresh_process, Why})
+    end.
 
 %% ?LOOP_CALLS back-to-back calls from a new process, all answered right.
 closed_loop_of_calls(B) ->
+    in_fresh_process(fun() -> loop_of_calls(B) end).
+
+%% ?LOOP_CALLS back-to-back calls from this process, all answered right.
+loop_of_calls(B) ->
     N = ?LOOP_CALLS,
-    Results = in_fresh_process(
-                fun() -> [ecall:call(B, erlang, '+', [I, 1], 5000) || I <- lists:seq(1, N)] end),
+    Results = [ecall:call(B, erlang, '+', [I, 1], 30000) || I <- lists:seq(1, N)],
     ?assertEqual([{ok, I + 1} || I <- lists:seq(1, N)], Results),
     ok.
 
