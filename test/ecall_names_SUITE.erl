@@ -92,8 +92,7 @@ use_interface_binds_the_identities(_Config) ->
 
 %% With `inet_dist_listen_min/max' the identities take ports of that range.
 listen_port_range_holds_the_identities(_Config) ->
-    {Min, Max} = free_range(10),
-    X = start("x", "127.0.0.1", range_args(Min, Max)),
+    {X, {Min, Max}} = start_in_range("x", 10),
     Ports = ports(X),
     ?assertEqual(2, length(Ports)),
     [?assert(P >= Min andalso P =< Max) || P <- Ports],
@@ -102,8 +101,7 @@ listen_port_range_holds_the_identities(_Config) ->
 %% A range with room for the node alone: ecall starts, says so, and uses
 %% the pure-Erlang transport (same API) instead of failing.
 no_room_in_the_range_means_erlang_transport(_Config) ->
-    {Min, _} = free_range(1),
-    X = {PX, _} = start("x", "127.0.0.1", range_args(Min, Min)),
+    {X = {PX, _}, _} = start_in_range("x", 1),
     Y = {_, NY} = start("y", "127.0.0.1", []),
     ?assertEqual(erlang, peer:call(PX, ecall_conn, transport, [])),
     ?assertEqual([], peer:call(PX, ecall, nodes, [])),
@@ -381,9 +379,51 @@ range_args(Min, Max) ->
     ["-kernel", "inet_dist_listen_min", integer_to_list(Min),
      "-kernel", "inet_dist_listen_max", integer_to_list(Max)].
 
+%% A node (start/3 on 127.0.0.1) whose listen port range is N
+%% consecutive ports that were free: {Node, {Min, Max}}. Free is when
+%% free_range/1 looks; another process can take a port before the node
+%% binds it, since the node must bind them itself. A node whose own
+%% listener finds its port taken does not boot (`eaddrinuse'): then, if a
+%% port of the range is indeed taken now, another range is tried, a few
+%% times. (With room for more than the node, the node and its identities
+%% move on to the next free port of the range by themselves.)
+start_in_range(Prefix, N) ->
+    start_in_range(Prefix, N, 5).
+
+start_in_range(_Prefix, N, 0) ->
+    ct:fail({no_free_range_kept, N});
+start_in_range(Prefix, N, Tries) ->
+    {Min, Max} = Range = free_range(N),
+    try start_unlinked(Prefix, "127.0.0.1", range_args(Min, Max)) of
+        Node -> {Node, Range}
+    catch
+        exit:{boot_failed, _} = Why ->
+            case lists:all(fun port_free/1, lists:seq(Min, Max)) of
+                true -> exit(Why);
+                false ->
+                    ct:pal("range ~p taken before the node bound it: another one", [Range]),
+                    start_in_range(Prefix, N, Tries - 1)
+            end
+    end.
+
+%% start/3, with the node linked to the caller only once it has booted: a
+%% node that does not boot raises `{boot_failed, _}' in the caller.
+start_unlinked(Prefix, Host, Extra) ->
+    Name = peer:random_name(Prefix),
+    Node = list_to_atom(Name ++ "@" ++ Host),
+    {ok, Peer, Node} =
+        peer:start(#{exec => ecall_test_nodes:node_exec(),
+                     connection => standard_io, name => Name, host => Host,
+                     longnames => true,
+                     args => ["-setcookie", "ecall_names" | Extra]
+                         ++ ecall_test_nodes:node_args(),
+                     wait_boot => 60000}),
+    true = link(Peer),
+    {ok, _} = peer:call(Peer, application, ensure_all_started, [ecall], 30000),
+    {Peer, Node}.
+
 %% N consecutive ports free now on 127.0.0.1 and on every interface (found
-%% by binding them; another process may still take one before the node
-%% does, which is unlikely in the high range used here).
+%% by binding them).
 free_range(N) ->
     Base = 40000 + rand:uniform(15000),
     case lists:all(fun(P) -> port_free(P) end, lists:seq(Base, Base + N - 1)) of
