@@ -653,13 +653,20 @@ discovery_reconnects_after_a_restart(_Config) ->
                            P = erpc:call(C, os, getpid, []),
                            peer:stop(Peer1),
                            receive {'DOWN', Down, process, Conn1, _} -> ok
-                           after 10000 -> ct:fail(conn_kept)
+                           after 30000 -> ct:fail(conn_kept)
                            end,
                            P
                        catch Class:Why:Stack ->
                            peer:stop(Peer1),
                            erlang:raise(Class, Why, Stack)
                        end,
+              %% The name is free again once epmd has dropped the old
+              %% incarnation's registrations (the node's, and its C-node
+              %% identities'): epmd does so when it sees their connections
+              %% close, which can come after peer:stop/1 returns. A node
+              %% started before would find its name taken.
+              ok = ecall_test_nodes:await({epmd_still_has, Name},
+                                          fun() -> not registered_with_epmd(Name) end),
               {Peer2, C} = start_named_peer(Name),
               try
                   _Conn2 = discovered(Sup, C),
@@ -777,6 +784,14 @@ with_conn_sup_traced(Fun) ->
         erlang:trace(Sup, false, [procs]),
         flush_all_traces()
     end.
+
+%% Whether epmd on this host still has `Name', or one of its C-node
+%% identities (`Name_ecall_K'), registered.
+registered_with_epmd(Name) ->
+    [_, Host] = string:split(atom_to_list(node()), "@"),
+    {ok, Names} = erl_epmd:names(Host),
+    Prefix = Name ++ "_ecall_",
+    lists:any(fun({N, _Port}) -> N =:= Name orelse lists:prefix(Prefix, N) end, Names).
 
 %% An OTP 25 peer running ecall under the name `Name' (on this host), with
 %% the suites' settings, then connected to this node by a ping. It is
