@@ -195,7 +195,7 @@ urgent_calls_to_a_first_release_peer(Config) ->
         ok = ecall:send_many([{ecall_write_path_echo, B} | Echoes], {echo, self(), Ref}),
         {ok, #{pushed := P1}} = ecall:stats(B),
         ?assertEqual(4, P1 - P0),
-        [receive Ref -> ok after 10000 -> ct:fail({no_echo, I}) end || I <- lists:seq(1, 4)],
+        [receive Ref -> ok after 30000 -> ct:fail({no_echo, I}) end || I <- lists:seq(1, 4)],
         [exit(E, kill) || E <- Echoes]
     after
         _ = erpc:call(B, code, soft_purge, [Mod]),
@@ -322,7 +322,7 @@ flusher_exit_closes_connection(Config) ->
     Self = self(),
     Echo = erpc:call(B, erlang, spawn, [fun() -> receive M -> Self ! {echo, M} end end]),
     ecall:send(Echo, after_the_flusher),
-    receive {echo, after_the_flusher} -> ok after 5000 -> ct:fail(lost_after_close) end,
+    receive {echo, after_the_flusher} -> ok after 30000 -> ct:fail(lost_after_close) end,
     ok = ecall:connect(B),
     ?assertMatch({ok, #{transport := nif}}, ecall:stats(B)),
     all_pairs(B, 20).
@@ -425,7 +425,7 @@ pair(B, Parent, Until) ->
 pair_rounds(Echo, Until, Done) ->
     Exchange = fun(I) ->
                        _ = ecall:send(Echo, {echo, self(), I}),
-                       receive I -> ok after 5000 -> {timeout, I} end
+                       receive I -> ok after 30000 -> {timeout, I} end
                end,
     case [R || R <- [Exchange(Done + I) || I <- lists:seq(1, 20)], R =/= ok] of
         [] ->
