@@ -12,7 +12,8 @@
          nodedown_closes_connection/1, not_distributed/1, bad_arguments/1,
          bad_config_stops_start/1, links_follow_schedulers/1,
          receiver_answers_system_messages/1,
-         spawn_failure_is_counted_and_answered/1, restart_cycles_start_first_time/1,
+         spawn_failure_is_counted_and_answered/1,
+         numbered_call_gets_system_limit_at_once/1, restart_cycles_start_first_time/1,
          order_holds_across_reconnects/1, a_node_that_crashes_is_written_down/1,
          a_peer_without_ecall_says_so/1, not_started_says_so/1,
          configuration_doc_matches_spec/1, settings_apply_when_read/1,
@@ -26,7 +27,7 @@
 -export([log/2]).
 %% Run on peers.
 -export([not_distributed_check/0, hold/1, order_collector/2, load_loop/1, seq_log/2,
-         big_receiver/1]).
+         big_receiver/1, fill_table/1]).
 
 -import(ecall_test_nodes, [start_peer/0, start_peer/1, node_args/0]).
 
@@ -37,7 +38,8 @@ all() ->
     [wrong_cookie_refused_incoming, wrong_cookie_refused_outgoing, nodedown_closes_connection,
      not_distributed, bad_arguments, bad_config_stops_start, links_follow_schedulers,
      receiver_answers_system_messages,
-     spawn_failure_is_counted_and_answered, restart_cycles_start_first_time,
+     spawn_failure_is_counted_and_answered, numbered_call_gets_system_limit_at_once,
+     restart_cycles_start_first_time,
      restart_with_handshakes_under_way_registers_at_once,
      order_holds_across_reconnects, a_node_that_crashes_is_written_down,
      a_peer_without_ecall_says_so, not_started_says_so, configuration_doc_matches_spec,
@@ -283,6 +285,72 @@ hold(Holder) ->
 wait_erpc(Node, M, F, A) ->
     try erpc:call(Node, M, F, A)
     catch error:{erpc, system_limit} -> wait_erpc(Node, M, F, A)
+    end.
+
+%% A call by ecall:call/4,5 (the default path: answered by id, `{call,
+%% From, Id, ...}') to a peer whose process table is full returns
+%% {error, {badrpc, system_limit}} as soon as the peer's receiver fails to
+%% spawn it, not after its timeout: with a timeout of 20 s it is that term,
+%% not {badrpc, timeout}; with `infinity' it returns at all (each call runs
+%% in a process of its own, waited on with a guard against a hang). Each
+%% call is traced to have taken the numbered path (the NIF registered it
+%% under an id). The table is filled by a process spawned on the peer
+%% directly (no erpc process that could exit and free a slot) and held
+%% while the calls run.
+numbered_call_gets_system_limit_at_once(_Config) ->
+    {Peer, C} = start_peer(["+P", "1024", "-ecall", "discovery", "false"]),
+    ok = ecall:connect(C),
+    #{receivers := #{spawn_failed := F0}} = erpc:call(C, ecall, stats, []),
+    Filler = spawn(C, ?MODULE, fill_table, [self()]),
+    receive {full, Filler} -> ok after 30000 -> ct:fail(table_not_full) end,
+    1 = erlang:trace_pattern({ecall_nif, call_wait, 2}, [{'_', [], [{return_trace}]}], [local]),
+    try
+        ?assertEqual({error, {badrpc, system_limit}}, numbered_call(C, 20000, 60000)),
+        ?assertEqual({error, {badrpc, system_limit}}, numbered_call(C, infinity, 30000))
+    after
+        erlang:trace_pattern({ecall_nif, call_wait, 2}, false, [local]),
+        flush_all_traces()
+    end,
+    Filler ! release,
+    #{receivers := #{spawn_failed := F1}} = wait_erpc(C, ecall, stats, []),
+    ?assertEqual(2, F1 - F0),
+    %% The table has room again: the same call is served.
+    ?assertEqual({ok, C}, ecall:call(C, erlang, node, [])),
+    peer:stop(Peer).
+
+%% ecall:call(C, erlang, node, [], Timeout) in a new process, traced: its
+%% result, once the trace shows that the NIF registered it under an id
+%% (the numbered path, not the alias one); `Guard' ms at most.
+numbered_call(C, Timeout, Guard) ->
+    Self = self(),
+    Caller = spawn_link(fun() ->
+                                receive go -> ok end,
+                                Self ! {result, self(), ecall:call(C, erlang, node, [], Timeout)}
+                        end),
+    1 = erlang:trace(Caller, true, [call]),
+    Caller ! go,
+    receive
+        {trace, Caller, return_from, {ecall_nif, call_wait, 2}, Registered} ->
+            ?assertMatch({ok, _}, Registered)
+    after Guard -> ct:fail({not_numbered, Timeout})
+    end,
+    receive
+        {result, Caller, Result} -> Result
+    after Guard -> ct:fail({still_waiting, Timeout})
+    end.
+
+%% On a peer: spawns until its process table is full, says so, and holds
+%% the processes until told to release them.
+fill_table(Owner) ->
+    Held = fill([]),
+    Owner ! {full, self()},
+    receive release -> [exit(P, kill) || P <- Held] end.
+
+fill(Held) ->
+    try spawn(fun() -> receive after infinity -> ok end end) of
+        P -> fill([P | Held])
+    catch
+        error:system_limit -> Held
     end.
 
 %% ecall stopped and started again on node C while 64 handshakes wait on
