@@ -22,7 +22,8 @@
          message_in_fragments_outlives_the_close/1,
          discovery_reconnects_after_a_nodedown/1, discovery_reconnects_after_a_restart/1,
          discovery_is_quiet_about_a_disconnect/1, connect_outlives_an_unread_nodedown/1,
-         restart_with_handshakes_under_way_registers_at_once/1]).
+         restart_with_handshakes_under_way_registers_at_once/1,
+         a_stale_connection_is_dropped_and_the_link_comes_up/1]).
 %% logger handler.
 -export([log/2]).
 %% Run on peers.
@@ -47,7 +48,8 @@ all() ->
      blocked_sender_goes_by_native_when_the_connection_closes,
      message_in_fragments_outlives_the_close,
      discovery_reconnects_after_a_nodedown, discovery_reconnects_after_a_restart,
-     discovery_is_quiet_about_a_disconnect, connect_outlives_an_unread_nodedown].
+     discovery_is_quiet_about_a_disconnect, connect_outlives_an_unread_nodedown,
+     a_stale_connection_is_dropped_and_the_link_comes_up].
 
 init_per_suite(Config) ->
     ok = ecall_test_nodes:start_ecall(),
@@ -1077,3 +1079,54 @@ settings_apply_when_read(_Config) ->
         ok = application:unset_env(ecall, overflow),
         peer:stop(Peer)
     end.
+
+%% A peer that still holds a connection under the name of one of our
+%% identities answers `alive' to that link's handshake: ecall asks it, over
+%% plain distribution, to drop the old connection, and the link comes up on
+%% its next attempt; connect/1 returns ok and every link carries traffic.
+%% The old connection is a real node's: an `erl' under our first
+%% identity's name that does not listen (`-dist_listen false', so it needs
+%% no name in epmd) and connects to C first, as a previous connection of
+%% that identity that C has not seen die would be there. It tells on its
+%% standard output when C drops it. Without the drop the link meets
+%% `alive' at every attempt and connect/1 times out.
+a_stale_connection_is_dropped_and_the_link_comes_up(_Config) ->
+    {Peer, C} = start_peer(["-ecall", "discovery", "false"]),
+    [Id | _] = ecall:identities(),
+    Old = stale_holder(Id, C),
+    ok = logger:add_handler(?MODULE, ?MODULE, #{config => #{pid => self()}}),
+    try
+        receive {Old, {data, {eol, "connected"}}} -> ok
+        after 30000 -> ct:fail(old_connection_not_made)
+        end,
+        ok = ecall_test_nodes:await({held, Id},
+                                    fun() -> lists:member(Id, erpc:call(C, erlang, nodes, [hidden])) end),
+        ?assertEqual(ok, ecall:connect(C)),
+        await_warning([lists:flatten(io_lib:format("to ~p down: alive", [C]))]),
+        receive {Old, {data, {eol, "dropped"}}} -> ok
+        after 30000 -> ct:fail(old_connection_kept)
+        end,
+        {ok, #{links := Links, links_up := Links}} = ecall:stats(C),
+        ?assertEqual(Links, ecall_test_nodes:flush_links(C)),
+        ?assertEqual({ok, C}, ecall:call(C, erlang, node, []))
+    after
+        _ = logger:remove_handler(?MODULE),
+        peer:stop(Peer)
+    end.
+
+%% An `erl' named as our identity `Id' that connects to `C' without
+%% listening, says `connected', then `dropped' when C drops it, and halts
+%% (also if it cannot connect, or when C goes). Its port.
+stale_holder(Id, C) ->
+    [Name, _Host] = string:split(atom_to_list(Id), "@"),
+    Eval = lists:flatten(io_lib:format(
+             "case net_kernel:connect_node(~p) of "
+             "true -> erlang:monitor_node(~p, true), io:format(\"connected~~n\"), "
+             "receive {nodedown, _} -> io:format(\"dropped~~n\") end, halt(); "
+             "_ -> io:format(\"failed~~n\"), halt(1) end.", [C, C])),
+    {Exec, Pre} = ecall_test_nodes:node_exec(),
+    open_port({spawn_executable, Exec},
+              [{args, Pre ++ ["-sname", Name, "-hidden", "-dist_listen", "false",
+                              "-setcookie", atom_to_list(erlang:get_cookie()),
+                              "-noshell", "-eval", Eval]},
+               {line, 4096}, exit_status, stderr_to_stdout]).
