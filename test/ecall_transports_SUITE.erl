@@ -10,7 +10,8 @@
 -export([all/0, suite/0, init_per_suite/1, end_per_suite/1]).
 -export([erlang_transport_data_path/1, nif_missing_falls_back_to_erlang/1,
          proxy_exit_closes_connection/1, transport_change_proxies_stand_for_calls_in_flight/1,
-         transport_change_ends_the_calls_of_a_proxy_that_cannot_retire/1]).
+         transport_change_ends_the_calls_of_a_proxy_that_cannot_retire/1,
+         erlang_transport_timed_out_call_leaves_no_late_reply/1]).
 
 -import(ecall_test_nodes, [start_node/1, many_callers_exactly_once/1, connect_back/1]).
 
@@ -20,7 +21,8 @@ suite() ->
 all() ->
     [erlang_transport_data_path, nif_missing_falls_back_to_erlang, proxy_exit_closes_connection,
      transport_change_proxies_stand_for_calls_in_flight,
-     transport_change_ends_the_calls_of_a_proxy_that_cannot_retire].
+     transport_change_ends_the_calls_of_a_proxy_that_cannot_retire,
+     erlang_transport_timed_out_call_leaves_no_late_reply].
 
 init_per_suite(Config) ->
     ok = ecall_test_nodes:start_ecall(),
@@ -159,6 +161,25 @@ transport_change_ends_the_calls_of_a_proxy_that_cannot_retire(_Config) ->
         os:cmd("kill -CONT " ++ OsPid)
     end,
     receive {'DOWN', ConnRef, process, Conn, _} -> ok after 15000 -> ct:fail(connection_left) end,
+    peer:stop(Peer).
+
+%% A call through the proxies (answered by alias) that times out leaves
+%% nothing in the caller's mailbox, also once the callee has answered:
+%% the timeout removes the monitor that carries the alias, and the runtime
+%% drops the reply. The callee's process is monitored before it is let
+%% go: its reply (by `!': C has no ecall connection back) and its 'DOWN'
+%% both come from it to this process, in that order, so once the 'DOWN'
+%% is here a reply let through would be here too.
+erlang_transport_timed_out_call_leaves_no_late_reply(_Config) ->
+    {Peer, C, _Pool} = erlang_transport_peer(),
+    ?assertEqual({error, {badrpc, timeout}}, ecall:call(C, ecall_test_nodes, block, [self()], 100)),
+    Blocked = receive {blocked, P, C} -> P after 30000 -> ct:fail(not_blocked) end,
+    Ref = monitor(process, Blocked),
+    Blocked ! go,
+    receive {'DOWN', Ref, process, Blocked, normal} -> ok
+    after 30000 -> ct:fail(callee_still_running)
+    end,
+    receive Late -> ct:fail({late_reply, Late}) after 0 -> ok end,
     peer:stop(Peer).
 
 %% A peer without discovery, connected over the pure-Erlang transport;
