@@ -11,7 +11,8 @@
 -export([erlang_transport_data_path/1, nif_missing_falls_back_to_erlang/1,
          proxy_exit_closes_connection/1, transport_change_proxies_stand_for_calls_in_flight/1,
          transport_change_ends_the_calls_of_a_proxy_that_cannot_retire/1,
-         erlang_transport_timed_out_call_leaves_no_late_reply/1]).
+         erlang_transport_timed_out_call_leaves_no_late_reply/1,
+         erlang_transport_call_returns_when_the_peer_goes_down/1]).
 
 -import(ecall_test_nodes, [start_node/1, many_callers_exactly_once/1, connect_back/1]).
 
@@ -22,7 +23,8 @@ all() ->
     [erlang_transport_data_path, nif_missing_falls_back_to_erlang, proxy_exit_closes_connection,
      transport_change_proxies_stand_for_calls_in_flight,
      transport_change_ends_the_calls_of_a_proxy_that_cannot_retire,
-     erlang_transport_timed_out_call_leaves_no_late_reply].
+     erlang_transport_timed_out_call_leaves_no_late_reply,
+     erlang_transport_call_returns_when_the_peer_goes_down].
 
 init_per_suite(Config) ->
     ok = ecall_test_nodes:start_ecall(),
@@ -181,6 +183,22 @@ erlang_transport_timed_out_call_leaves_no_late_reply(_Config) ->
     end,
     receive Late -> ct:fail({late_reply, Late}) after 0 -> ok end,
     peer:stop(Peer).
+
+%% A call waiting on its proxy returns when the peer goes down (its OS
+%% process killed): the connection closes on the nodedown, its proxies
+%% exit with that reason, and the caller's monitor of its proxy ends the
+%% wait with {error, {badrpc, nodedown}}, the term ecall:call/5 documents,
+%% even with timeout `infinity'.
+erlang_transport_call_returns_when_the_peer_goes_down(_Config) ->
+    {_Peer, C, Pool} = erlang_transport_peer(),
+    OsPid = erpc:call(C, os, getpid, []),
+    {Caller, _Proxy} = blocked_call(C, Pool),
+    receive {blocked, _, C} -> ok after 30000 -> ct:fail(not_blocked) end,
+    _ = os:cmd("kill -9 " ++ OsPid),
+    receive
+        {result, Caller, Result} -> ?assertEqual({error, {badrpc, nodedown}}, Result)
+    after 30000 -> ct:fail(call_still_waiting)
+    end.
 
 %% A peer without discovery, connected over the pure-Erlang transport;
 %% the transport's pool.
