@@ -13,9 +13,9 @@
          full_budget_blocks_without_loss/1,
          stalled_peer_is_reaped/1, slow_peer_is_not_reaped/1,
          stall_timeout_zero_never_reaps/1, overload_stays_within_budget/1,
-         drop_when_the_budget_is_full/1]).
+         drop_when_the_budget_is_full/1, a_sender_let_in_by_a_reap_queues_for_the_reconnect/1]).
 %% Run on peers.
--export([count_fills/1]).
+-export([count_fills/1, seq_log/2]).
 
 -import(ecall_test_nodes, [start_peer/1, send_payload_seq/3, flush_traces/0]).
 
@@ -26,7 +26,8 @@ all() ->
     [budget_bounds_queue_and_close_releases, room_of_a_dead_caller_goes_back,
      full_budget_blocks_without_loss,
      stalled_peer_is_reaped, slow_peer_is_not_reaped, stall_timeout_zero_never_reaps,
-     overload_stays_within_budget, drop_when_the_budget_is_full].
+     overload_stays_within_budget, drop_when_the_budget_is_full,
+     a_sender_let_in_by_a_reap_queues_for_the_reconnect].
 
 init_per_suite(Config) ->
     ok = ecall_test_nodes:start_ecall(),
@@ -367,6 +368,106 @@ stall_timeout_zero_never_reaps(_Config) ->
     flush_traces(),
     ok = ecall:disconnect(C),
     peer:stop(Peer).
+
+%% A sender waiting for room under `overflow => block' when its link is
+%% reaped is let in by the reap (which gives back the bytes of the write
+%% that stalled and of what the link held): it is not held until the
+%% reconnect, and what it sends next is queued for the reconnect, not
+%% dropped and not sent by `!'. The peer is stopped (SIGSTOP) with a 1 MB
+%% budget and a 2 s stall timeout; one sender (one shard, one link) sends
+%% 100 KB messages until it waits for room. The link is reaped (`stalled')
+%% and the sender let in while the peer is still stopped, so nothing but
+%% the reap made the room. Every push of the sender is counted, and once
+%% the peer runs again exactly the messages queued after the reap arrive,
+%% after what arrived before them, each once: the three it sent after the
+%% reap, and the one it waited with unless the reap dropped it (the room
+%% of the stalled write wakes the sender a moment before the link's queue
+%% is dropped, and its push can land in that queue: counted as dropped).
+a_sender_let_in_by_a_reap_queues_for_the_reconnect(_Config) ->
+    ok = application:set_env(ecall, max_queue_bytes, 1000000),
+    {Peer, C, OsPid} = try start_stall_peer(2000)
+                       after application:unset_env(ecall, max_queue_bytes)
+                       end,
+    Self = self(),
+    Conn = whereis(ecall_conn:name(C)),
+    Collector = erpc:call(C, erlang, spawn, [?MODULE, seq_log, [Self, []]]),
+    Payload = binary:copy(<<"r">>, 100000),
+    Sender = spawn_link(fun() -> step_sender(Self, Collector, Payload) end),
+    1 = erlang:trace_pattern({ecall_nif, wait_room, 3}, [{'_', [], [{return_trace}]}], [local]),
+    1 = erlang:trace(Sender, true, [call, 'receive']),
+    1 = erlang:trace(Conn, true, ['receive']),
+    "" = os:cmd("kill -STOP " ++ OsPid),
+    {Blocked, InQueue} =
+        try
+            K = step_until_blocked(Sender, 1),
+            receive
+                {trace, Conn, 'receive', {ecall_link, _, {down, Why, _}}} ->
+                    ?assertEqual(stalled, Why)
+            after 30000 -> ct:fail(not_reaped)
+            end,
+            receive
+                {trace, Sender, 'receive', {ecall_room, _, Room}} -> ?assertNotEqual(false, Room)
+            after 30000 -> ct:fail(sender_not_let_in)
+            end,
+            receive {sent, Sender, K} -> ok after 30000 -> ct:fail({send_stuck, K}) end,
+            [step(Sender, I) || I <- lists:seq(K + 1, K + 3)],
+            {ok, #{pushed := Pushed, queued_bytes := Queued}} = ecall:stats(C),
+            ct:pal("waited at message ~b; ~b pushed, ~b bytes queued after the reap",
+                   [K, Pushed, Queued]),
+            ?assertEqual(K + 3, Pushed),
+            %% Each message takes 100 KB and a few bytes.
+            N = Queued div byte_size(Payload),
+            ?assert(N =:= 3 orelse N =:= 4),
+            {K, N}
+        after
+            erlang:trace_pattern({ecall_nif, wait_room, 3}, false, [local]),
+            erlang:trace(Sender, false, [call, 'receive']),
+            erlang:trace(Conn, false, ['receive']),
+            os:cmd("kill -CONT " ++ OsPid)
+        end,
+    Sender ! {report, Self},
+    Got = receive {seq_log, Collector, L} -> L after 30000 -> ct:fail(no_log) end,
+    ct:pal("~b of the messages from ~b on queued after the reap; arrived: ~w",
+           [InQueue, Blocked, Got]),
+    ?assertEqual(lists:usort(Got), Got),
+    ?assertEqual(lists:seq(Blocked + 4 - InQueue, Blocked + 3), [I || I <- Got, I >= Blocked]),
+    flush_traces(),
+    peer:stop(Peer).
+
+%% Sends {seq, I, Payload} by ecall:send/2 each time it is told to, and
+%% says so; `{report, To}' asks the collector for its log, behind them.
+step_sender(Owner, Collector, Payload) ->
+    receive
+        {go, I} ->
+            _ = ecall:send(Collector, {seq, I, Payload}),
+            Owner ! {sent, self(), I},
+            step_sender(Owner, Collector, Payload);
+        {report, To} ->
+            _ = ecall:send(Collector, {report, To}),
+            step_sender(Owner, Collector, Payload)
+    end.
+
+step(Sender, I) ->
+    Sender ! {go, I},
+    receive {sent, Sender, I} -> ok after 30000 -> ct:fail({send_stuck, I}) end.
+
+%% Makes the sender send 1, 2, ... until it waits for room (the NIF
+%% answers `wait'); the message it waits with.
+step_until_blocked(Sender, I) when I =< 1000 ->
+    Sender ! {go, I},
+    receive
+        {sent, Sender, I} -> step_until_blocked(Sender, I + 1);
+        {trace, Sender, return_from, {ecall_nif, wait_room, 3}, wait} -> I
+    after 30000 -> ct:fail({neither_sent_nor_waiting, I})
+    end.
+
+%% On the peer: the numbers of the {seq, I, _} messages, in the order they
+%% came, sent back when asked.
+seq_log(Owner, Acc) ->
+    receive
+        {seq, I, _} -> seq_log(Owner, [I | Acc]);
+        {report, To} -> To ! {seq_log, self(), lists:reverse(Acc)}
+    end.
 
 %% Stops an OS process for 500 ms, lets it run for 200 ms, until told to
 %% stop (and leaves it running); then tells how long the longest stop
