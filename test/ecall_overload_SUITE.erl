@@ -13,7 +13,8 @@
          full_budget_blocks_without_loss/1,
          stalled_peer_is_reaped/1, slow_peer_is_not_reaped/1,
          stall_timeout_zero_never_reaps/1, overload_stays_within_budget/1,
-         drop_when_the_budget_is_full/1, a_sender_let_in_by_a_reap_queues_for_the_reconnect/1]).
+         drop_when_the_budget_is_full/1, a_sender_let_in_by_a_reap_queues_for_the_reconnect/1,
+         casts_and_calls_wait_for_room_under_block/1]).
 %% Run on peers.
 -export([count_fills/1, seq_log/2]).
 
@@ -27,7 +28,8 @@ all() ->
      full_budget_blocks_without_loss,
      stalled_peer_is_reaped, slow_peer_is_not_reaped, stall_timeout_zero_never_reaps,
      overload_stays_within_budget, drop_when_the_budget_is_full,
-     a_sender_let_in_by_a_reap_queues_for_the_reconnect].
+     a_sender_let_in_by_a_reap_queues_for_the_reconnect,
+     casts_and_calls_wait_for_room_under_block].
 
 init_per_suite(Config) ->
     ok = ecall_test_nodes:start_ecall(),
@@ -462,12 +464,87 @@ step_until_blocked(Sender, I) when I =< 1000 ->
     end.
 
 %% On the peer: the numbers of the {seq, I, _} messages, in the order they
-%% came, sent back when asked.
+%% came, sent back when asked (`report': and it ends; `peek': it goes on).
 seq_log(Owner, Acc) ->
     receive
         {seq, I, _} -> seq_log(Owner, [I | Acc]);
-        {report, To} -> To ! {seq_log, self(), lists:reverse(Acc)}
+        {report, To} -> To ! {seq_log, self(), lists:reverse(Acc)};
+        {peek, To, Ref} -> To ! {Ref, lists:reverse(Acc)}, seq_log(Owner, Acc)
     end.
+
+%% `overflow => block' (the default) holds casts and calls too, not only
+%% sends: against a peer that drains nothing (SIGSTOP, 1 MB budget) a
+%% process casts 100 KB arguments until its cast waits for room (the NIF
+%% answers `wait'), and a second process's call, made then, waits too.
+%% Once the peer runs again the cast returns `ok' and the call its value,
+%% neither {error, overload}, and every cast was run there.
+casts_and_calls_wait_for_room_under_block(_Config) ->
+    {Peer, C, OsPid} = budget_peer(1000000),
+    ?assertEqual(block, ecall_config:get(overflow)),
+    Self = self(),
+    Collector = erpc:call(C, erlang, spawn, [?MODULE, seq_log, [Self, []]]),
+    Payload = binary:copy(<<"k">>, 100000),
+    Caster = spawn_link(fun() -> requester(Self, C, Collector, Payload) end),
+    Caller = spawn_link(fun() -> requester(Self, C, Collector, Payload) end),
+    1 = erlang:trace_pattern({ecall_nif, wait_room, 3}, [{'_', [], [{return_trace}]}], [local]),
+    [1 = erlang:trace(P, true, [call]) || P <- [Caster, Caller]],
+    "" = os:cmd("kill -STOP " ++ OsPid),
+    Cast =
+        try
+            K = cast_until_waiting(Caster, 1),
+            Caller ! {call, K},
+            receive
+                {trace, Caller, return_from, {ecall_nif, wait_room, 3}, wait} -> ok;
+                {done, Caller, call, R} -> ct:fail({call_did_not_wait, R})
+            after 30000 -> ct:fail(call_neither_waiting_nor_done)
+            end,
+            K
+        after
+            erlang:trace_pattern({ecall_nif, wait_room, 3}, false, [local]),
+            os:cmd("kill -CONT " ++ OsPid)
+        end,
+    receive {done, Caster, {cast, Cast}, R1} -> ?assertEqual(ok, R1)
+    after 30000 -> ct:fail(cast_still_waiting)
+    end,
+    receive {done, Caller, call, R2} -> ?assertEqual({ok, {echoed, Cast}}, R2)
+    after 30000 -> ct:fail(call_still_waiting)
+    end,
+    %% Each cast's process on C sent its number: all of them arrived.
+    ok = ecall_test_nodes:await(casts_run, fun() -> length(seq_log_now(Collector)) =:= Cast end),
+    ?assertEqual(lists:seq(1, Cast), lists:sort(seq_log_now(Collector))),
+    {ok, #{overflow_waits := Waits, overflow_drops := 0}} = ecall:stats(C),
+    ?assert(Waits >= 2),
+    flush_traces(),
+    peer:stop(Peer).
+
+%% Casts erlang:send(Collector, {seq, I, Payload}) to C, or calls
+%% ecall_test_nodes:echo({echoed, I}) there, when told; says what it got.
+requester(Owner, C, Collector, Payload) ->
+    receive
+        {cast, I} ->
+            Owner ! {done, self(), {cast, I},
+                     ecall:cast(C, erlang, send, [Collector, {seq, I, Payload}])};
+        {call, I} ->
+            Owner ! {done, self(), call, ecall:call(C, ecall_test_nodes, echo, [{echoed, I}])}
+    end,
+    requester(Owner, C, Collector, Payload).
+
+%% Makes the caster cast 1, 2, ... until its cast waits for room; that
+%% cast's number. A cast that returns anything but `ok' fails the case.
+cast_until_waiting(Caster, I) when I =< 1000 ->
+    Caster ! {cast, I},
+    receive
+        {done, Caster, {cast, I}, ok} -> cast_until_waiting(Caster, I + 1);
+        {done, Caster, {cast, I}, Other} -> ct:fail({cast_refused, I, Other});
+        {trace, Caster, return_from, {ecall_nif, wait_room, 3}, wait} -> I
+    after 30000 -> ct:fail({neither_cast_nor_waiting, I})
+    end.
+
+%% The numbers seq_log/2 on C has so far (it goes on logging).
+seq_log_now(Collector) ->
+    Ref = make_ref(),
+    Collector ! {peek, self(), Ref},
+    receive {Ref, Log} -> Log after 30000 -> ct:fail(no_log) end.
 
 %% Stops an OS process for 500 ms, lets it run for 200 ms, until told to
 %% stop (and leaves it running); then tells how long the longest stop
