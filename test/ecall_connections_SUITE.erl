@@ -16,7 +16,8 @@
          numbered_call_gets_system_limit_at_once/1, restart_cycles_start_first_time/1,
          order_holds_across_reconnects/1, a_node_that_crashes_is_written_down/1,
          a_peer_without_ecall_says_so/1, not_started_says_so/1,
-         configuration_doc_matches_spec/1, settings_apply_when_read/1,
+         configuration_doc_matches_spec/1, overflow_is_read_at_use/1,
+         max_queue_bytes_is_read_at_open/1,
          connection_up_and_down_are_notices/1,
          blocked_sender_goes_by_native_when_the_connection_closes/1,
          message_in_fragments_outlives_the_close/1,
@@ -44,7 +45,8 @@ all() ->
      restart_with_handshakes_under_way_registers_at_once,
      order_holds_across_reconnects, a_node_that_crashes_is_written_down,
      a_peer_without_ecall_says_so, not_started_says_so, configuration_doc_matches_spec,
-     settings_apply_when_read, connection_up_and_down_are_notices,
+     overflow_is_read_at_use, max_queue_bytes_is_read_at_open,
+     connection_up_and_down_are_notices,
      blocked_sender_goes_by_native_when_the_connection_closes,
      message_in_fragments_outlives_the_close,
      discovery_reconnects_after_a_nodedown, discovery_reconnects_after_a_restart,
@@ -1057,19 +1059,44 @@ configuration_doc_matches_spec(_Config) ->
     [?assertNotEqual(nomatch, binary:match(OnDisk, <<"| `", (atom_to_binary(K))/binary, "` |">>))
      || K <- maps:keys(ecall_config:spec())].
 
-%% A key is read when configuration.md says: `max_queue_bytes' when a
-%% connection opens, `overflow' at each use. Both set at run time on an
-%% open connection: a cast still goes (the budget is the one the
-%% connection opened with). Once the connection opens again, the same cast
-%% is refused at once: a budget of 1 byte, and `error' read at the push.
-settings_apply_when_read(_Config) ->
-    {Peer, C} = start_peer(),
-    ok = ecall:connect(C),
-    ?assertMatch(#{max_queue_bytes := {_, _, open, _}, overflow := {_, _, use, _}},
-                 ecall_config:spec()),
+%% `overflow' is read at each use, as configuration.md says, not when the
+%% connection opens: a connection opened with a budget of 1 byte (every
+%% request overflows it) and `drop' drops a cast and says `ok'; `error'
+%% set afterwards, on the same connection, makes the same cast say
+%% {error, overload} at once. The budget stays the same throughout.
+overflow_is_read_at_use(_Config) ->
+    ?assertMatch(#{overflow := {_, _, use, _}}, ecall_config:spec()),
     ok = application:set_env(ecall, max_queue_bytes, 1),
-    ok = application:set_env(ecall, overflow, error),
+    ok = application:set_env(ecall, overflow, drop),
+    {Peer, C} = start_peer(["-ecall", "discovery", "false"]),
     try
+        ok = ecall:connect(C),
+        Conn = whereis(ecall_conn:name(C)),
+        {ok, #{overflow_drops := D0}} = ecall:stats(C),
+        ?assertEqual(ok, ecall:cast(C, erlang, node, [])),
+        ?assertMatch({ok, #{overflow_drops := D1}} when D1 =:= D0 + 1, ecall:stats(C)),
+        ok = application:set_env(ecall, overflow, error),
+        ?assertEqual({error, overload}, ecall:cast(C, erlang, node, [])),
+        %% The same connection.
+        ?assertEqual(Conn, whereis(ecall_conn:name(C)))
+    after
+        ok = application:unset_env(ecall, max_queue_bytes),
+        ok = application:unset_env(ecall, overflow),
+        peer:stop(Peer)
+    end.
+
+%% `max_queue_bytes' is read when a connection opens, as
+%% configuration.md says, neither at use nor only at start: set to 1 byte
+%% on an open connection it changes nothing (a cast still goes, under
+%% `error', which holds throughout), and the connection opened next has
+%% that budget (the same cast is refused at once).
+max_queue_bytes_is_read_at_open(_Config) ->
+    ?assertMatch(#{max_queue_bytes := {_, _, open, _}}, ecall_config:spec()),
+    ok = application:set_env(ecall, overflow, error),
+    {Peer, C} = start_peer(["-ecall", "discovery", "false"]),
+    try
+        ok = ecall:connect(C),
+        ok = application:set_env(ecall, max_queue_bytes, 1),
         ?assertEqual(ok, ecall:cast(C, erlang, node, [])),
         ok = ecall:disconnect(C),
         ok = ecall:connect(C),
