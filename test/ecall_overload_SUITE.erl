@@ -377,9 +377,9 @@ stall_timeout_zero_never_reaps(_Config) ->
 %% reconnect, and what it sends next is queued for the reconnect, not
 %% dropped and not sent by `!'. The peer is stopped (SIGSTOP) with a 1 MB
 %% budget and a 2 s stall timeout; one sender (one shard, one link) sends
-%% 100 KB messages until it waits for room. The link is reaped (`stalled')
-%% and the sender let in while the peer is still stopped, so nothing but
-%% the reap made the room. Every push of the sender is counted, and once
+%% 100 KB messages until it waits for room and the reap of its link
+%% (`stalled') lets it in, while the peer is still stopped (a wait that the
+%% link's writer ends is stepped past). Every push of the sender is counted, and once
 %% the peer runs again exactly the messages queued after the reap arrive,
 %% after what arrived before them, each once: the three it sent after the
 %% reap, and the one it waited with unless the reap dropped it (the room
@@ -401,17 +401,13 @@ a_sender_let_in_by_a_reap_queues_for_the_reconnect(_Config) ->
     "" = os:cmd("kill -STOP " ++ OsPid),
     {Blocked, InQueue} =
         try
-            K = step_until_blocked(Sender, 1),
+            K = let_in_by_the_reap(Sender, C, 1),
+            %% Sent once the reap has dropped what the link held.
             receive
                 {trace, Conn, 'receive', {ecall_link, _, {down, Why, _}}} ->
                     ?assertEqual(stalled, Why)
             after 30000 -> ct:fail(not_reaped)
             end,
-            receive
-                {trace, Sender, 'receive', {ecall_room, _, Room}} -> ?assertNotEqual(false, Room)
-            after 30000 -> ct:fail(sender_not_let_in)
-            end,
-            receive {sent, Sender, K} -> ok after 30000 -> ct:fail({send_stuck, K}) end,
             [step(Sender, I) || I <- lists:seq(K + 1, K + 3)],
             {ok, #{pushed := Pushed, queued_bytes := Queued}} = ecall:stats(C),
             ct:pal("waited at message ~b; ~b pushed, ~b bytes queued after the reap",
@@ -435,6 +431,25 @@ a_sender_let_in_by_a_reap_queues_for_the_reconnect(_Config) ->
     ?assertEqual(lists:seq(Blocked + 4 - InQueue, Blocked + 3), [I || I <- Got, I >= Blocked]),
     flush_traces(),
     peer:stop(Peer).
+
+%% Steps the sender until it waits for room and is let in by the reap of
+%% its link, while the peer is stopped; the message it waited with. A wait
+%% that ends before any stall is stepped past: the link's writer still
+%% ran, and the budget was full only until it took its next batch (on a
+%% loaded machine the sender can outrun it). The reap counts its stall
+%% before it gives the room back, so the count read once the sender is let
+%% in tells which it was.
+let_in_by_the_reap(Sender, C, I) ->
+    K = step_until_blocked(Sender, I),
+    receive
+        {trace, Sender, 'receive', {ecall_room, _, Room}} -> ?assertNotEqual(false, Room)
+    after 30000 -> ct:fail({sender_not_let_in, K})
+    end,
+    receive {sent, Sender, K} -> ok after 30000 -> ct:fail({send_stuck, K}) end,
+    case ecall:stats(C) of
+        {ok, #{stalls := 0}} -> let_in_by_the_reap(Sender, C, K + 1);
+        {ok, #{stalls := 1}} -> K
+    end.
 
 %% Sends {seq, I, Payload} by ecall:send/2 each time it is told to, and
 %% says so; `{report, To}' asks the collector for its log, behind them.
@@ -473,34 +488,49 @@ seq_log(Owner, Acc) ->
     end.
 
 %% `overflow => block' (the default) holds casts and calls too, not only
-%% sends: against a peer that drains nothing (SIGSTOP, 1 MB budget) a
-%% process casts 100 KB arguments until its cast waits for room (the NIF
-%% answers `wait'), and a second process's call, made then, waits too.
-%% Once the peer runs again the cast returns `ok' and the call its value,
-%% neither {error, overload}, and every cast was run there.
+%% sends. The peer is stopped (SIGSTOP; 1 MB budget, 1 s stall timeout)
+%% and a process casts 100 KB arguments until its link is reaped: from
+%% then on nothing drains its queue (the link cannot reconnect to a
+%% stopped peer), so room comes only once the peer runs again (a wait
+%% before that could end as soon as the link's writer took its next
+%% batch). It casts on until a cast waits for room (traced: the NIF
+%% answers `wait'), and then a call, from a process whose link is the
+%% other one (up: the call goes on the links, not by erpc), waits too,
+%% behind it. Once the peer runs again the cast returns `ok' and the call
+%% its value, neither {error, overload}, and every cast made after the
+%% reap runs there.
 casts_and_calls_wait_for_room_under_block(_Config) ->
-    {Peer, C, OsPid} = budget_peer(1000000),
+    ok = application:set_env(ecall, max_queue_bytes, 1000000),
+    {Peer, C, OsPid} = try start_stall_peer(1000)
+                       after application:unset_env(ecall, max_queue_bytes)
+                       end,
     ?assertEqual(block, ecall_config:get(overflow)),
+    ?assertEqual(2, ecall_config:links()),
     Self = self(),
+    Conn = whereis(ecall_conn:name(C)),
+    {ecall_transport_nif, St} = ecall_conn:peer(C),
     Collector = erpc:call(C, erlang, spawn, [?MODULE, seq_log, [Self, []]]),
     Payload = binary:copy(<<"k">>, 100000),
-    Caster = spawn_link(fun() -> requester(Self, C, Collector, Payload) end),
-    Caller = spawn_link(fun() -> requester(Self, C, Collector, Payload) end),
+    {Caster, Link} = requester(C, Collector, Payload, St, any),
+    {Caller, _} = requester(C, Collector, Payload, St, {not_on, Link}),
     1 = erlang:trace_pattern({ecall_nif, wait_room, 3}, [{'_', [], [{return_trace}]}], [local]),
-    [1 = erlang:trace(P, true, [call]) || P <- [Caster, Caller]],
+    1 = erlang:trace(Conn, true, ['receive']),
     "" = os:cmd("kill -STOP " ++ OsPid),
-    Cast =
+    {First, Cast} =
         try
-            K = cast_until_waiting(Caster, 1),
+            R = cast_until_reaped(Caster, Conn, 1),
+            [1 = erlang:trace(P, true, [call]) || P <- [Caster, Caller]],
+            K = cast_until_waiting(Caster, R),
             Caller ! {call, K},
             receive
                 {trace, Caller, return_from, {ecall_nif, wait_room, 3}, wait} -> ok;
-                {done, Caller, call, R} -> ct:fail({call_did_not_wait, R})
+                {done, Caller, call, Early} -> ct:fail({call_did_not_wait, Early})
             after 30000 -> ct:fail(call_neither_waiting_nor_done)
             end,
-            K
+            {R, K}
         after
             erlang:trace_pattern({ecall_nif, wait_room, 3}, false, [local]),
+            erlang:trace(Conn, false, ['receive']),
             os:cmd("kill -CONT " ++ OsPid)
         end,
     receive {done, Caster, {cast, Cast}, R1} -> ?assertEqual(ok, R1)
@@ -509,17 +539,37 @@ casts_and_calls_wait_for_room_under_block(_Config) ->
     receive {done, Caller, call, R2} -> ?assertEqual({ok, {echoed, Cast}}, R2)
     after 30000 -> ct:fail(call_still_waiting)
     end,
-    %% Each cast's process on C sent its number: all of them arrived.
-    ok = ecall_test_nodes:await(casts_run, fun() -> length(seq_log_now(Collector)) =:= Cast end),
-    ?assertEqual(lists:seq(1, Cast), lists:sort(seq_log_now(Collector))),
-    {ok, #{overflow_waits := Waits, overflow_drops := 0}} = ecall:stats(C),
+    %% Each cast's process on C sent its number.
+    After = lists:seq(First, Cast),
+    ok = ecall_test_nodes:await(casts_run, fun() -> After -- seq_log_now(Collector) =:= [] end),
+    ct:pal("casts ~b to ~b made after the reap; the cast and the call waited at ~b",
+           [First, Cast, Cast]),
+    {ok, #{overflow_waits := Waits}} = ecall:stats(C),
     ?assert(Waits >= 2),
     flush_traces(),
     peer:stop(Peer).
 
-%% Casts erlang:send(Collector, {seq, I, Payload}) to C, or calls
-%% ecall_test_nodes:echo({echoed, I}) there, when told; says what it got.
-requester(Owner, C, Collector, Payload) ->
+%% A process that casts erlang:send(Collector, {seq, I, Payload}) to C, or
+%% calls ecall_test_nodes:echo({echoed, I}) there, when told, and says what
+%% it got; with the link (0-based) that carries its requests: any, or not
+%% link `K' ({not_on, K}). Linked to the caller.
+requester(C, Collector, Payload, St, Where) ->
+    Self = self(),
+    P = spawn_link(fun() ->
+                           Self ! {link, self(), ecall_transport_nif:caller_link(St)},
+                           request_loop(Self, C, Collector, Payload)
+                   end),
+    K = receive {link, P, L} -> L end,
+    case Where of
+        {not_on, K} ->
+            unlink(P),
+            exit(P, kill),
+            requester(C, Collector, Payload, St, Where);
+        _ ->
+            {P, K}
+    end.
+
+request_loop(Owner, C, Collector, Payload) ->
     receive
         {cast, I} ->
             Owner ! {done, self(), {cast, I},
@@ -527,10 +577,30 @@ requester(Owner, C, Collector, Payload) ->
         {call, I} ->
             Owner ! {done, self(), call, ecall:call(C, ecall_test_nodes, echo, [{echoed, I}])}
     end,
-    requester(Owner, C, Collector, Payload).
+    request_loop(Owner, C, Collector, Payload).
 
-%% Makes the caster cast 1, 2, ... until its cast waits for room; that
-%% cast's number. A cast that returns anything but `ok' fails the case.
+%% Makes the caster cast 1, 2, ... until the connection process (traced)
+%% hears that a link was reaped; the number of the next cast, the first
+%% one made after the reap dropped what the link held. A cast that returns
+%% anything but `ok' fails the case.
+cast_until_reaped(Caster, Conn, I) when I =< 10000 ->
+    Caster ! {cast, I},
+    receive
+        {done, Caster, {cast, I}, ok} -> ok;
+        {done, Caster, {cast, I}, Other} -> ct:fail({cast_refused, I, Other})
+    after 30000 -> ct:fail({cast_stuck, I})
+    end,
+    receive
+        {trace, Conn, 'receive', {ecall_link, _, {down, Why, _}}} ->
+            ?assertEqual(stalled, Why),
+            I + 1
+    after 0 ->
+        cast_until_reaped(Caster, Conn, I + 1)
+    end.
+
+%% Makes the caster cast I, I + 1, ... until its cast waits for room;
+%% that cast's number. A cast that returns anything but `ok' fails the
+%% case.
 cast_until_waiting(Caster, I) when I =< 1000 ->
     Caster ! {cast, I},
     receive
