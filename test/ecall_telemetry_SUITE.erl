@@ -17,7 +17,8 @@
 -export([connection_links_stats_and_info/1, link_down_and_back/1,
          reap_and_close_count_drops/1, overflow_drops_are_events/1,
          periodic_stats/1, absent_telemetry_is_harmless/1, bad_arguments/1,
-         discovery_connects_on_its_own/1, connect_gives_up_at_connect_timeout/1]).
+         discovery_connects_on_its_own/1, connect_gives_up_at_connect_timeout/1,
+         last_stats_keeps_the_last_1000_peers/1]).
 %% logger handler: forwards ecall's Erlang-side events to the test process.
 -export([log/2]).
 %% Run on peers.
@@ -35,7 +36,8 @@ suite() ->
 all() ->
     [connection_links_stats_and_info, link_down_and_back, reap_and_close_count_drops,
      overflow_drops_are_events, periodic_stats, absent_telemetry_is_harmless, bad_arguments,
-     discovery_connects_on_its_own, connect_gives_up_at_connect_timeout].
+     discovery_connects_on_its_own, connect_gives_up_at_connect_timeout,
+     last_stats_keeps_the_last_1000_peers].
 
 init_per_suite(Config) ->
     ok = load_stand_in(),
@@ -475,4 +477,45 @@ poll(Fun, Done, Deadline) ->
     case Done(Result) orelse erlang:monotonic_time(millisecond) > Deadline of
         true -> Result;
         false -> receive after 20 -> poll(Fun, Done, Deadline) end
+    end.
+
+%% ecall:last_stats/1 keeps the last stats of the last 1,000 peers that
+%% closed, as its edoc says, dropping the oldest close first: a real peer
+%% whose connection closed is still there after 999 more peers closed, and
+%% gone after the 1,000th, while the first of those stays; a new close of
+%% it keeps it again (in place of the oldest). The 1,000 other peers are
+%% names that never existed, their closes written down as a closing
+%% connection does (ecall_conn_sup:keep_last/2): 1,000 real nodes are not
+%% affordable here. They are taken out again at the end (and the closes of
+%% earlier cases' peers at the start).
+last_stats_keeps_the_last_1000_peers(_Config) ->
+    {Peer, C} = peer_node(),
+    Others = [list_to_atom("closed_" ++ integer_to_list(I) ++ "@nowhere") || I <- lists:seq(1, 1000)],
+    try
+        %% The closes of earlier cases' peers would be older than C's.
+        true = ets:delete_all_objects(ecall_last_stats),
+        ok = ecall:connect(C),
+        ok = ecall:disconnect(C),
+        {ok, #{state := closed, reason := normal}} = ecall:last_stats(C),
+        ?assertEqual(1, length(ets:tab2list(ecall_last_stats))),
+        Filler = lists:sublist(Others, 999),
+        [ok = ecall_conn_sup:keep_last(N, #{state => closed, reason => normal}) || N <- Filler],
+        %% 1,000 kept, C's the oldest of them.
+        ?assertEqual(1000, length(ets:tab2list(ecall_last_stats))),
+        ?assertMatch({ok, #{state := closed}}, ecall:last_stats(C)),
+        [Next | _] = Others -- Filler,
+        ok = ecall_conn_sup:keep_last(Next, #{state => closed, reason => normal}),
+        ?assertEqual(1000, length(ets:tab2list(ecall_last_stats))),
+        ?assertEqual({error, not_found}, ecall:last_stats(C)),
+        ?assertMatch({ok, _}, ecall:last_stats(hd(Filler))),
+        ?assertMatch({ok, _}, ecall:last_stats(Next)),
+        %% Closed again: kept again, in place of the oldest.
+        ok = ecall:connect(C),
+        ok = ecall:disconnect(C),
+        ?assertMatch({ok, #{state := closed, reason := normal}}, ecall:last_stats(C)),
+        ?assertEqual(1000, length(ets:tab2list(ecall_last_stats))),
+        ?assertEqual({error, not_found}, ecall:last_stats(hd(Filler)))
+    after
+        [ets:delete(ecall_last_stats, N) || N <- Others],
+        peer:stop(Peer)
     end.
