@@ -9,6 +9,7 @@
 
 -export([all/0, suite/0, init_per_suite/1, end_per_suite/1]).
 -export([wrong_cookie_refused_incoming/1, wrong_cookie_refused_outgoing/1,
+         stalled_incoming_handshakes_time_out/1,
          nodedown_closes_connection/1, not_distributed/1, bad_arguments/1,
          bad_config_stops_start/1, links_follow_schedulers/1,
          receiver_answers_system_messages/1,
@@ -37,7 +38,8 @@ suite() ->
     [{timetrap, {minutes, 3}}].
 
 all() ->
-    [wrong_cookie_refused_incoming, wrong_cookie_refused_outgoing, nodedown_closes_connection,
+    [wrong_cookie_refused_incoming, wrong_cookie_refused_outgoing,
+     stalled_incoming_handshakes_time_out, nodedown_closes_connection,
      not_distributed, bad_arguments, bad_config_stops_start, links_follow_schedulers,
      receiver_answers_system_messages,
      spawn_failure_is_counted_and_answered, numbered_call_gets_system_limit_at_once,
@@ -95,6 +97,42 @@ refused(Id) ->
     #{identities := Ids} = ecall:stats(),
     [R] = [R || #{node := N, refused := R} <- Ids, N =:= Id],
     R.
+
+%% An incoming connection to an identity that does not finish its
+%% handshake is closed at the `handshake_timeout' deadline (5 s, the
+%% default) and counted in `handshakes_timed_out', and only there: one that
+%% sends nothing, and one that stops in the middle of its send_name
+%% message. (The flood cases of ecall_hostile_SUITE only assert that
+%% none of theirs timed out.) The identity closes them: each socket is
+%% seen closed, then the counts.
+stalled_incoming_handshakes_time_out(_Config) ->
+    [Id | _] = ecall:identities(),
+    #{port := Port} = I0 = identity(Id),
+    Silent = connect_to_identity(Port),
+    Halfway = connect_to_identity(Port),
+    %% A send_name message's length (30), its tag and part of its flags.
+    ok = gen_tcp:send(Halfway, <<0, 30, $N, 0, 0, 0, 0>>),
+    [receive {tcp_closed, S} -> ok after 30000 -> ct:fail({still_open, S}) end
+     || S <- [Silent, Halfway]],
+    Delta = fun(Key) -> maps:get(Key, identity(Id)) - maps:get(Key, I0) end,
+    ok = ecall_test_nodes:await(timed_out, fun() -> Delta(handshakes_timed_out) >= 2 end),
+    ?assertEqual(#{handshakes_timed_out => 2, refused => 0, accepted => 0,
+                   handshakes_shed_idle => 0, handshakes_shed_stalled => 0},
+                 maps:from_list([{K, Delta(K)} || K <- [handshakes_timed_out, refused, accepted,
+                                                        handshakes_shed_idle,
+                                                        handshakes_shed_stalled]])).
+
+%% This node's identity `Id', as ecall:stats/0 shows it.
+identity(Id) ->
+    #{identities := Ids} = ecall:stats(),
+    [I] = [I || #{node := N} = I <- Ids, N =:= Id],
+    I.
+
+%% A plain TCP connection to an identity's port, in active mode (its close
+%% comes as a message).
+connect_to_identity(Port) ->
+    {ok, S} = gen_tcp:connect({127, 0, 0, 1}, Port, [binary, {active, true}]),
+    S.
 
 %% The log lines the handler has sent so far.
 flush_logs() ->
