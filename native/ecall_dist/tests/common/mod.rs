@@ -126,7 +126,11 @@ pub fn listens_on(pid: u32, port: u16) -> bool {
         return false;
     };
     fds.filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
-        .any(|l| inodes.iter().any(|i| l.to_string_lossy() == format!("socket:[{i}]")))
+        .any(|l| {
+            inodes
+                .iter()
+                .any(|i| l.to_string_lossy() == format!("socket:[{i}]"))
+        })
 }
 
 pub async fn epmd_names(port: u16) -> Option<Vec<(String, u16)>> {
