@@ -93,6 +93,7 @@ use protocol::Protocol;
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU64};
 
+mod backoff;
 mod clock;
 mod core;
 mod counted_write;

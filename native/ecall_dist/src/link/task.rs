@@ -1,5 +1,6 @@
 //! The task of one link: connect, run, report, back off, again.
 
+use super::backoff::Backoff;
 use super::writer::LinkWriter;
 use super::Core;
 use super::{LinkDown, LinkEvents};
@@ -23,7 +24,7 @@ pub(crate) async fn link_task(
 }
 
 async fn run_link(peer: Arc<Core>, k: usize, id: Arc<Identity>, events: Arc<dyn LinkEvents>) {
-    let mut backoff = peer.config.backoff_min;
+    let mut backoff = Backoff::new(peer.config.backoff_min, peer.config.backoff_max);
     let cancel = peer.cancel.clone();
     // Only the weak side is kept across waits so that a peer nobody holds
     // any more can be dropped (which closes it).
@@ -58,7 +59,7 @@ async fn run_link(peer: Arc<Core>, k: usize, id: Arc<Identity>, events: Arc<dyn 
                 return;
             }
             Ok(Ok(conn)) => {
-                backoff = peer.config.backoff_min;
+                backoff.connected();
                 let ls = &peer.links[k].stats;
                 ls.connects.fetch_add(1, Ordering::Relaxed);
                 peer.stats.links_up.fetch_add(1, Ordering::Relaxed);
@@ -96,10 +97,8 @@ async fn run_link(peer: Arc<Core>, k: usize, id: Arc<Identity>, events: Arc<dyn 
         drop(peer);
         tokio::select! {
             _ = cancel.cancelled() => return,
-            _ = tokio::time::sleep(backoff) => {}
+            _ = tokio::time::sleep(backoff.wait()) => {}
         }
-        let Some(peer) = weak.upgrade() else { return };
-        backoff = (backoff * 2).min(peer.config.backoff_max);
     }
 }
 
