@@ -84,3 +84,137 @@ pub(crate) fn frame_out(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::conn_atom_cache::{Decoded, InCache};
+    use crate::wire::etf::{put_atom, ATOM_CACHE_REF, PASS_THROUGH, SMALL_TUPLE_EXT};
+    use crate::wire::fixed_atom_ids::id_of;
+    use eetf::{Atom, Term, Tuple};
+
+    /// A plain frame: `<len:32> 112 131 control 131 payload`.
+    fn plain(control: &[u8], payload: &[u8]) -> Vec<u8> {
+        let mut f = vec![0, 0, 0, 0, PASS_THROUGH, VERSION];
+        f.extend_from_slice(control);
+        f.push(VERSION);
+        f.extend_from_slice(payload);
+        let len = u32::try_from(f.len() - 4).unwrap();
+        f[..4].copy_from_slice(&len.to_be_bytes());
+        f
+    }
+
+    /// `131 control 131 payload` decoded as two terms.
+    fn two_terms(body: &[u8]) -> (Term, Term) {
+        let mut r = std::io::Cursor::new(body);
+        let control = Term::decode(&mut r).unwrap();
+        let payload = Term::decode(&mut r).unwrap();
+        assert_eq!(
+            r.position() as usize,
+            body.len(),
+            "nothing after the payload"
+        );
+        (control, payload)
+    }
+
+    fn atom(name: &str) -> Term {
+        Term::from(Atom::from(name))
+    }
+
+    /// {6, '', frame_test_to}, and {frame_test_id, frame_test_text} with
+    /// the first atom an id reference (as the encoder writes it) and the
+    /// second as text.
+    fn sample() -> (Vec<u8>, Vec<u8>, (Term, Term)) {
+        let mut control = vec![SMALL_TUPLE_EXT, 3, 97, 6];
+        put_atom(&mut control, "");
+        put_atom(&mut control, "frame_test_to");
+        let mut payload = vec![SMALL_TUPLE_EXT, 2, ATOM_CACHE_REF];
+        payload.push(id_of(b"frame_test_id").unwrap());
+        put_atom(&mut payload, "frame_test_text");
+        let want = (
+            Term::from(Tuple::from(vec![
+                Term::from(eetf::FixInteger::from(6)),
+                atom(""),
+                atom("frame_test_to"),
+            ])),
+            Term::from(Tuple::from(vec![
+                atom("frame_test_id"),
+                atom("frame_test_text"),
+            ])),
+        );
+        (control, payload, want)
+    }
+
+    /// Without a cache, ids are written back as text: a plain frame whose
+    /// length prefix is right and whose terms are the same.
+    #[test]
+    fn without_a_cache_ids_go_as_text() {
+        let (control, payload, want) = sample();
+        let mut out = Vec::new();
+        assert_eq!(
+            frame_out(None, &plain(&control, &payload), true, 1, &mut out),
+            0
+        );
+        let len = u32::from_be_bytes(out[..4].try_into().unwrap()) as usize;
+        assert_eq!(len, out.len() - 4);
+        assert_eq!(out[4], PASS_THROUGH);
+        assert_eq!(two_terms(&out[5..]), want);
+    }
+
+    /// Some atom as text: the frame is rewritten through the cache, every
+    /// atom a cache reference (counted), and the peer's side of the cache
+    /// decodes the same terms; the second time the atoms are not declared
+    /// again, so less goes out.
+    #[test]
+    fn text_atoms_go_through_the_cache() {
+        let (control, payload, want) = sample();
+        let frame = plain(&control, &payload);
+        let (mut cache, mut peer) = (OutCache::default(), InCache::default());
+        let mut sizes = Vec::new();
+        for _ in 0..2 {
+            let mut out = Vec::new();
+            assert_eq!(frame_out(Some(&mut cache), &frame, true, 1, &mut out), 4);
+            let Some(Decoded::Body(body)) = peer.decode(&out[4..], 1 << 20) else {
+                panic!("does not decode")
+            };
+            assert_eq!(two_terms(&body), want);
+            sizes.push(out.len());
+        }
+        assert!(sizes[1] < sizes[0], "declared once: {sizes:?}");
+    }
+
+    /// Every atom an id reference (`text` false): the terms go as they
+    /// are, behind the header that declares the ids, and the count is the
+    /// frame's own `refs`.
+    #[test]
+    fn id_frames_go_as_they_are() {
+        let mut control = vec![SMALL_TUPLE_EXT, 2, 97, 6, ATOM_CACHE_REF];
+        control.push(id_of(b"frame_test_to").unwrap());
+        let mut payload = vec![SMALL_TUPLE_EXT, 2, ATOM_CACHE_REF];
+        payload.push(id_of(b"frame_test_id").unwrap());
+        payload.extend_from_slice(&[97, 7]);
+        let frame = plain(&control, &payload);
+        let (mut cache, mut peer) = (OutCache::default(), InCache::default());
+        let mut out = Vec::new();
+        assert_eq!(frame_out(Some(&mut cache), &frame, false, 2, &mut out), 2);
+        // The terms, byte for byte, at the end of what went out.
+        let terms = [&control[..], &payload[..]].concat();
+        assert!(out.ends_with(&terms));
+        let Some(Decoded::Body(body)) = peer.decode(&out[4..], 1 << 20) else {
+            panic!("does not decode")
+        };
+        assert_eq!(
+            two_terms(&body),
+            (
+                Term::from(Tuple::from(vec![
+                    Term::from(eetf::FixInteger::from(6)),
+                    atom("frame_test_to")
+                ])),
+                Term::from(Tuple::from(vec![
+                    atom("frame_test_id"),
+                    Term::from(eetf::FixInteger::from(7))
+                ])),
+            )
+        );
+    }
+}
