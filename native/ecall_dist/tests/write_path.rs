@@ -153,6 +153,55 @@ async fn flushes_write_from_the_caller_in_order() {
     drop(epmd);
 }
 
+/// A flush that finds a load of 64 KiB or more in its link's shards
+/// (`GATHER_BYTES`: the writer's, which gathers and fragments) hands it to
+/// the writer instead of writing it: counted in `flush_handoffs`, and the
+/// writer writes everything, in order. The identity ticks once an hour, so
+/// no tick wakes the writer to take the load before the flush looks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flush_hands_a_big_load_to_the_writer() {
+    use std::sync::atomic::Ordering::Relaxed;
+    let epmd = Epmd::start().await;
+    let id = identity(&epmd, COOKIE, Duration::from_secs(3600)).await;
+    let mut erl = Erl::start(&epmd, COOKIE, &[], seq_eval());
+    assert_eq!(erl.line().await, "ready");
+    let (peer, mut events) = open_peer_with(&id, &erl.node, COOKIE, "sink", WAIT, true);
+    assert!(matches!(next_event(&mut events).await, Event::Up));
+    writer_asleep(&peer).await;
+    // The first push on the quiet link goes alone; one soon after asks for
+    // a flush.
+    let (mut i, mut flush) = (0, None);
+    while flush.is_none() {
+        i += 1;
+        assert!(i < 100, "no push asked for a flush");
+        match peer.push(0, &seq_element(i, 100), 0) {
+            Push::Queued => {}
+            Push::Flush(k) => flush = Some(k),
+            other => panic!("push answered {other:?}"),
+        }
+    }
+    // Before the flush runs, 64 KiB more behind it.
+    i += 1;
+    assert_eq!(peer.push(0, &seq_element(i, 70_000), 0), Push::Queued);
+    let ls = peer.link_stats(0).unwrap();
+    let flushes = ls.flushes.load(Relaxed);
+    let k = flush.unwrap();
+    while peer.flush(k) {}
+    assert_eq!(
+        ls.flush_handoffs.load(Relaxed),
+        1,
+        "the flush kept the load"
+    );
+    assert_eq!(ls.flushes.load(Relaxed), flushes, "the flush wrote");
+    let done = element_body(&encode(&atom("done"))).unwrap().to_vec();
+    if let Push::Flush(k) = peer.push(0, &done, 0) {
+        while peer.flush(k) {}
+    }
+    assert_eq!(erl.line().await, format!("got {i} in order"));
+    peer.close();
+    drop(epmd);
+}
+
 /// An urgent request (its caller waits for each answer before its next
 /// one) behind a sleeping writer is written by its caller even on a link
 /// written to a moment ago: the writer would write it alone anyway, one
