@@ -28,6 +28,7 @@
 %%   its exact result when nothing disturbed it, within its timeout plus
 %%   ?CALL_BOUND (a bound against hangs, not a speed check);
 %% - no reply landed in a caller's mailbox after its call returned;
+%% - the connection's byte budget holds nothing any more;
 %% - the peer node is alive.
 %% At the end of a sequence, once its processes are gone, the counts of
 %% processes, ports, ETS tables and file descriptors on both nodes are
@@ -370,7 +371,19 @@ do_kill_link(K) ->
     Risk = Sent - delivered(report(C1), report(C2)) - Counted,
     w(at_risk, w(at_risk) + max(0, Risk)),
     Id = lists:nth(K, ecall:identities()),
-    catch erpc:call(w(b), ecall_test_nodes, drop_connection, [Id], 30000).
+    {D0, _} = link_state(K),
+    R = catch erpc:call(w(b), ecall_test_nodes, drop_connection, [Id], 30000),
+    %% The fault is over once the link has seen it and is up again: a call
+    %% made after the command does not meet it.
+    _ = poll(fun() -> link_state(K) =:= {D0 + 1, 1} end,
+             erlang:monotonic_time(millisecond) + 30000),
+    {R, link_state(K)}.
+
+%% Link K's disconnects, and whether it is up (1) or not (0).
+link_state(K) ->
+    {ok, #{per_link := Links}} = ecall:stats(w(b)),
+    [{D, U}] = [{D, U} || #{link := L, disconnects := D, up := U} <- Links, L =:= K],
+    {D, U}.
 
 do_stop_peer() ->
     fault(),
@@ -457,6 +470,7 @@ checkpoint(_State) ->
                                          not call_ok(C, Fault)]
         ++ [{call_late, Id, Ms} || {Id, _, _, Ms, _} <- Calls, Ms > late_bound(Id)]
         ++ [{late_reply, Id, Msgs} || {Id, Msgs} <- mailboxes()]
+        ++ [{budget_held, Held} || Held <- [held(B)], Held =/= 0]
         ++ [{peer_down, B} || pong =/= net_adm:ping(B)].
 
 %% Whether `Cond' held before `Deadline' (polled: what it waits for sends
@@ -524,6 +538,18 @@ mailbox(Pid) ->
         {'DOWN', Ref, process, Pid, Why} -> [{caller_died, Why}]
     after 30000 -> [caller_stuck]
     end.
+
+%% The bytes the connection's budget still holds once everything is
+%% written or dropped: 0 (polled: a link gives them back after its write).
+held(B) ->
+    Held = fun() ->
+                   case ecall:stats(B) of
+                       {ok, #{queued_bytes := Q}} -> Q;
+                       {error, _} -> 0
+                   end
+           end,
+    _ = poll(fun() -> Held() =:= 0 end, erlang:monotonic_time(millisecond) + 10000),
+    Held().
 
 %% Requests counted as dropped: by the connection now, and by those closed
 %% in this epoch.
