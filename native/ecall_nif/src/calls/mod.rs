@@ -26,23 +26,15 @@
 //!
 //! Bounded: a call waits here until its reply, its cancel, or the failure
 //! of its link. A caller that dies while waiting for a reply that never
-//! comes (the peer's function never returns) leaves its entry; when a
-//! shard has grown to twice its size at its last sweep, the entries of
-//! dead callers are dropped.
+//! comes (the peer's function never returns) leaves its entry, until a
+//! sweep (`calls/table.rs`, which holds the table and its tests).
+
+mod table;
 
 use crate::{atoms, PeerRes};
 use rustler::{Atom, Encoder, Env, LocalPid, NifResult, OwnedBinary, ResourceArc, Term};
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, LazyLock, Mutex, MutexGuard};
-
-/// Shards of the table, by id: callers on every scheduler register and
-/// receivers take at once.
-const SHARDS: usize = 64;
-
-/// A shard is swept when it has grown past this, and then at twice its
-/// size after each sweep.
-const SWEEP_MIN: usize = 1024;
+use std::sync::{Arc, LazyLock};
+use table::Table;
 
 struct Waiting {
     pid: LocalPid,
@@ -53,41 +45,7 @@ struct Waiting {
     link: usize,
 }
 
-#[derive(Default)]
-struct Shard {
-    calls: HashMap<u64, Waiting>,
-    sweep_at: usize,
-}
-
-struct Table {
-    shards: [Mutex<Shard>; SHARDS],
-    next: AtomicU64,
-}
-
-static TABLE: LazyLock<Table> = LazyLock::new(|| Table {
-    shards: std::array::from_fn(|_| Mutex::default()),
-    next: AtomicU64::new(random_start()),
-});
-
-/// A start for the ids that a restarted node does not repeat: the clock's
-/// nanoseconds mixed (the finaliser of splitmix64), in 62 bits.
-fn random_start() -> u64 {
-    let t = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as u64);
-    let mut x = t ^ u64::from(std::process::id()).rotate_left(32);
-    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    (x ^ (x >> 31)) >> 2
-}
-
-fn shard(id: u64) -> MutexGuard<'static, Shard> {
-    // Nothing here panics while holding the lock; a poisoned lock still
-    // holds a consistent table.
-    TABLE.shards[(id % SHARDS as u64) as usize]
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-}
+static TABLE: LazyLock<Table<Waiting>> = LazyLock::new(|| Table::new(table::random_start()));
 
 fn peer_key(peer: &PeerRes) -> usize {
     Arc::as_ptr(&peer.peer) as usize
@@ -110,19 +68,13 @@ fn call_wait<'a>(
     if peer.peer.is_closed() || !peer.peer.link_up(link) {
         return Ok(atoms::closed().encode(env));
     }
-    let id = TABLE.next.fetch_add(1, Ordering::Relaxed);
     let waiting = Waiting {
         pid: env.pid(),
         reference: reference.to_binary(),
         peer: peer_key(&peer),
         link,
     };
-    let mut s = shard(id);
-    s.calls.insert(id, waiting);
-    if s.calls.len() > s.sweep_at.max(SWEEP_MIN) {
-        s.calls.retain(|_, w| env.is_process_alive(w.pid));
-        s.sweep_at = 2 * s.calls.len();
-    }
+    let id = TABLE.insert(waiting, |w| env.is_process_alive(w.pid));
     Ok((atoms::ok(), id).encode(env))
 }
 
@@ -132,7 +84,7 @@ fn call_wait<'a>(
 /// to the caller, or in its mailbox).
 #[rustler::nif]
 fn call_cancel(id: u64) -> bool {
-    shard(id).calls.remove(&id).is_some()
+    TABLE.take(id).is_some()
 }
 
 /// On the caller's node, from a receiver: sends `{Ref, Reply}` to the
@@ -140,7 +92,7 @@ fn call_cancel(id: u64) -> bool {
 /// under that id (it gave up or failed: the reply is dropped).
 #[rustler::nif]
 fn call_reply<'a>(env: Env<'a>, id: u64, reply: Term<'a>) -> bool {
-    let Some(w) = shard(id).calls.remove(&id) else {
+    let Some(w) = TABLE.take(id) else {
         return false;
     };
     deliver(env, &w, reply)
@@ -171,19 +123,6 @@ fn calls_fail<'a>(
     };
     let key = peer_key(&peer);
     let msg = (atoms::badrpc(), reason).encode(env);
-    let mut failed = 0;
-    for s in &TABLE.shards {
-        let taken: Vec<Waiting> = {
-            let mut s = s.lock().unwrap_or_else(|p| p.into_inner());
-            let ids: Vec<u64> = s
-                .calls
-                .iter()
-                .filter(|(_, w)| w.peer == key && (link.is_none() || link == Some(w.link)))
-                .map(|(id, _)| *id)
-                .collect();
-            ids.iter().filter_map(|id| s.calls.remove(id)).collect()
-        };
-        failed += taken.iter().filter(|w| deliver(env, w, msg)).count();
-    }
-    Ok(failed)
+    let taken = TABLE.take_all(|w| w.peer == key && (link.is_none() || link == Some(w.link)));
+    Ok(taken.iter().filter(|w| deliver(env, w, msg)).count())
 }
