@@ -375,7 +375,7 @@ do_kill_link(K) ->
     R = catch erpc:call(w(b), ecall_test_nodes, drop_connection, [Id], 30000),
     %% The fault is over once the link has seen it and is up again: a call
     %% made after the command does not meet it.
-    _ = poll(fun() -> link_state(K) =:= {D0 + 1, 1} end,
+    _ = poll(fun() -> {D, Up} = link_state(K), D > D0 andalso Up =:= 1 end,
              erlang:monotonic_time(millisecond) + 30000),
     {R, link_state(K)}.
 
