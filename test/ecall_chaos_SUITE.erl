@@ -137,14 +137,14 @@ run(Cmds) ->
     {History, Problems} =
         try
             Before = begin_sequence(),
-            {H, State, Result} = proper_statem:run_commands(?MODULE, Cmds),
+            {H, _State, Result} = proper_statem:run_commands(?MODULE, Cmds),
             {H, case Result of
-                    ok -> end_sequence(State, Before);
-                    _ -> abort_sequence(State), [{result, Result}]
+                    ok -> end_sequence(Before);
+                    _ -> abort_sequence(), [{result, Result}]
                 end}
         catch
             Class:Reason:Stack ->
-                abort_sequence(#{}),
+                abort_sequence(),
                 {[], [{crashed, Class, Reason, Stack}]}
         end,
     Problems =:= [] orelse put(ecall_chaos_last, {Cmds, Problems}),
@@ -263,8 +263,8 @@ new_epoch() ->
 %% After a sequence that ran to its end: the last checkpoint, then the
 %% sequence's processes are stopped, the settings put back, and the
 %% resources counted again.
-end_sequence(State, AtBegin) ->
-    Problems = checkpoint(State),
+end_sequence(AtBegin) ->
+    Problems = checkpoint(),
     stop_processes(),
     ok = application:unset_env(ecall, overflow),
     ok = application:unset_env(ecall, max_queue_bytes),
@@ -279,7 +279,7 @@ end_sequence(State, AtBegin) ->
     Problems ++ Leaks.
 
 %% After a sequence that crashed: the peer runs again, the rest stops.
-abort_sequence(_State) ->
+abort_sequence() ->
     _ = (catch os:cmd("kill -CONT " ++ w(os_pid))),
     _ = (catch stop_processes()),
     ok.
@@ -408,7 +408,7 @@ do_set_max_queue_bytes(default) -> application:unset_env(ecall, max_queue_bytes)
 
 %% A checkpoint, then a new peer node, connected both ways.
 do_restart_peer() ->
-    Problems = checkpoint(#{}),
+    Problems = checkpoint(),
     #{peer := Peer, b := Old} = get(?W),
     _ = [catch erpc:call(Old, erlang, exit, [C, kill]) || C <- tuple_to_list(w(collectors))],
     _ = ecall:disconnect(Old),
@@ -432,7 +432,7 @@ fault() ->
 
 %% Lets the peer run and everything in flight land, then checks the epoch.
 %% Returns the problems found.
-checkpoint(_State) ->
+checkpoint() ->
     B = w(b),
     _ = os:cmd("kill -CONT " ++ w(os_pid)),
     w(stopped, false),
@@ -466,9 +466,10 @@ checkpoint(_State) ->
         ++ [{duplicates, C, Dups} || {C, R} <- [{1, R1}, {2, R2}], Dups <- [dups(R)], Dups =/= []]
         ++ [{order, C, Bad} || {C, R} <- [{1, R1}, {2, R2}], Bad <- [disorder(R, w(order_cut))], Bad =/= []]
         ++ [{send_many_split, Split} || Split <- [split(R1, R2)], Split =/= []]
-        ++ [{call, Id, Kind, Result} || {Id, Kind, Result, _, _} = C <- Calls,
+        ++ [{call, Id, Kind, Result} || {Id, Kind, Result, _, _, _} = C <- Calls,
                                          not call_ok(C, Fault)]
-        ++ [{call_late, Id, Ms} || {Id, _, _, Ms, _} <- Calls, Ms > late_bound(Id)]
+        ++ [{call_late, Id, Ms} || {Id, _, _, Ms, _, Timeout} <- Calls,
+                                   Ms > Timeout + ?CALL_BOUND]
         ++ [{late_reply, Id, Msgs} || {Id, Msgs} <- mailboxes()]
         ++ [{budget_held, Held} || Held <- [held(B)], Held =/= 0]
         ++ [{peer_down, B} || pong =/= net_adm:ping(B)].
@@ -497,18 +498,14 @@ sync(Pid) ->
 
 await_call({Id, Pid, Kind, Timeout, Clean}) ->
     receive
-        {called, Pid, Result, Ms} -> {Id, Kind, Result, Ms, Clean}
+        {called, Pid, Result, Ms} -> {Id, Kind, Result, Ms, Clean, Timeout}
     after Timeout + ?CALL_BOUND ->
             ct:fail({call_hangs, Id, Kind, process_info(Pid, current_stacktrace)})
     end.
 
-late_bound(Id) ->
-    {Id, _, _, Timeout, _} = lists:keyfind(Id, 1, w(calls)),
-    Timeout + ?CALL_BOUND.
-
 %% Whether a call's result is documented, and exact when nothing disturbed
 %% it: no fault since it was made (`Clean' is the fault count then).
-call_ok({Id, Kind, Result, _Ms, Clean}, Faults) ->
+call_ok({Id, Kind, Result, _Ms, Clean, _Timeout}, Faults) ->
     Exact = exact(Kind, Id, Result),
     Exact orelse (Clean =/= Faults andalso failure(Result)).
 

@@ -29,10 +29,11 @@
 %% logger handler.
 -export([log/2]).
 %% Run on peers.
--export([not_distributed_check/0, hold/1, order_collector/2, load_loop/1, seq_log/2,
+-export([not_distributed_check/0, hold/1, order_collector/2, load_loop/1,
          big_receiver/1, fill_table/1]).
 
--import(ecall_test_nodes, [start_peer/0, start_peer/1, node_args/0]).
+-import(ecall_test_nodes, [start_peer/0, start_peer/1, node_args/0,
+                           step_sender/3, step/2, step_until_blocked/2]).
 
 suite() ->
     [{timetrap, {minutes, 3}}].
@@ -585,7 +586,7 @@ blocked_sender_goes_by_native_when_the_connection_closes(_Config) ->
                     application:unset_env(ecall, max_queue_bytes)
                 end,
     Self = self(),
-    Collector = erpc:call(C, erlang, spawn, [?MODULE, seq_log, [Self, []]]),
+    Collector = erpc:call(C, erlang, spawn, [ecall_test_nodes, seq_log, [Self, []]]),
     Payload = binary:copy(<<"p">>, 100000),
     Sender = spawn_link(fun() -> step_sender(Self, Collector, Payload) end),
     try
@@ -683,41 +684,6 @@ message_in_fragments_outlives_the_close(_Config) ->
 %% On the peer: tells Owner the size of the one {big, Bin} it gets.
 big_receiver(Owner) ->
     receive {big, B} -> Owner ! {big, self(), byte_size(B)} end.
-
-%% Sends {seq, I, Payload} by ecall:send/2 each time it is told to, and
-%% says so; `{report, To}' asks the collector for its log, behind them.
-step_sender(Owner, Collector, Payload) ->
-    receive
-        {go, I} ->
-            _ = ecall:send(Collector, {seq, I, Payload}),
-            Owner ! {sent, self(), I},
-            step_sender(Owner, Collector, Payload);
-        {report, To} ->
-            _ = ecall:send(Collector, {report, To}),
-            step_sender(Owner, Collector, Payload)
-    end.
-
-step(Sender, I) ->
-    Sender ! {go, I},
-    receive {sent, Sender, I} -> ok after 30000 -> ct:fail({send_stuck, I}) end.
-
-%% Makes the sender send 1, 2, ... until it waits for room (the NIF
-%% answers `wait'); the message it waits with.
-step_until_blocked(Sender, I) when I =< 1000 ->
-    Sender ! {go, I},
-    receive
-        {sent, Sender, I} -> step_until_blocked(Sender, I + 1);
-        {trace, Sender, return_from, {ecall_nif, wait_room, 3}, wait} -> I
-    after 30000 -> ct:fail({neither_sent_nor_waiting, I})
-    end.
-
-%% On the peer: the numbers of the {seq, I, _} messages, in the order they
-%% came, sent back when asked.
-seq_log(Owner, Acc) ->
-    receive
-        {seq, I, _} -> seq_log(Owner, [I | Acc]);
-        {report, To} -> To ! {seq_log, self(), lists:reverse(Acc)}
-    end.
 
 flush_all_traces() ->
     receive

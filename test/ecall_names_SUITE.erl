@@ -347,16 +347,20 @@ start_short(Prefix, Extra) ->
     {ok, _} = peer:call(Peer, application, ensure_all_started, [ecall], 30000),
     {Peer, Node}.
 
+%% A node on `Host' with long names, running ecall, linked to the caller
+%% once it has booted: a node that does not boot raises `{boot_failed, _}'
+%% in the caller (start_in_range/3 retries on it).
 start(Prefix, Host, Extra) ->
     Name = peer:random_name(Prefix),
     Node = list_to_atom(Name ++ "@" ++ Host),
     {ok, Peer, Node} =
-        peer:start_link(#{exec => ecall_test_nodes:node_exec(),
-                          connection => standard_io, name => Name, host => Host,
-                          longnames => true,
-                          args => ["-setcookie", "ecall_names" | Extra]
-                              ++ ecall_test_nodes:node_args(),
-                          wait_boot => 60000}),
+        peer:start(#{exec => ecall_test_nodes:node_exec(),
+                     connection => standard_io, name => Name, host => Host,
+                     longnames => true,
+                     args => ["-setcookie", "ecall_names" | Extra]
+                         ++ ecall_test_nodes:node_args(),
+                     wait_boot => 60000}),
+    true = link(Peer),
     {ok, _} = peer:call(Peer, application, ensure_all_started, [ecall], 30000),
     {Peer, Node}.
 
@@ -394,7 +398,7 @@ start_in_range(_Prefix, N, 0) ->
     ct:fail({no_free_range_kept, N});
 start_in_range(Prefix, N, Tries) ->
     {Min, Max} = Range = free_range(N),
-    try start_unlinked(Prefix, "127.0.0.1", range_args(Min, Max)) of
+    try start(Prefix, "127.0.0.1", range_args(Min, Max)) of
         Node -> {Node, Range}
     catch
         exit:{boot_failed, _} = Why ->
@@ -405,22 +409,6 @@ start_in_range(Prefix, N, Tries) ->
                     start_in_range(Prefix, N, Tries - 1)
             end
     end.
-
-%% start/3, with the node linked to the caller only once it has booted: a
-%% node that does not boot raises `{boot_failed, _}' in the caller.
-start_unlinked(Prefix, Host, Extra) ->
-    Name = peer:random_name(Prefix),
-    Node = list_to_atom(Name ++ "@" ++ Host),
-    {ok, Peer, Node} =
-        peer:start(#{exec => ecall_test_nodes:node_exec(),
-                     connection => standard_io, name => Name, host => Host,
-                     longnames => true,
-                     args => ["-setcookie", "ecall_names" | Extra]
-                         ++ ecall_test_nodes:node_args(),
-                     wait_boot => 60000}),
-    true = link(Peer),
-    {ok, _} = peer:call(Peer, application, ensure_all_started, [ecall], 30000),
-    {Peer, Node}.
 
 %% N consecutive ports free now on 127.0.0.1 and on every interface (found
 %% by binding them).

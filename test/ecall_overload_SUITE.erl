@@ -16,9 +16,10 @@
          drop_when_the_budget_is_full/1, a_sender_let_in_by_a_reap_queues_for_the_reconnect/1,
          casts_and_calls_wait_for_room_under_block/1]).
 %% Run on peers.
--export([count_fills/1, seq_log/2]).
+-export([count_fills/1]).
 
--import(ecall_test_nodes, [start_peer/1, send_payload_seq/3, flush_traces/0]).
+-import(ecall_test_nodes, [start_peer/1, send_payload_seq/3, flush_traces/0,
+                           step_sender/3, step/2, step_until_blocked/2]).
 
 suite() ->
     [{timetrap, {minutes, 5}}].
@@ -392,7 +393,7 @@ a_sender_let_in_by_a_reap_queues_for_the_reconnect(_Config) ->
                        end,
     Self = self(),
     Conn = whereis(ecall_conn:name(C)),
-    Collector = erpc:call(C, erlang, spawn, [?MODULE, seq_log, [Self, []]]),
+    Collector = erpc:call(C, erlang, spawn, [ecall_test_nodes, seq_log, [Self, []]]),
     Payload = binary:copy(<<"r">>, 100000),
     Sender = spawn_link(fun() -> step_sender(Self, Collector, Payload) end),
     1 = erlang:trace_pattern({ecall_nif, wait_room, 3}, [{'_', [], [{return_trace}]}], [local]),
@@ -451,42 +452,6 @@ let_in_by_the_reap(Sender, C, I) ->
         {ok, #{stalls := 1}} -> K
     end.
 
-%% Sends {seq, I, Payload} by ecall:send/2 each time it is told to, and
-%% says so; `{report, To}' asks the collector for its log, behind them.
-step_sender(Owner, Collector, Payload) ->
-    receive
-        {go, I} ->
-            _ = ecall:send(Collector, {seq, I, Payload}),
-            Owner ! {sent, self(), I},
-            step_sender(Owner, Collector, Payload);
-        {report, To} ->
-            _ = ecall:send(Collector, {report, To}),
-            step_sender(Owner, Collector, Payload)
-    end.
-
-step(Sender, I) ->
-    Sender ! {go, I},
-    receive {sent, Sender, I} -> ok after 30000 -> ct:fail({send_stuck, I}) end.
-
-%% Makes the sender send 1, 2, ... until it waits for room (the NIF
-%% answers `wait'); the message it waits with.
-step_until_blocked(Sender, I) when I =< 1000 ->
-    Sender ! {go, I},
-    receive
-        {sent, Sender, I} -> step_until_blocked(Sender, I + 1);
-        {trace, Sender, return_from, {ecall_nif, wait_room, 3}, wait} -> I
-    after 30000 -> ct:fail({neither_sent_nor_waiting, I})
-    end.
-
-%% On the peer: the numbers of the {seq, I, _} messages, in the order they
-%% came, sent back when asked (`report': and it ends; `peek': it goes on).
-seq_log(Owner, Acc) ->
-    receive
-        {seq, I, _} -> seq_log(Owner, [I | Acc]);
-        {report, To} -> To ! {seq_log, self(), lists:reverse(Acc)};
-        {peek, To, Ref} -> To ! {Ref, lists:reverse(Acc)}, seq_log(Owner, Acc)
-    end.
-
 %% `overflow => block' (the default) holds casts and calls too, not only
 %% sends. The peer is stopped (SIGSTOP; 1 MB budget, 1 s stall timeout)
 %% and a process casts 100 KB arguments until its link is reaped: from
@@ -509,7 +474,7 @@ casts_and_calls_wait_for_room_under_block(_Config) ->
     Self = self(),
     Conn = whereis(ecall_conn:name(C)),
     {ecall_transport_nif, St} = ecall_conn:peer(C),
-    Collector = erpc:call(C, erlang, spawn, [?MODULE, seq_log, [Self, []]]),
+    Collector = erpc:call(C, erlang, spawn, [ecall_test_nodes, seq_log, [Self, []]]),
     Payload = binary:copy(<<"k">>, 100000),
     {Caster, Link} = requester(C, Collector, Payload, St, any),
     {Caller, _} = requester(C, Collector, Payload, St, {not_on, Link}),
@@ -610,7 +575,7 @@ cast_until_waiting(Caster, I) when I =< 1000 ->
     after 30000 -> ct:fail({neither_cast_nor_waiting, I})
     end.
 
-%% The numbers seq_log/2 on C has so far (it goes on logging).
+%% The numbers ecall_test_nodes:seq_log/2 on C has so far (it goes on logging).
 seq_log_now(Collector) ->
     Ref = make_ref(),
     Collector ! {peek, self(), Ref},

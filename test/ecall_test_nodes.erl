@@ -19,6 +19,8 @@
 -export([log/2]).
 %% Polling for a condition nothing signals.
 -export([await/2]).
+%% A sender stepped one message at a time, and its collector (run on peers).
+-export([step_sender/3, step/2, step_until_blocked/2, seq_log/2]).
 -export([kill_transport_process/2]).
 %% A node's watcher (ecall_large_SUITE, bench/run.sh big): run there.
 -export([watcher_start/0, watched/1]).
@@ -240,6 +242,45 @@ drop_connection(Id) ->
     {Id, Ctrlr} = lists:keyfind(Id, 1, erlang:system_info(dist_ctrl)),
     true = exit(Ctrlr, disconnect),
     ok.
+
+%% A sender driven one message at a time (the suites' blocked-sender
+%% cases): sends {seq, I, Payload} by ecall:send/2 each time it is told to,
+%% and says so; `{report, To}' asks the collector for its log, behind them.
+step_sender(Owner, Collector, Payload) ->
+    receive
+        {go, I} ->
+            _ = ecall:send(Collector, {seq, I, Payload}),
+            Owner ! {sent, self(), I},
+            step_sender(Owner, Collector, Payload);
+        {report, To} ->
+            _ = ecall:send(Collector, {report, To}),
+            step_sender(Owner, Collector, Payload)
+    end.
+
+%% Has the step sender send message I, and waits until it did.
+step(Sender, I) ->
+    Sender ! {go, I},
+    receive {sent, Sender, I} -> ok after 30000 -> ct:fail({send_stuck, I}) end.
+
+%% Makes the step sender send I, I + 1, ... until it waits for room (the
+%% NIF answers `wait', seen by a call trace of ecall_nif:wait_room/3 with
+%% return_trace); the message it waits with.
+step_until_blocked(Sender, I) when I =< 1000 ->
+    Sender ! {go, I},
+    receive
+        {sent, Sender, I} -> step_until_blocked(Sender, I + 1);
+        {trace, Sender, return_from, {ecall_nif, wait_room, 3}, wait} -> I
+    after 30000 -> ct:fail({neither_sent_nor_waiting, I})
+    end.
+
+%% On the peer: the numbers of the {seq, I, _} messages, in the order they
+%% came, sent back when asked (`report': and it ends; `peek': it goes on).
+seq_log(Owner, Acc) ->
+    receive
+        {seq, I, _} -> seq_log(Owner, [I | Acc]);
+        {report, To} -> To ! {seq_log, self(), lists:reverse(Acc)};
+        {peek, To, Ref} -> To ! {Ref, lists:reverse(Acc)}, seq_log(Owner, Acc)
+    end.
 
 %% On the peer: echoes markers.
 echo_loop() ->

@@ -61,8 +61,15 @@ async fn seq_link() -> (Epmd, Arc<Identity>, Erl, Arc<Peer>) {
 
 /// [`seq_link`] with flushes on the caller's side (`PeerConfig::flusher`).
 async fn flush_link() -> (Epmd, Arc<Identity>, Erl, Arc<Peer>) {
+    link_with(Duration::from_secs(15), true).await
+}
+
+/// A [`seq_eval`] node and a peer whose one link to its `sink` is up, its
+/// identity ticking every `tick`, with flushes on the caller's side when
+/// `flusher` (the epmd and the identity are returned to be kept alive).
+async fn link_with(tick: Duration, flusher: bool) -> (Epmd, Arc<Identity>, Erl, Arc<Peer>) {
     let epmd = Epmd::start().await;
-    let id = identity(&epmd, COOKIE, Duration::from_secs(15)).await;
+    let id = identity(&epmd, COOKIE, tick).await;
     let mut erl = Erl::start(&epmd, COOKIE, &[], seq_eval());
     assert_eq!(erl.line().await, "ready");
     let (peer, mut events) = open_peer_with(
@@ -71,11 +78,14 @@ async fn flush_link() -> (Epmd, Arc<Identity>, Erl, Arc<Peer>) {
         COOKIE,
         "sink",
         Duration::from_secs(10),
-        true,
+        flusher,
     );
     assert!(matches!(next_event(&mut events).await, Event::Up));
     (epmd, id, erl, peer)
 }
+
+/// A tick once an hour: nothing but a test's pushes wakes the writer.
+const HOUR: Duration = Duration::from_secs(3600);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_requests_are_written_by_their_caller_in_order() {
@@ -161,12 +171,7 @@ async fn flushes_write_from_the_caller_in_order() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flush_hands_a_big_load_to_the_writer() {
     use std::sync::atomic::Ordering::Relaxed;
-    let epmd = Epmd::start().await;
-    let id = identity(&epmd, COOKIE, Duration::from_secs(3600)).await;
-    let mut erl = Erl::start(&epmd, COOKIE, &[], seq_eval());
-    assert_eq!(erl.line().await, "ready");
-    let (peer, mut events) = open_peer_with(&id, &erl.node, COOKIE, "sink", WAIT, true);
-    assert!(matches!(next_event(&mut events).await, Event::Up));
+    let (epmd, _id, mut erl, peer) = link_with(HOUR, true).await;
     writer_asleep(&peer).await;
     // The first push on the quiet link goes alone; one soon after asks for
     // a flush.
@@ -216,12 +221,7 @@ async fn a_flush_hands_a_big_load_to_the_writer() {
 async fn urgent_requests_are_written_alone_on_a_busy_link() {
     use ecall_dist::internals::shard::Element;
     use std::sync::atomic::Ordering::Relaxed;
-    let epmd = Epmd::start().await;
-    let id = identity(&epmd, COOKIE, Duration::from_secs(3600)).await;
-    let mut erl = Erl::start(&epmd, COOKIE, &[], seq_eval());
-    assert_eq!(erl.line().await, "ready");
-    let (peer, mut events) = open_peer(&id, &erl.node, COOKIE, "sink");
-    assert!(matches!(next_event(&mut events).await, Event::Up));
+    let (_epmd, _id, mut erl, peer) = link_with(HOUR, false).await;
     writer_asleep(&peer).await;
     let ls = peer.link_stats(0).unwrap();
     let lone0 = ls.lone.load(Relaxed);
