@@ -181,7 +181,7 @@ large() ->
     ok = ecall:connect(B),
     io:format("large: A=~p (~b schedulers) B=~p, 10 x 10 MB binaries per variant~n",
               [node(), erlang:system_info(schedulers_online), B]),
-    Rows = [large_point(B, V) || V <- [ecall_inline, ecall, native]],
+    Rows = [large_point(B, V) || V <- [ecall, native]],
     io:format("~n~-13s ~18s ~22s ~10s~n",
               ["variant", "max sched gap ms", "max small delay ms", "ticks"]),
     [io:format("~-13s ~18.2f ~22.2f ~10b~n", [V, Gap, Delay, N]) || {V, Gap, Delay, N} <- Rows],
@@ -190,16 +190,13 @@ large() ->
 
 large_point(B, Variant) ->
     Big = binary:copy(<<"L">>, 10000000),
-    {ecall_transport_nif, Peer} = ecall_conn:peer(B),
+    {ecall_transport_nif, Peer, _} = ecall_route:peer(B),
     Sink = erpc:call(B, erlang, spawn, [?MODULE, big_sink, [self(), 10]]),
     Ticks = erpc:call(B, erlang, spawn, [?MODULE, tick_sink, []]),
     MyLink = ecall_transport_nif:caller_link(Peer),
     Probe = spawn(fun() -> probe(erlang:monotonic_time(microsecond), 0) end),
     Ticker = same_link_ticker(Peer, MyLink, Ticks, Variant),
     Send = case Variant of
-               %% The path every message took before large ones got theirs:
-               %% encoded and copied by the NIF on the caller's scheduler.
-               ecall_inline -> fun(M) -> ok = ecall_transport_nif:push(Peer, {send, Sink, M}, false) end;
                ecall -> fun(M) -> ecall:send(Sink, M) end;
                native -> fun(M) -> Sink ! M end
            end,
@@ -940,7 +937,7 @@ micro() ->
     %% the walk meets each pid once, its cache of other nodes' pids
     %% missing every time, and gives up such a list at 16 KiB.
     Many = pids_like(Sink, 4096),
-    {ecall_transport_nif, {_, NifPeer, _, _}} = ecall_conn:peer(B),
+    {ecall_transport_nif, {_, NifPeer}, _} = ecall_route:peer(B),
     large = ecall_nif:encoded_size({send_many, Many, 1}),
     io:format("micro: a send_many request with 4,096 pids of B, us: term_to_binary of the "
               "list ~.1f, ecall_nif:push_many/4 of it ~.1f; the walk gives it up after ~.1f~n",
@@ -963,15 +960,15 @@ micro() ->
                                 _ -> "inline"
                             end]]]),
     %% A call from a caller in a closed loop decides whether it is urgent
-    %% (ecall_request:urgent/1: the caller's history, one count in the
+    %% (ecall_rpc:urgent/1: the caller's history, one count in the
     %% peer): that alone, from one process and from one per scheduler.
     %% (Urgent or not: with several such loops on one scheduler, each one
     %% sees the others' calls between two of its own, past the limit.)
     Loop = fun() ->
-                   _ = ecall_request:urgent(B),
-                   ecall_request:returned()
+                   _ = ecall_rpc:urgent(B),
+                   ecall_rpc:returned()
            end,
-    ecall_request:returned(),
+    ecall_rpc:returned(),
     io:format("micro: a closed-loop call's urgency: ~.1f ns from one process, ~.1f ns "
               "with ~b processes at once~n",
               [per_call(Loop, 200000), par_per_call(Loop, 200000, S), S]),
@@ -1060,7 +1057,7 @@ stop_loopers(Variant, Loopers) ->
 par_per_call(Fun, N, Procs) ->
     Ps = [spawn_monitor(fun() ->
                                 receive go -> ok end,
-                                ecall_request:returned(),
+                                ecall_rpc:returned(),
                                 repeat(Fun, N)
                         end) || _ <- lists:seq(1, Procs)],
     T0 = erlang:monotonic_time(nanosecond),

@@ -15,14 +15,11 @@
 -module(ecall).
 
 -export([send/2, send/3, send_many/2, send_group/3, cast/4, call/4, call/5]).
--export([send_reply/3]).
 -export([cast_one/4, cast_all/4,
          call_one/4, call_one/5, call_any/4, call_any/5,
          call_all/4, call_all/5, call_all_wait/4, call_all_wait/5]).
 -export([connect/1, disconnect/1, connections/0, identities/0, stats/0, stats/1,
          last_stats/1, info/0, info/1, info_lines/0, info_lines/1]).
--export([nodes/0]).
--deprecated([{nodes, 0, "use ecall:identities/0"}]).
 
 -type dest() :: pid() | reference() | atom() | {atom(), node()}.
 %% Where a message goes: a pid, an alias, a registered name, or `{Name,
@@ -110,19 +107,13 @@ send_group(Scope, Group, Msg) when is_atom(Scope) ->
 send_group(Scope, Group, Msg) ->
     erlang:error(badarg, [Scope, Group, Msg]).
 
-%% send/2,3: `Args' for the badarg. Which path a message to another node
-%% takes, native `!' or the transport of an ecall connection, and how
-%% per-caller order holds across a switch of paths: ecall_route.
+%% send/2,3: the destination checked (`Args' for the badarg), then the
+%% send path (ecall_route).
 -spec send(dest(), Msg, boolean(), [term()]) -> Msg.
-send(To, Msg, Urgent, _Args) when is_pid(To); is_reference(To) ->
-    ecall_route:send_to(To, Msg, Urgent);
+send(To, Msg, Urgent, _Args) when is_pid(To); is_reference(To); is_atom(To) ->
+    ecall_route:send(To, Msg, Urgent);
 send({Name, Node} = To, Msg, Urgent, _Args) when is_atom(Name), is_atom(Node) ->
-    case Node =:= node() of
-        true -> To ! Msg;
-        false -> ecall_route:send_remote(Node, Name, To, Msg, Urgent)
-    end;
-send(To, Msg, _Urgent, _Args) when is_atom(To) ->
-    To ! Msg;
+    ecall_route:send(To, Msg, Urgent);
 send(_To, _Msg, _Urgent, Args) ->
     erlang:error(badarg, Args).
 
@@ -132,12 +123,6 @@ urgent_option([urgent | Rest], _Urgent, Args) -> urgent_option(Rest, true, Args)
 urgent_option([], Urgent, _Args) -> Urgent;
 urgent_option(_Bad, _Urgent, Args) -> erlang:error(badarg, Args).
 
-%% @private The reply of a call (ecall_request:run_call/5) to the
-%% caller's alias: as send/2, but `Urgent' (see ecall_transport:send/4).
--spec send_reply(reference(), Msg, boolean()) -> Msg.
-send_reply(Alias, Msg, Urgent) ->
-    ecall_route:send_to(Alias, Msg, Urgent).
-
 %% @doc Applies `M:F(A...)' on `Node' in a new process and returns `ok' at
 %% once, like `erpc:cast/4'. With an ecall connection the request travels
 %% in a batch; without one this is `erpc:cast/4'. Raises `badarg' for
@@ -146,7 +131,7 @@ send_reply(Alias, Msg, Urgent) ->
 %% under `error', drops the cast (counted) and returns `ok' under `drop'.
 -spec cast(node(), module(), atom(), [term()]) -> ok | {error, overload}.
 cast(Node, M, F, A) when is_atom(Node), is_atom(M), is_atom(F), is_list(A) ->
-    ecall_request:cast(Node, M, F, A);
+    ecall_rpc:cast(Node, M, F, A);
 cast(Node, M, F, A) ->
     erlang:error(badarg, [Node, M, F, A]).
 
@@ -204,7 +189,7 @@ call(Node, M, F, A) ->
 call(Node, M, F, A, Timeout)
   when is_atom(Node), is_atom(M), is_atom(F), is_list(A),
        (Timeout =:= infinity orelse (is_integer(Timeout) andalso Timeout >= 0)) ->
-    ecall_request:call(Node, M, F, A, Timeout);
+    ecall_rpc:call(Node, M, F, A, Timeout);
 call(Node, M, F, A, Timeout) ->
     erlang:error(badarg, [Node, M, F, A, Timeout]).
 
@@ -321,88 +306,23 @@ all_atoms([N | Rest]) when is_atom(N) -> all_atoms(Rest);
 all_atoms([]) -> true;
 all_atoms(_) -> false.
 
-%% How many connection processes one connect/1 may find there already and
-%% see end under it (see join/3) before it gives up with their reason.
--define(CONNECT_TRIES, 3).
-
 %% @doc Connects to `Node' now (discovery does it on its own for nodes that
 %% run ecall). Returns when every link is up; `{error, not_started}' when
 %% the application is not started; `{error, normal}' when disconnect/1
 %% closed the connection before it was up; `{error, nodedown | noproc |
 %% closing}' when three connections to it in a row, opened by others, ended
-%% while this waited on them; else why it failed (`timeout' after
-%% `connect_timeout', `noconnection', ...).
+%% while this waited on them; `{error, {version, V}}' when `Node' runs a
+%% release of ecall whose requests are of another version `V' (traffic to
+%% it goes by plain distribution; the log says so once); else why it
+%% failed (`timeout' after `connect_timeout', `noconnection', ...).
 -spec connect(node()) -> ok | {error, term()}.
 connect(Node) when is_atom(Node) ->
-    Started = started(),
-    if
-        not Started ->
-            {error, not_started};
-        Node =:= node() ->
-            {error, local_node};
-        true ->
-            case usable() of
-                ok -> open(Node, ?CONNECT_TRIES);
-                {error, _} = E -> E
-            end
+    case started() of
+        true -> ecall_conn:connect(Node);
+        false -> {error, not_started}
     end;
 connect(Node) ->
     erlang:error(badarg, [Node]).
-
-%% The connection process answers every waiter within `connect_timeout'
-%% (it stops then, and its terminate answers `{error, timeout}'), so no
-%% second timer here.
--spec open(node(), pos_integer()) -> ok | {error, term()}.
-open(Node, Tries) ->
-    case ecall_conn_sup:start_conn(Node) of
-        {ok, Pid} -> ecall_conn:await(Pid);
-        {error, {already_started, Pid}} -> join(Node, Pid, Tries);
-        {error, Reason} -> {error, Reason}
-    end.
-
-%% The connection process to `Node' that is there already: its outcome,
-%% unless it ends under us for a reason that says nothing of a new one.
-%% - Closing: it stays registered until the peer has replayed what its
-%%   links delivered (a drain that reconnects the two nodes if a nodedown
-%%   closed it, and so brings discovery's connect here). A new one once it
-%%   has gone.
-%% - Gone by the time it is asked (`noproc': closing, not yet published as
-%%   such), or ended by a nodedown it had not yet read when we asked: the
-%%   two nodes may be connected again (discovery connects when the peer
-%%   joins again, which comes after the nodeup), so a new one too. If the
-%%   node is down, the new one fails at once (`nodedown', `noconnection').
-%% Bounded: `Tries' such ends, then their reason.
--spec join(node(), pid(), pos_integer()) -> ok | {error, term()}.
-join(Node, Pid, Tries) ->
-    case ecall_conn:route(Node) of
-        {closing, Pid} ->
-            ok = ecall_conn:await_close(Node),
-            again(Node, Tries, closing);
-        _ ->
-            case ecall_conn:await(Pid) of
-                {error, Gone} when Gone =:= noproc; Gone =:= nodedown ->
-                    again(Node, Tries, Gone);
-                Outcome ->
-                    Outcome
-            end
-    end.
-
--spec again(node(), pos_integer(), atom()) -> ok | {error, term()}.
-again(_Node, 1, Why) -> {error, Why};
-again(Node, Tries, _Why) -> open(Node, Tries - 1).
-
-%% Whether this node can open connections with the transport it would use.
--spec usable() -> ok | {error, term()}.
-usable() ->
-    case {ecall_conn:transport(), is_alive()} of
-        {_, false} -> {error, not_distributed};
-        {erlang, true} -> ok;
-        {nif, true} ->
-            case ecall_cnode:cnode() of
-                {ok, _} -> ok;
-                {error, _} = E -> E
-            end
-    end.
 
 %% @doc Closes the connection to `Node'. What is still queued for it is
 %% dropped (counted in `closed_drops'); later sends use native distribution
@@ -434,12 +354,6 @@ connections() ->
 identities() ->
     ecall_cnode:nodes().
 
-%% @doc The old name of {@link identities/0}, which it calls.
-%% @deprecated Use {@link identities/0}.
--spec nodes() -> [node()].
-nodes() ->
-    identities().
-
 %% @doc Counters: per connected peer, and of this node's receiver pool.
 %%
 %% `identities' lists this node's C-node names with the incoming connections
@@ -464,28 +378,9 @@ nodes() ->
                | {error, not_started}.
 stats() ->
     case started() of
-        true -> node_stats();
+        true -> ecall_stats:node();
         false -> {error, not_started}
     end.
-
--spec node_stats() -> #{atom() => term()}.
-node_stats() ->
-    Peers = maps:from_list([{N, S} || #{node := N} <- ecall_conn_sup:infos(),
-                                      {ok, S} <- [stats(N)]]),
-    Ids = case ecall_cnode:cnode() of
-              {ok, CNode} ->
-                  [I#{node := binary_to_atom(N)}
-                   || #{node := N} = I <- ecall_nif:cnode_info(CNode)];
-              {error, _} ->
-                  []
-          end,
-    #{peers => Peers,
-      identities => Ids,
-      identities_state => ecall_cnode:state(),
-      %% Requests dropped when connections closed (their peers' own
-      %% counters are gone with them).
-      closed_drops => ecall_conn_sup:closed_drops(),
-      receivers => ecall_receiver_sup:counts()}.
 
 %% @doc Counters of the connection to `Node'. `{error, not_connected}'
 %% when this node has no ecall connection to it (traffic to it goes by
@@ -493,10 +388,9 @@ node_stats() ->
 %% started.
 -spec stats(node()) -> {ok, map()} | {error, not_connected | not_started}.
 stats(Node) when is_atom(Node) ->
-    case {started(), ecall_conn:peer(Node)} of
-        {false, _} -> {error, not_started};
-        {true, undefined} -> {error, not_connected};
-        {true, {Mod, State}} -> {ok, Mod:stats(State)}
+    case started() of
+        true -> ecall_stats:peer(Node);
+        false -> {error, not_started}
     end;
 stats(Node) ->
     erlang:error(badarg, [Node]).
@@ -514,7 +408,7 @@ stats(Node) ->
 -spec last_stats(node()) -> {ok, map()} | {error, not_found | not_started}.
 last_stats(Node) when is_atom(Node) ->
     case started() of
-        true -> ecall_conn_sup:last(Node);
+        true -> ecall_stats:last(Node);
         false -> {error, not_started}
     end;
 last_stats(Node) ->

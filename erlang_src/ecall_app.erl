@@ -15,7 +15,7 @@ start(_Type, _Args) ->
         ok ->
             %% telemetry may have come with a release upgrade or been
             %% loaded since the last start: check again.
-            _ = ecall_telemetry:refresh(),
+            _ = ecall_event:refresh(),
             ecall_sup:start_link();
         {error, Why} = Error ->
             ?LOG_ERROR("ecall: configuration refused, ecall not started: ~0p. "

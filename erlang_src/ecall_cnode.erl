@@ -14,12 +14,12 @@
 %% transport, and registration is retried in the background with backoff.
 %% Once it succeeds, every connection on the pure-Erlang transport is
 %% closed without dropping what it holds and opened again on the NIF
-%% transport (move/1); per-caller order holds across the switch as across
-%% any close (ecall_conn:terminate/2, ecall_route:native/3).
+%% transport (ecall_conn:move_to_nif/0); per-caller order holds across the
+%% switch as across any close (ecall_conn:terminate/2, ecall_route).
 -module(ecall_cnode).
 -behaviour(gen_server).
 
--export([start_link/0, cnode/0, nodes/0, usable/0, state/0]).
+-export([start_link/1, cnode/0, nodes/0, usable/0, state/0]).
 -export([init/1, handle_call/3, handle_cast/2, handle_info/2, terminate/2]).
 
 -include_lib("kernel/include/logger.hrl").
@@ -38,9 +38,13 @@
 -define(RETRY_MAX, 10000).
 -define(FIRST_REGISTER_RETRY, 1000).
 
--spec start_link() -> {ok, pid()} | {error, term()}.
-start_link() ->
-    gen_server:start_link({local, ?MODULE}, ?MODULE, [], []).
+%% `OnRegistered' is applied when the identities register after a failed
+%% first attempt: the connections on the pure-Erlang transport then move
+%% to the NIF (ecall_sup passes ecall_conn:move_to_nif/0; this module
+%% knows nothing of connections).
+-spec start_link(mfa()) -> {ok, pid()} | {error, term()}.
+start_link(OnRegistered) ->
+    gen_server:start_link({local, ?MODULE}, ?MODULE, OnRegistered, []).
 
 %% @doc The identities, or why there are none (`{registering, Why}': the
 %% last registration failed, and is retried).
@@ -68,8 +72,13 @@ nodes() ->
         {error, _} -> []
     end.
 
--spec init([]) -> {ok, map()}.
-init([]) ->
+-spec init({module(), atom(), list()}) -> {ok, map()}.
+init(OnRegistered) ->
+    {ok, St} = start(),
+    {ok, St#{on_registered => OnRegistered}}.
+
+-spec start() -> {ok, map()}.
+start() ->
     %% terminate/2 must run on shutdown to drop the identities.
     process_flag(trap_exit, true),
     Result = start_identities(?FIRST_REGISTER_RETRY),
@@ -123,7 +132,7 @@ init([]) ->
 -spec registering(term(), term(), pos_integer()) -> map().
 registering(Why, Logged, Delay) ->
     persistent_term:put(?KEY, {error, {registering, Why}}),
-    ecall_telemetry:execute([ecall, identities, register_failed], #{retry_in => Delay},
+    ecall_event:execute([ecall, identities, register_failed], #{retry_in => Delay},
                             #{reason => Why}),
     _ = Why =:= Logged orelse log_failure(Why),
     erlang:send_after(Delay, self(), register),
@@ -435,45 +444,23 @@ handle_cast(Msg, State) ->
     {noreply, ecall_log:unexpected_in(?MODULE, {cast, Msg}, State)}.
 
 -spec handle_info(term(), map()) -> {noreply, map()}.
-handle_info(register, #{registering := Logged, delay := Delay}) ->
+handle_info(register, #{registering := Logged, delay := Delay,
+                         on_registered := {M, F, A} = OnRegistered}) ->
     case start_identities(0) of
         {ok, CNode} ->
             persistent_term:put(?KEY, {ok, CNode}),
             Names = [N || #{node := N} <- ecall_nif:cnode_info(CNode)],
             ?LOG_NOTICE("ecall: C-node identities ~p registered with epmd; connections "
                         "move to the NIF transport", [Names]),
-            ecall_telemetry:execute([ecall, identities, registered], #{}, #{nodes => Names}),
-            move_connections(),
-            {noreply, #{cnode => CNode}};
+            ecall_event:execute([ecall, identities, registered], #{}, #{nodes => Names}),
+            _ = apply(M, F, A),
+            {noreply, #{cnode => CNode, on_registered => OnRegistered}};
         {error, Why} ->
-            {noreply, registering(Why, Logged, min(2 * Delay, ?RETRY_MAX))}
+            St = registering(Why, Logged, min(2 * Delay, ?RETRY_MAX)),
+            {noreply, St#{on_registered => OnRegistered}}
     end;
 handle_info(Info, State) ->
     {noreply, ecall_log:unexpected_in(?MODULE, {info, Info}, State)}.
-
-%% Every connection on the pure-Erlang transport reopens on the NIF (when
-%% that is the configured transport), each in a process of its own so that
-%% a slow peer holds up no other.
--spec move_connections() -> ok.
-move_connections() ->
-    case ecall_conn:transport() of
-        nif -> _ = [spawn(fun() -> move(Pid) end) || Pid <- ecall_conn_sup:conns()], ok;
-        erlang -> ok
-    end.
-
--spec move(pid()) -> ok.
-move(Pid) ->
-    case catch ecall_conn:info(Pid) of
-        #{node := Node, transport := erlang} ->
-            ok = ecall_conn:stop(Pid, transport_change),
-            case ecall:connect(Node) of
-                ok -> ok;
-                {error, Why} -> ?LOG_WARNING("ecall: cannot connect to ~p on the NIF "
-                                             "transport: ~p", [Node, Why])
-            end;
-        _ ->
-            ok
-    end.
 
 -spec terminate(term(), map()) -> ok.
 terminate(_Reason, _State) ->

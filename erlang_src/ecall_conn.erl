@@ -5,10 +5,10 @@
 %%
 %% Lifecycle:
 %% - init monitors the peer node and asks it for its receiver names over
-%%   plain distribution (control plane only);
-%% - the peer is published (persistent_term, so the send path reads it
-%%   without a lock or a copy) when all links are up; `ecall:connect/1'
-%%   returns then, or `{error, timeout}' after `connect_timeout';
+%%   plain distribution (control plane only, hello/2), which it gives when
+%%   both nodes speak the same version of the requests (ecall_request);
+%% - the peer is published (ecall_route:publish/2) when all links are up;
+%%   connect/1 returns then, or `{error, timeout}' after `connect_timeout';
 %% - a link that goes down is logged and reconnects by itself in Rust; what
 %%   its shards hold waits (within the byte budget) and goes out after;
 %% - `nodedown', `ecall:disconnect/1', the exit of a process the transport
@@ -22,8 +22,8 @@
 -module(ecall_conn).
 -behaviour(gen_server).
 
--export([start_link/1, name/1, await/1, await_close/1, peer/1, route/1, watcher/2, info/1,
-         stop/1, stop/2, transport/0, plain/1]).
+-export([connect/1, move_to_nif/0, hello/2]).
+-export([start_link/1, name/1, await/1, info/1, stop/1, stop/2, transport/0]).
 -export([init/1, handle_continue/2, handle_call/3, handle_cast/2, handle_info/2, terminate/2]).
 
 -include_lib("kernel/include/logger.hrl").
@@ -42,8 +42,8 @@
     %% The transport, as published once every link is up.
     peer :: ecall_transport:t() | undefined,
     links = 0 :: non_neg_integer(),
-    %% Link index -> its watcher, while the link is up.
-    up = #{} :: #{non_neg_integer() => pid()},
+    %% The links that are up.
+    up = #{} :: #{non_neg_integer() => true},
     published = false :: boolean(),
     waiting = [] :: [gen_server:from()],
     down_logged = #{} :: #{non_neg_integer() => true},
@@ -54,16 +54,6 @@
 -spec name(node()) -> atom().
 name(Node) ->
     list_to_atom("ecall_conn " ++ atom_to_list(Node)).
-
-%% @doc The process that stands for link `K' to `Node' while it is up:
-%% callers monitor it, and it exits with `{link_down, Reason}' when the link
-%% goes down (or with the connection's reason when the connection ends).
--spec watcher(node(), non_neg_integer()) -> pid() | undefined.
-watcher(Node, K) ->
-    case ets:lookup(ecall_links, {Node, K}) of
-        [{_, Pid}] -> Pid;
-        [] -> undefined
-    end.
 
 %% @doc The transport new connections use: `nif' (the default), or
 %% `erlang' when configured so, when the NIF did not load, or when the
@@ -76,56 +66,118 @@ transport() ->
         false -> erlang
     end.
 
-%% @doc The published transport of `Node': `{Module, State}' (see
-%% ecall_transport), or `undefined' (none, or closing).
--spec peer(node()) -> ecall_transport:t() | undefined.
-peer(Node) ->
-    case route(Node) of
-        {closing, _} -> undefined;
-        Route -> Route
+%% How many connection processes one connect/1 may find there already and
+%% see end under it (see join/3) before it gives up with their reason.
+-define(CONNECT_TRIES, 3).
+
+%% @doc See ecall:connect/1 (the application is started, `Node' is an
+%% atom).
+-spec connect(node()) -> ok | {error, term()}.
+connect(Node) when Node =:= node() ->
+    {error, local_node};
+connect(Node) ->
+    case usable() of
+        ok -> open(Node, ?CONNECT_TRIES);
+        {error, _} = E -> E
     end.
 
-%% @doc What is published for `Node', for the send path: `{Module, State}',
-%% `{closing, Pid}' while a connection closes (see terminate/2), or
-%% `undefined'.
--spec route(node()) -> ecall_transport:t() | {closing, pid()} | undefined.
-route(Node) ->
-    persistent_term:get({ecall_peer, Node}, undefined).
+%% The connection process answers every waiter within `connect_timeout'
+%% (it stops then, and its terminate answers `{error, timeout}'), so no
+%% second timer here.
+-spec open(node(), pos_integer()) -> ok | {error, term()}.
+open(Node, Tries) ->
+    case ecall_conn_sup:start_conn(Node) of
+        {ok, Pid} -> await(Pid);
+        {error, {already_started, Pid}} -> join(Node, Pid, Tries);
+        {error, Reason} -> {error, Reason}
+    end.
 
-%% @doc Returns when no connection to `Node' is closing: at once, or when
-%% the closing one has made sure that what its transport wrote has been
-%% replayed on the peer (see terminate/2). For callers about to send by
-%% `!' (per-caller order).
--spec await_close(node()) -> ok.
-await_close(Node) ->
-    case route(Node) of
+%% The connection process to `Node' that is there already: its outcome,
+%% unless it ends under us for a reason that says nothing of a new one.
+%% - Closing: it stays registered until the peer has replayed what its
+%%   links delivered (a drain that reconnects the two nodes if a nodedown
+%%   closed it, and so brings discovery's connect here). A new one once it
+%%   has gone.
+%% - Gone by the time it is asked (`noproc': closing, not yet published as
+%%   such), or ended by a nodedown it had not yet read when we asked: the
+%%   two nodes may be connected again (discovery connects when the peer
+%%   joins again, which comes after the nodeup), so a new one too. If the
+%%   node is down, the new one fails at once (`nodedown', `noconnection').
+%% Bounded: `Tries' such ends, then their reason.
+-spec join(node(), pid(), pos_integer()) -> ok | {error, term()}.
+join(Node, Pid, Tries) ->
+    case ecall_route:route(Node) of
         {closing, Pid} ->
-            Ref = monitor(process, Pid),
-            receive {'DOWN', Ref, process, Pid, _} -> ok end;
+            ok = ecall_route:await_close(Node),
+            again(Node, Tries, closing);
+        _ ->
+            case await(Pid) of
+                {error, Gone} when Gone =:= noproc; Gone =:= nodedown ->
+                    again(Node, Tries, Gone);
+                Outcome ->
+                    Outcome
+            end
+    end.
+
+-spec again(node(), pos_integer(), atom()) -> ok | {error, term()}.
+again(_Node, 1, Why) -> {error, Why};
+again(Node, Tries, _Why) -> open(Node, Tries - 1).
+
+%% Whether this node can open connections with the transport it would use.
+-spec usable() -> ok | {error, term()}.
+usable() ->
+    case {transport(), is_alive()} of
+        {_, false} -> {error, not_distributed};
+        {erlang, true} -> ok;
+        {nif, true} ->
+            case ecall_cnode:cnode() of
+                {ok, _} -> ok;
+                {error, _} = E -> E
+            end
+    end.
+
+%% @doc Every connection on the pure-Erlang transport reopens on the NIF
+%% (when that is the configured transport), each in a process of its own
+%% so that a slow peer holds up no other. Called by ecall_cnode when its
+%% identities register after they had failed to; no request is dropped
+%% (ecall_proxy:close/2 with `transport_change'), and per-caller order
+%% holds across the switch as across any close (terminate/2).
+-spec move_to_nif() -> ok.
+move_to_nif() ->
+    case transport() of
+        nif -> _ = [spawn(fun() -> move(Pid) end) || Pid <- ecall_conn_sup:conns()], ok;
+        erlang -> ok
+    end.
+
+-spec move(pid()) -> ok.
+move(Pid) ->
+    case catch info(Pid) of
+        #{node := Node, transport := erlang} ->
+            ok = stop(Pid, transport_change),
+            case connect(Node) of
+                ok -> ok;
+                {error, Why} -> ?LOG_WARNING("ecall: cannot connect to ~p on the NIF "
+                                             "transport: ~p", [Node, Why])
+            end;
         _ ->
             ok
     end.
 
-%% @doc Traffic to `Node' goes by plain distribution (`!', erpc) because
-%% no ecall connection to it is up: said once per node, at notice, so that
-%% the default log shows that the links are not in use (and again after a
-%% connection to it has been up). Quiet before the application starts.
--spec plain(node()) -> ok.
-plain(Node) ->
-    try ets:member(ecall_plain_said, Node) of
-        true ->
-            ok;
-        false ->
-            case ets:insert_new(ecall_plain_said, {Node}) of
-                true ->
-                    ?LOG_NOTICE("ecall: no ecall connection to ~p is up: traffic to it goes "
-                                "by plain distribution (! and erpc) until one is "
-                                "(ecall:connect/1, or discovery if ecall runs there)", [Node]);
-                false ->
-                    ok
-            end
-    catch
-        error:badarg -> ok
+%% @doc What a peer opening a connection to this node needs (called over
+%% plain distribution by ecall_conn on node `From'): the version of the
+%% requests this node speaks and, when `From' speaks it too, the names of
+%% its receiver pool. A peer of another version gets no names, so its
+%% links have nowhere to write; it is said once, at notice. This function
+%% and the `version' key of its answer stay as they are in every release,
+%% so that any two releases can tell each other apart.
+-spec hello(node(), pos_integer()) -> #{version := pos_integer(), receivers => [binary()]}.
+hello(From, Version) ->
+    case ecall_request:version() of
+        Version ->
+            #{version => Version, receivers => ecall_receiver_sup:names()};
+        Mine ->
+            ecall_route:plain(From, {version, Version, Mine}),
+            #{version => Mine}
     end.
 
 -spec start_link(node()) -> {ok, pid()} | {error, term()}.
@@ -185,6 +237,8 @@ handle_continue(open, #st{node = Node, transport = Transport} = St) ->
             {stop, {shutdown, Reason}, St}
     end.
 
+%% The transport of each setting (transport/0): the one place it is
+%% chosen.
 -spec open(nif | erlang, node(), timeout()) -> {ok, ecall_transport:t(), non_neg_integer()}
                                              | {error, term()}.
 open(Transport, Node, Timeout) ->
@@ -192,14 +246,17 @@ open(Transport, Node, Timeout) ->
               nif -> ecall_transport_nif;
               erlang -> ecall_proxy
           end,
-    %% The peer's receiver names and protocol, over plain distribution
-    %% (control plane).
-    try hello(Node, Timeout) of
-        {Protocol, Receivers} ->
-            case Mod:open(Node, Receivers, Protocol) of
-                {ok, State, Links} -> {ok, {Mod, State}, Links};
+    %% The peer's receiver names, over plain distribution (control plane).
+    Mine = ecall_request:version(),
+    try erpc:call(Node, ?MODULE, hello, [node(), Mine], Timeout) of
+        #{version := Mine, receivers := Receivers} ->
+            case Mod:open(Node, Receivers) of
+                {ok, State, Links} -> {ok, {Mod, State, ecall_rpc:loops()}, Links};
                 {error, _} = E -> E
-            end
+            end;
+        #{version := Theirs} ->
+            ecall_route:plain(Node, {version, Theirs, Mine}),
+            {error, {version, Theirs}}
     catch
         error:{erpc, noconnection} -> {error, noconnection};
         %% The peer did not answer within connect_timeout (hung, or
@@ -227,16 +284,6 @@ not_running_why(_Class, Reason) -> Reason.
 length_or(A) when is_list(A) -> length(A);
 length_or(A) -> A.
 
-%% A peer of the first releases has no hello/1: protocol 0.
--spec hello(node(), timeout()) -> {ecall_transport:protocol(), [binary()]}.
-hello(Node, Timeout) ->
-    try erpc:call(Node, ecall_receiver_sup, hello, [ecall_transport:protocol()], Timeout) of
-        #{protocol := Protocol, receivers := Receivers} -> {Protocol, Receivers}
-    catch
-        error:{exception, undef, [{ecall_receiver_sup, hello, _, _} | _]} ->
-            {0, erpc:call(Node, ecall_receiver_sup, names, [], Timeout)}
-    end.
-
 -spec handle_call(term(), gen_server:from(), #st{}) -> {reply, term(), #st{}} | {noreply, #st{}}.
 handle_call(await, _From, #st{published = true} = St) ->
     {reply, ok, St};
@@ -255,14 +302,12 @@ handle_cast(Msg, St) ->
 
 -spec handle_info(term(), #st{}) -> {noreply, #st{}} | {stop, term(), #st{}}.
 handle_info({ecall_link, K, up}, #st{up = Up, down_logged = DL} = St0) ->
-    ecall_telemetry:execute([ecall, link, up], #{}, #{peer => St0#st.node, link => K + 1}),
+    ecall_event:execute([ecall, link, up], #{}, #{peer => St0#st.node, link => K + 1}),
     case maps:is_key(K, DL) of
         true -> ?LOG_NOTICE("ecall: link ~b to ~p is back", [K + 1, St0#st.node]);
         false -> ok
     end,
-    Watcher = spawn_link(fun watch/0),
-    true = ets:insert(ecall_links, {{St0#st.node, K}, Watcher}),
-    St = St0#st{up = Up#{K => Watcher}, down_logged = maps:remove(K, DL)},
+    St = St0#st{up = Up#{K => true}, down_logged = maps:remove(K, DL)},
     {noreply, maybe_publish(St)};
 handle_info({ecall_link, K, {down, Reason, Unconfirmed}}, #st{up = Up, down_logged = DL} = St) ->
     %% Telemetry hears of every failure (`retry': a reconnect attempt
@@ -270,18 +315,20 @@ handle_info({ecall_link, K, {down, Reason, Unconfirmed}}, #st{up = Up, down_logg
     %% requests possibly lost with the connection (the Rust side logs them).
     Meta = #{peer => St#st.node, link => K + 1, reason => Reason, retry => maps:is_key(K, DL)},
     Measurements = #{unconfirmed => Unconfirmed},
-    ecall_telemetry:execute([ecall, link, down], Measurements, Meta),
+    ecall_event:execute([ecall, link, down], Measurements, Meta),
     _ = Reason =:= stalled andalso
-        ecall_telemetry:execute([ecall, link, reap], Measurements, Meta),
+        ecall_event:execute([ecall, link, reap], Measurements, Meta),
     case maps:is_key(K, DL) of
         false -> ?LOG_WARNING("ecall: link ~b to ~p down: ~p", [K + 1, St#st.node, Reason]);
         true -> ok
     end,
-    release(St#st.node, K, maps:get(K, Up, undefined), {link_down, Reason}),
-    %% Callers waiting on it by id (the NIF transport's calls) too.
+    %% Link events are the NIF transport's: the calls waiting on the link
+    %% fail.
     ok = case St#st.peer of
-             {Mod, State} -> Mod:link_down(State, K, {link_down, Reason});
-             undefined -> ok
+             {ecall_transport_nif, State, _} ->
+                 ecall_transport_nif:link_down(State, K, {link_down, Reason});
+             _ ->
+                 ok
          end,
     {noreply, St#st{up = maps:remove(K, Up), down_logged = DL#{K => true}}};
 handle_info({ecall_link, _K, {alive, OurNode}}, #st{node = Node} = St) ->
@@ -296,9 +343,6 @@ handle_info(connect_timeout, St) ->
     {noreply, St};
 handle_info({nodedown, Node}, #st{node = Node} = St) ->
     {stop, {shutdown, nodedown}, St};
-handle_info({'EXIT', _Watcher, {link_down, _}}, St) ->
-    %% A link watcher we ended ourselves (release/4).
-    {noreply, St};
 handle_info({'EXIT', Pid, Reason}, St) ->
     %% A process of the transport (a proxy): sends would go on to a dead
     %% process and be lost. Close, so that they use `!' instead.
@@ -315,14 +359,10 @@ unexpected(What, #st{unexpected = N, node = Node} = St) ->
 maybe_publish(#st{published = false, links = L, up = Up, node = Node, peer = Peer,
                    transport = T} = St)
   when map_size(Up) =:= L ->
-    %% persistent_term:put/2 of a new key costs no global GC; only erase
-    %% and overwrite do, and those happen once per connection lifetime.
-    persistent_term:put({ecall_peer, Node}, Peer),
-    %% Traffic to it by plain distribution from now on is said again.
-    _ = ets:delete(ecall_plain_said, Node),
+    ok = ecall_route:publish(Node, Peer),
     ?LOG_NOTICE("ecall: connected to ~p over ~b links (~p transport)", [Node, L, T]),
     Now = erlang:monotonic_time(),
-    ecall_telemetry:execute([ecall, connection, up],
+    ecall_event:execute([ecall, connection, up],
                             #{duration => Now - St#st.started, links => L},
                             #{peer => Node, transport => T}),
     [gen_server:reply(From, ok) || From <- St#st.waiting],
@@ -330,21 +370,8 @@ maybe_publish(#st{published = false, links = L, up = Up, node = Node, peer = Pee
 maybe_publish(St) ->
     St.
 
-%% Callers waiting on link K's calls see its watcher exit with `Why'.
--spec release(node(), non_neg_integer(), pid() | undefined, term()) -> ok.
-release(_Node, _K, undefined, _Why) ->
-    ok;
-release(Node, K, Watcher, Why) ->
-    true = ets:delete_object(ecall_links, {{Node, K}, Watcher}),
-    Watcher ! {down, Why},
-    ok.
-
--spec watch() -> no_return().
-watch() ->
-    receive {down, Why} -> exit(Why) end.
-
 -spec terminate(term(), #st{}) -> ok.
-terminate(Reason, #st{node = Node, peer = Peer, published = P, waiting = W, up = Up,
+terminate(Reason, #st{node = Node, peer = Peer, published = P, waiting = W,
                       links = L} = St) ->
     Why = reason(Reason),
     T0 = erlang:monotonic_time(),
@@ -352,30 +379,29 @@ terminate(Reason, #st{node = Node, peer = Peer, published = P, waiting = W, up =
     %% `down' pairs with `up'; a connection that never came up `failed'.
     Meta = #{peer => Node, transport => St#st.transport, reason => Why},
     case P of
-        true -> ecall_telemetry:execute([ecall, connection, down],
+        true -> ecall_event:execute([ecall, connection, down],
                                         #{duration => T0 - St#st.up_at}, Meta);
-        false -> ecall_telemetry:execute([ecall, connection, failed],
+        false -> ecall_event:execute([ecall, connection, failed],
                                          #{duration => T0 - St#st.started}, Meta)
     end,
     %% While it closes, the peer is published as closing: a send by `!'
     %% waits for this process to exit first (ecall_route:native/3), so that it
     %% cannot overtake what the transport wrote. Replacing and erasing a
     %% persistent term costs a scan of the processes; once per close.
-    _ = P andalso persistent_term:put({ecall_peer, Node}, {closing, self()}),
-    _ = [release(Node, K, Watcher, Why) || {K, Watcher} <- maps:to_list(Up)],
+    _ = P andalso ecall_route:closing(Node, self()),
     Dropped = close(Peer, Why),
     _ = P andalso drain(Node, L),
     %% Counted after the drain: a link's last pass (a message it finishes
     %% in fragments) may still lose requests after the close.
     Drops = closed(Node, Peer, Why, Dropped, {St#st.transport, L}),
-    _ = P andalso persistent_term:erase({ecall_peer, Node}),
+    _ = P andalso ecall_route:unpublish(Node),
     case Drops of
         none ->
             ok;
         {Queued, Lost} ->
             %% After the drain: `duration' is how long sends by `!' to
             %% this node waited for the close (ecall_route:native/3).
-            ecall_telemetry:execute([ecall, connection, close],
+            ecall_event:execute([ecall, connection, close],
                                     #{closed_drops => Queued, dropped => Lost,
                                       duration => erlang:monotonic_time() - T0},
                                     Meta)
@@ -399,7 +425,7 @@ drain(Node, Links) ->
     %% none: its batches came on the native connection, before the fence).
     Ids = case Links of
               0 -> [];
-              _ -> ecall:identities()
+              _ -> ecall_cnode:nodes()
           end,
     _ = (catch erpc:call(Node, ecall_receiver_sup, fence, [Ids, Left], Left + 500)),
     ok.
@@ -408,7 +434,7 @@ drain(Node, Links) ->
 -spec close(ecall_transport:t() | undefined, term()) -> non_neg_integer() | none.
 close(undefined, _Why) ->
     none;
-close({Mod, State}, Why) ->
+close({Mod, State, _Loops}, Why) ->
     Mod:close(State, Why).
 
 %% What a close dropped is logged (one line, always: a close is rare) and
@@ -421,7 +447,7 @@ close({Mod, State}, Why) ->
           {non_neg_integer(), non_neg_integer()} | none.
 closed(_Node, undefined, _Why, _Dropped, _Path) ->
     none;
-closed(Node, {Mod, State}, Why, Dropped, {Transport, Links}) ->
+closed(Node, {Mod, State, _Loops}, Why, Dropped, {Transport, Links}) ->
     Stats = Mod:stats(State),
     %% The NIF transport counts what the close found queued apart from
     %% what its links lost; the proxies lose nothing on the way.

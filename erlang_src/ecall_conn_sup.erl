@@ -22,14 +22,12 @@ start_link() ->
 
 -spec init([]) -> {ok, {supervisor:sup_flags(), [supervisor:child_spec()]}}.
 init([]) ->
-    %% {Node, Link} -> watcher pid, read by callers (ecall_conn:watcher/2).
-    %% Owned by this supervisor so that it outlives every connection.
-    _ = ets:new(ecall_links, [named_table, public, {read_concurrency, true}]),
     %% Node -> the stats of its last closed connection (ecall:last_stats/1),
     %% written by the closing connection process.
     _ = ets:new(ecall_last_stats, [named_table, public]),
     %% Nodes whose traffic went by plain distribution with no connection up,
-    %% said once each (ecall_conn:plain/1).
+    %% said once each (ecall_route:plain/2). Owned by this supervisor so
+    %% that it outlives every connection.
     _ = ets:new(ecall_plain_said, [named_table, public, {read_concurrency, true}]),
     %% Requests dropped when connections closed (see ecall_conn).
     persistent_term:put({ecall, conn_counters}, counters:new(?COUNTERS, [write_concurrency])),

@@ -53,12 +53,15 @@ connect_all(Pids) ->
 %% to warn of.
 -spec connect(node()) -> ok.
 connect(Node) ->
-    case ecall:connect(Node) of
+    case ecall_conn:connect(Node) of
         ok ->
             ok;
         {error, Reason} when Reason =:= normal; Reason =:= transport_change ->
             ?LOG_INFO("ecall: discovery's connect to ~p ended: the connection was closed (~p) "
                       "before it was up", [Node, Reason]);
+        {error, {version, _}} ->
+            %% Said once, at notice, by the connection (ecall_route:plain/2).
+            ok;
         {error, Reason} ->
             ?LOG_WARNING("ecall: cannot connect to ~p: ~p", [Node, Reason])
     end.

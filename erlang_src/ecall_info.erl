@@ -21,25 +21,30 @@ print(Node) ->
 %% The text, one string per line (each ends with a newline).
 -spec lines() -> [string()].
 lines() ->
-    case ecall:stats() of
-        {error, not_started} ->
+    case started() of
+        false ->
             [line("ecall is not started on ~p: application:ensure_all_started(ecall)", [node()])];
-        Stats ->
-            node_lines(Stats)
+        true ->
+            node_lines(ecall_stats:node())
     end.
 
 %% `{error, not_connected}' when there is nothing to say about `Node'.
 -spec lines(node()) -> [string()] | {error, not_connected | not_started}.
 lines(Node) ->
-    case ecall:stats(Node) of
+    case started() andalso ecall_stats:peer(Node) of
+        false -> {error, not_started};
         {ok, S} -> peer(Node, S);
-        {error, not_started} = E -> E;
         {error, not_connected} = E ->
-            case ecall:last_stats(Node) of
+            case ecall_stats:last(Node) of
                 {ok, S} -> closed(Node, S);
                 _ -> E
             end
     end.
+
+%% Whether the application runs here (its top supervisor is up).
+-spec started() -> boolean().
+started() ->
+    whereis(ecall_sup) =/= undefined.
 
 -spec node_lines(map()) -> [string()].
 node_lines(#{peers := Peers, identities := Ids, receivers := Rx, closed_drops := CD}) ->

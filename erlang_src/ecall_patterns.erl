@@ -61,7 +61,7 @@ call_one_loop([], _M, _F, _A, _RpcErr, []) ->
 call_one_loop([], _M, _F, _A, _RpcErr, Errors) ->
     {error, lists:reverse(Errors)};
 call_one_loop([N | Rest], M, F, A, RpcErr, Errors) ->
-    case ecall:call(N, M, F, A) of
+    case ecall_rpc:call(N, M, F, A, infinity) of
         {ok, Result} -> {ok, {N, Result}};
         {error, E} -> call_one_loop(Rest, M, F, A, RpcErr, add_error(N, E, RpcErr, Errors))
     end.
@@ -97,19 +97,19 @@ all_loop(Tag, Left, RpcErr, Oks) ->
 %% pattern has decided (call_any, call_all) go to a process that is gone
 %% and never reach the caller's mailbox. Whether each node's call is
 %% urgent is decided here, in the calling process, which keeps the history
-%% (ecall_request:urgent/1); `Fun' gets the answers, by node.
+%% (ecall_rpc:urgent/1); `Fun' gets the answers, by node.
 -spec in_master([node()], fun((#{node() => boolean()}) -> Result)) -> Result.
 in_master(Nodes, Fun) ->
     Caller = self(),
-    Urgent = case ecall_request:closed_loop() of
-                 true -> maps:from_list([{N, ecall_request:urgent(N)} || N <- unique(Nodes)]);
+    Urgent = case ecall_rpc:closed_loop() of
+                 true -> maps:from_list([{N, ecall_rpc:urgent(N)} || N <- unique(Nodes)]);
                  false -> #{}
              end,
     {Master, Mref} = spawn_monitor(fun() -> Caller ! {self(), Fun(Urgent)} end),
     receive
         {Master, Result} ->
             demonitor(Mref, [flush]),
-            ecall_request:returned(),
+            ecall_rpc:returned(),
             Result;
         {'DOWN', Mref, process, Master, Reason} ->
             erlang:error(Reason)
@@ -124,7 +124,7 @@ parallel(Nodes, M, F, A, Urgent) ->
     Called = unique(Nodes),
     _ = [spawn(fun() ->
                        U = maps:get(N, Urgent, false),
-                       Self ! {Tag, N, ecall_request:call(N, M, F, A, infinity, U)}
+                       Self ! {Tag, N, ecall_rpc:call(N, M, F, A, infinity, U)}
                end)
          || N <- Called],
     {Tag, Called}.

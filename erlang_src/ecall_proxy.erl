@@ -18,14 +18,13 @@
 -module(ecall_proxy).
 -behaviour(ecall_transport).
 
--export([open/3, send/4, send_many/3, push/3, call/6, cancel/2, link_down/3, loop_starts/1,
-         reply_watcher/1, stats/1, close/2]).
--export([init/4]).
+-export([open/2, push/3, call/6, cancel/2, stats/1, close/2]).
+-export([pick/1, init/4]).
 
 %% A transport change (see close/2): how long the proxies may take to send
 %% what they hold, and how long a proxy lingers after that, still sending
-%% what late callers hand it and standing for the calls in flight (their
-%% reply watcher) until they are answered.
+%% what late callers hand it and standing for the calls in flight (the
+%% process their monitor watches) until they are answered.
 -define(DRAIN_TIMEOUT, 3000).
 -define(LINGER_MS, 60000).
 
@@ -34,70 +33,48 @@
 -define(REQUESTS, 2).
 -define(COUNTERS, 2).
 
--record(pool, {proxies :: tuple(), counters :: counters:counters_ref(),
-               protocol :: ecall_transport:protocol(),
-               %% Closed-loop calls (loop_starts/1).
-               loops :: atomics:atomics_ref() | off}).
+-record(pool, {proxies :: tuple(), counters :: counters:counters_ref()}).
 -opaque pool() :: #pool{}.
 -export_type([pool/0]).
 
 %% @doc Starts one proxy per receiver name of `Node', linked to the caller
 %% (the connection process, which stops when a proxy dies). No links to
 %% wait for: usable at once.
--spec open(node(), [binary()], ecall_transport:protocol()) -> {ok, pool(), 0}.
-open(Node, Receivers, Protocol) ->
+-spec open(node(), [binary()]) -> {ok, pool(), 0}.
+open(Node, Receivers) ->
     C = counters:new(?COUNTERS, [write_concurrency]),
     Max = ecall_config:get(max_batch_count),
     Proxies = [proc_lib:spawn_opt(?MODULE, init, [{binary_to_atom(R), Node}, C, Max, self()],
                                   [link, {message_queue_data, off_heap}])
                || R <- Receivers],
-    {ok, #pool{proxies = list_to_tuple(Proxies), counters = C, protocol = Protocol,
-               loops = ecall_transport:loops()}, 0}.
+    {ok, #pool{proxies = list_to_tuple(Proxies), counters = C}, 0}.
 
 %% A proxy never holds a request back for company (it sends what its
-%% mailbox holds as soon as it runs): `Urgent' only travels with a call, so
-%% that the peer does not hold back its reply (ecall_transport:wire/3).
--spec send(pool(), pid() | reference() | atom(), term(), boolean()) -> ok.
-send(Pool, Dest, Msg, _Urgent) ->
-    push(Pool, {send, Dest, Msg}, false).
-
--spec send_many(pool(), [pid() | reference() | atom()], term()) ->
-          ecall_transport:push_result() | unsupported.
-send_many(#pool{protocol = Protocol} = Pool, Dests, Msg) when Protocol >= 2 ->
-    push(Pool, {send_many, Dests, Msg}, false);
-send_many(_Pool, _Dests, _Msg) ->
-    unsupported.
-
--spec push(pool(), ecall_transport:request(), boolean()) -> ok.
-push(#pool{protocol = Protocol} = Pool, Request, Urgent) ->
-    pick(Pool) ! {do, ecall_transport:wire(Request, Urgent, Protocol)},
+%% mailbox holds as soon as it runs): `Urgent' only marks a call, so that
+%% the peer does not hold back its reply (ecall_request:wire/2).
+-spec push(pool(), ecall_request:request(), boolean()) -> ok.
+push(Pool, Request, Urgent) ->
+    pick(Pool) ! {do, ecall_request:wire(Request, Urgent)},
     ok.
 
-%% Calls through the proxies are answered by alias (reply_watcher/1).
--spec call(pool(), reference(), module(), atom(), [term()], boolean()) -> watched.
-call(_Pool, _Ref, _M, _F, _A, _Urgent) ->
-    watched.
+%% @doc Calls through the proxies are answered by alias: the caller
+%% monitors its proxy, which is linked to the connection (it goes down
+%% with it, and the connection with it), with an alias for the reply.
+-spec call(pool(), reference(), module(), atom(), [term()], boolean()) -> {ok, reference()}.
+call(Pool, _Ref, M, F, A, Urgent) ->
+    Proxy = pick(Pool),
+    Alias = monitor(process, Proxy, [{alias, reply_demonitor}]),
+    Proxy ! {do, ecall_request:wire(ecall_request:call_alias(Alias, M, F, A), Urgent)},
+    {ok, Alias}.
 
--spec cancel(pool(), term()) -> false.
-cancel(_Pool, _Id) ->
-    false.
+%% Removing the monitor deactivates the alias: a reply that comes later is
+%% dropped by the runtime and never reaches the mailbox.
+-spec cancel(pool(), reference()) -> true.
+cancel(_Pool, Alias) ->
+    demonitor(Alias, [flush]).
 
-%% The proxies have no links.
--spec link_down(pool(), non_neg_integer(), term()) -> ok.
-link_down(_Pool, _K, _Why) ->
-    ok.
-
--spec loop_starts(pool()) -> pos_integer() | off.
-loop_starts(#pool{loops = Loops}) ->
-    ecall_transport:loop_starts(Loops).
-
-%% The proxy is linked to the connection: it goes down with it, and the
-%% connection goes down with it.
--spec reply_watcher(pool()) -> {ok, pid()}.
-reply_watcher(Pool) ->
-    {ok, pick(Pool)}.
-
-%% The calling process's proxy (per-caller order).
+%% @doc The calling process's proxy: the one its requests go through, in
+%% its order, and its calls' monitor watches.
 -spec pick(pool()) -> pid().
 pick(#pool{proxies = P}) ->
     element(erlang:phash2(self(), tuple_size(P)) + 1, P).
@@ -191,7 +168,7 @@ collect(_N, _Max) ->
 
 %% A retired proxy sends what callers that read the transport just before
 %% it closed hand it, each as its own batch, and stands for the calls in
-%% flight (callers monitor it, ecall_request:wait_reply/2): it exits with
+%% flight (callers monitor it, ecall_rpc:wait_alias/4): it exits with
 %% `noconnection' if the peer goes down, else with `transport_change'
 %% after ?LINGER_MS.
 -spec linger({atom(), node()}, integer()) -> no_return().

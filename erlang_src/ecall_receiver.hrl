@@ -1,5 +1,6 @@
 %% The indexes of the receiver pool's shared counters (one array for the
-%% node, made by ecall_receiver_sup:init/1): ecall_receiver adds to them,
+%% node, made by ecall_receiver_sup:init/1): ecall_receiver and
+%% ecall_request (the replay) add to them,
 %% ecall_receiver_sup:counts/0 reads them by name. Nothing else knows them.
 -define(BATCHES, 1).
 -define(REQUESTS, 2).

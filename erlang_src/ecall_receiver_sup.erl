@@ -1,11 +1,11 @@
 %% @private
 %% The receiver pool: one off_heap worker per index, registered as
 %% `ecall_rx_<I>'. Peers learn the names through {@link names/0} when they
-%% connect, and each of their shards always writes to the same worker.
+%% connect (ecall_conn:hello/1), and each of their shards always writes to the same worker.
 -module(ecall_receiver_sup).
 -behaviour(supervisor).
 
--export([start_link/0, init/1, hello/1, names/0, counters/0, counts/0, fence/2]).
+-export([start_link/0, init/1, name/1, names/0, counters/0, counts/0, fence/2]).
 
 -include("ecall_receiver.hrl").
 
@@ -19,20 +19,15 @@ init([]) ->
     %% Shared counters: batches, requests, malformed, dead letters, spawns
     %% that failed (system_limit).
     persistent_term:put({ecall, rx_counters}, counters:new(?COUNTERS, [write_concurrency])),
-    persistent_term:put({ecall, rx_names}, [ecall_receiver:name(I) || I <- lists:seq(1, N)]),
+    persistent_term:put({ecall, rx_names}, [name(I) || I <- lists:seq(1, N)]),
     Workers = [#{id => I, start => {ecall_receiver, start_link, [I]}}
                || I <- lists:seq(1, N)],
     {ok, {#{strategy => one_for_one, intensity => 10, period => 10}, Workers}}.
 
-%% @doc What a peer opening a connection needs to know: the pool's names
-%% and this node's protocol (what its receivers accept). Called over plain
-%% distribution with the caller's protocol, which newer versions may use
-%% to answer in kind. A peer that finds no hello/1 (the first releases)
-%% asks names/0 and takes protocol 0.
--spec hello(ecall_transport:protocol()) ->
-          #{protocol := ecall_transport:protocol(), receivers := [binary()]}.
-hello(_TheirProtocol) ->
-    #{protocol => ecall_transport:protocol(), receivers => names()}.
+%% @doc The registered name of worker `I'.
+-spec name(pos_integer()) -> atom().
+name(I) ->
+    list_to_atom("ecall_rx_" ++ integer_to_list(I)).
 
 %% @doc Registered names of the pool, as the C-node of a peer wants them.
 -spec names() -> [binary()].

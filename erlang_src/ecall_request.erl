@@ -1,268 +1,267 @@
 %% @private
-%% cast and call over a peer's transport (ecall_transport), and what the
-%% receiving node runs for them.
+%% The requests of ecall: every kind, how it is built, its wire form, and
+%% how the receiving node replays it. This module is their one home.
 %%
-%% What a call returns, and how that compares with erpc:call/5, is written
-%% once, in the edoc of ecall:call/5.
+%% A `{batch, Requests}' message carries a list of these to a receiver
+%% worker of the peer (ecall_receiver), which replays them in order with
+%% replay/2. Both transports carry the same terms: the pure-Erlang one as
+%% built here, the NIF one encoded by the NIF, which writes `{send, Dest,
+%% Msg}' and `{send_many, Dests, Msg}' as it encodes (native/ecall_nif/src/
+%% push.rs) and the front of a big request around a message it encoded on
+%% a dirty scheduler (push_encoded/4, for `send' and `reply'); any other
+%% request it encodes as built here.
+%%
+%% A new kind takes: a constructor and a replay clause here, its line in
+%% request(), the NIF's encoding if it has a fast path of its own, a test,
+%% and a line in doc/behaviour.md.
+%%
+%% Both nodes of a connection speak the same version/0 (ecall_conn checks
+%% it when the connection opens; a peer of another version is refused and
+%% its traffic goes by plain distribution).
 -module(ecall_request).
 
--export([cast/4, call/5, call/6, urgent/1, closed_loop/0, returned/0, run_call/5,
-         run_call/6, run_cast/3]).
+-export([version/0]).
+-export([send/2, send_many/2, cast/3, call/5, call_alias/4, reply/2, wire/2]).
+-export([replay/2, reply/4, run_call/5, run_call/6, run_cast/3]).
 
-%% Urgency. Wins: closed-loop calls 67 % faster per call for one caller and
-%% 104 % for 8, and a probe's call under load 179 % faster at the median
-%% (switched off in the sitting of native/ecall_dist/src/link/tuning.rs,
-%% where the write path's other tuning constants are).
-%%
-%% Process dictionary key: when the process's last call returned
-%% (monotonic, microseconds).
--define(LAST_CALL, '$ecall_last_call').
-%% A call made this soon after the caller's last one returned is in a
-%% closed loop (see closed_loop/0): a busy link's writer would hold it up
-%% to 1-2 ms waiting for company.
--define(CLOSED_LOOP_US, 2000).
-%% Process dictionary key, with the peer: the peer's count of closed-loop
-%% calls (ecall_transport:loop_starts/1) at the process's last one.
--define(LOOP_STARTS, '$ecall_loop_starts').
-%% Closed-loop calls to one peer that may start during one caller's cycle
-%% for its calls to stay urgent: past that, such callers bring each other
-%% company, and gathering pays again (bench/run.sh pingpong: gathering
-%% made each call of 1 to 64 such callers 4-13 times slower; at 1,000 it
-%% carried more calls per second than no gathering; with 128, 256 and 512
-%% callers this limit did better than none and than 0 at 256 and 512, and
-%% urgency won at 128).
--define(LOOP_COMPANY, 256).
+-include("ecall_receiver.hrl").
 
-%% @doc See ecall:cast/4 (arguments checked there).
--spec cast(node(), module(), atom(), list()) -> ok | {error, overload}.
-cast(Node, M, F, A) ->
-    case ecall_conn:peer(Node) of
-        undefined ->
-            ecall_conn:plain(Node),
-            erpc:cast(Node, M, F, A);
-        {Mod, State} ->
-            case Mod:push(State, {cast, M, F, A}, false) of
-                ok -> ok;
-                closed -> erpc:cast(Node, M, F, A);
-                overload -> overloaded(ok)
-            end
-    end.
+%% The version of the requests below. Peers of another version do not
+%% exchange requests (see ecall_conn).
+-define(VERSION, 1).
 
-%% What a request refused for want of room returns: `{error, overload}'
-%% under the `error' policy, `Dropped' (what the caller returns when all
-%% is well) under `drop'.
--spec overloaded(T) -> T | {error, overload}.
-overloaded(Dropped) ->
-    case ecall_config:get(overflow) of
-        drop -> Dropped;
-        _ -> {error, overload}
-    end.
+%% One element of a `{batch, Requests}' message.
+%% - `send': `Dest ! Msg'; `send_many': `Msg' to each of `Dests', in order.
+%% - `cast': spawns `M:F(A...)'.
+%% - `call' with `From' and `Id' (the NIF transport): the peer sends
+%%   `{reply, Id, Reply}' to a receiver of node `From', which hands it to
+%%   the caller waiting under `Id' (ecall_nif:call_reply/2).
+%% - `call' with `Alias' (the pure-Erlang transport): the peer sends
+%%   `{Alias, Reply}' to `Alias'.
+%% - A call marked `urgent' comes from a caller in a closed loop
+%%   (ecall_rpc:closed_loop/0): the peer sends its reply without waiting
+%%   for other requests to batch with it (wire/2).
+-type request() :: {send, Dest :: dest(), Msg :: term()}
+                 | {send_many, [dest()], Msg :: term()}
+                 | {cast, module(), atom(), [term()]}
+                 | {call, From :: node(), Id :: non_neg_integer(), module(), atom(), [term()]}
+                 | {call, From :: node(), Id :: non_neg_integer(), module(), atom(), [term()],
+                    urgent}
+                 | {reply, Id :: non_neg_integer(), reply()}
+                 | {call, Alias :: reference(), module(), atom(), [term()]}
+                 | {call, Alias :: reference(), module(), atom(), [term()], urgent}.
+%% A target on the peer: a pid, an alias or a registered name.
+-type dest() :: pid() | reference() | atom().
+%% What a call's reply carries back: to `Alias', as `{Alias, Reply}'; to a
+%% caller waiting under an id, as `{Ref, Reply}'.
+-type reply() :: {value, term()} | {exception, error | exit, term(), list()}
+               | {badrpc, term()}
+               %% A big reply to a call answered by id: the other forms, in
+               %% external format, decoded by the caller.
+               | {external, binary()}.
+-export_type([request/0, dest/0, reply/0]).
 
-%% @doc See ecall:call/5 (arguments checked there).
--spec call(node(), module(), atom(), list(), timeout()) ->
-          {ok, term()} | {error, term()}.
-call(Node, M, F, A, Timeout) ->
-    Peer = ecall_conn:peer(Node),
-    Result = call_peer(Node, Peer, M, F, A, Timeout, urgent(Node, Peer)),
-    returned(),
-    Result.
+%% @doc The version of the requests this node sends and replays.
+-spec version() -> pos_integer().
+version() ->
+    ?VERSION.
 
-%% @doc call/5 with its urgency (urgent/1) decided by the caller: the
-%% parallel patterns decide in the calling process, and call from helpers.
--spec call(node(), module(), atom(), list(), timeout(), boolean()) ->
-          {ok, term()} | {error, term()}.
-call(Node, M, F, A, Timeout, Urgent) ->
-    call_peer(Node, ecall_conn:peer(Node), M, F, A, Timeout, Urgent).
+%%--------------------------------------------------------------------
+%% Constructors
 
-%% A call to `Node', whose published transport (ecall_conn:peer/1) is
-%% `Peer'.
--spec call_peer(node(), ecall_transport:t() | undefined, module(), atom(), list(),
-                timeout(), boolean()) -> {ok, term()} | {error, term()}.
-call_peer(Node, _Peer, M, F, A, Timeout, _Urgent) when Node =:= node() ->
-    erpc_call(Node, M, F, A, Timeout);
-call_peer(Node, undefined, M, F, A, Timeout, _Urgent) ->
-    ecall_conn:plain(Node),
-    erpc_call(Node, M, F, A, Timeout);
-call_peer(Node, {Mod, State}, M, F, A, Timeout, Urgent) ->
-    %% Made here, next to the receive that waits for its reply: the
-    %% compiler then lets that receive skip the messages the caller
-    %% already had (a process with a long mailbox does not scan it on
-    %% every call).
-    Ref = make_ref(),
-    case Mod:call(State, Ref, M, F, A, Urgent) of
-        {ok, Id} ->
-            wait_reply(Mod, State, Id, Ref, Timeout);
-        watched ->
-            call_watched(Node, Mod, State, M, F, A, Timeout, Urgent);
-        closed ->
-            erpc_call(Node, M, F, A, Timeout);
-        overload ->
-            %% A call always says so: it has no result.
-            {error, overload}
-    end.
+-spec send(dest(), term()) -> request().
+send(Dest, Msg) -> {send, Dest, Msg}.
 
-%% A call answered by id (ecall_transport:call/6): the reply, or a failure
-%% of its path, comes as `{Ref, Reply}'. A call that times out is given up
-%% first: if its reply was handed over already, it is taken from the
-%% mailbox, so that no reply reaches the caller after the call returned.
--spec wait_reply(module(), term(), term(), reference(), timeout()) ->
-          {ok, term()} | {error, term()}.
-wait_reply(Mod, State, Id, Ref, Timeout) ->
-    receive
-        {Ref, Reply} ->
-            result(Reply)
-    after Timeout ->
-        case Mod:cancel(State, Id) of
-            true ->
-                {error, {badrpc, timeout}};
-            false ->
-                receive {Ref, Reply} -> result(Reply) end
-        end
-    end.
+-spec send_many([dest()], term()) -> request().
+send_many(Dests, Msg) -> {send_many, Dests, Msg}.
 
-%% A call answered by alias, for transports and peers without calls by
-%% id: the caller monitors the process that stands for its path, with an
-%% alias for the reply.
--spec call_watched(node(), module(), term(), module(), atom(), list(), timeout(), boolean()) ->
-          {ok, term()} | {error, term()}.
-call_watched(Node, Mod, State, M, F, A, Timeout, Urgent) ->
-    case Mod:reply_watcher(State) of
-        closed ->
-            erpc_call(Node, M, F, A, Timeout);
-        {ok, Watcher} ->
-            %% Made next to the receive, as in call/6.
-            Mref = monitor(process, Watcher, [{alias, reply_demonitor}]),
-            case Mod:push(State, {call, Mref, M, F, A}, Urgent) of
-                ok ->
-                    wait_alias(Mref, Timeout);
-                closed ->
-                    demonitor(Mref, [flush]),
-                    erpc_call(Node, M, F, A, Timeout);
-                overload ->
-                    demonitor(Mref, [flush]),
-                    {error, overload}
-            end
-    end.
+-spec cast(module(), atom(), [term()]) -> request().
+cast(M, F, A) -> {cast, M, F, A}.
 
-%% @doc Whether the calling process's next call to `Node' should be urgent:
-%% not held back on either link to be batched with others. A busy link's
-%% writer batches requests by waiting up to 1-2 ms for more to come. A
-%% caller in a closed loop (closed_loop/0) brings none while it waits for
-%% its answer: held back, each of its calls would wait that long on the
-%% way out and again on the way back. Unless many callers are in such
-%% loops with the same peer: they then bring each other company, and the
-%% batches save more than the wait costs. How many is counted without
-%% any bookkeeping of their own: each closed-loop call counts itself in
-%% the peer (ecall_transport:loop_starts/1), and the number of such calls
-%% started since the caller's last one is about how many callers are in
-%% such loops. Urgent up to 256 of them, and never with the `urgent'
-%% setting false when the connection opened. (The first call of a loop that
-%% starts long after the caller's last one compares with an old count,
-%% and is not urgent; the next one is.)
--spec urgent(node()) -> boolean().
-urgent(Node) ->
-    urgent(Node, ecall_conn:peer(Node)).
+%% @doc A call answered by id: its reply goes to a receiver of node
+%% `From', for the caller waiting under `Id'.
+-spec call(node(), non_neg_integer(), module(), atom(), [term()]) -> request().
+call(From, Id, M, F, A) -> {call, From, Id, M, F, A}.
 
-%% urgent/1 with `Node''s published transport looked up already.
--spec urgent(node(), ecall_transport:t() | undefined) -> boolean().
-urgent(Node, Peer) ->
-    closed_loop() andalso
-        case Peer of
-            {Mod, State} ->
-                case Mod:loop_starts(State) of
-                    off ->
-                        false;
-                    Starts ->
-                        case put({?LOOP_STARTS, Node}, Starts) of
-                            undefined -> true;
-                            Before -> Starts - Before =< ?LOOP_COMPANY
-                        end
-                end;
-            undefined ->
-                false
-        end.
+%% @doc A call answered by alias: its reply goes to `Alias'.
+-spec call_alias(reference(), module(), atom(), [term()]) -> request().
+call_alias(Alias, M, F, A) -> {call, Alias, M, F, A}.
 
-%% @doc Whether the calling process is in a closed loop: its last call
-%% returned less than 2 ms ago, so it waits for each answer before its
-%% next request (a process calling in a loop, a gen_server calling per
-%% message). A caller that pauses between calls (a paced load) is not.
--spec closed_loop() -> boolean().
-closed_loop() ->
-    case get(?LAST_CALL) of
-        undefined -> false;
-        Last -> erlang:monotonic_time(microsecond) - Last < ?CLOSED_LOOP_US
-    end.
+-spec reply(non_neg_integer(), reply()) -> request().
+reply(Id, Reply) -> {reply, Id, Reply}.
 
-%% @doc Notes that a call of the calling process has returned (see
-%% closed_loop/0).
--spec returned() -> ok.
-returned() ->
-    _ = put(?LAST_CALL, erlang:monotonic_time(microsecond)),
+%% @doc The request as it goes on the wire: a call from a caller in a
+%% closed loop (`Urgent') is marked `urgent'.
+-spec wire(request(), boolean()) -> request().
+wire({call, _, _, _, _} = Call, true) -> erlang:append_element(Call, urgent);
+wire({call, _, _, _, _, _} = Call, true) -> erlang:append_element(Call, urgent);
+wire(Request, _Urgent) -> Request.
+
+%%--------------------------------------------------------------------
+%% Replay, on the receiving node
+
+%% @doc Replays the requests of one batch in order, counting them in the
+%% receiver pool's counters `C'. Nothing a peer sends raises here: a
+%% malformed element is counted and skipped; a cast or call that cannot be
+%% spawned (the process table is full) is counted, and the call is
+%% answered `{badrpc, system_limit}'.
+-spec replay(term(), counters:counters_ref()) -> ok.
+replay(Requests, C) ->
+    replay(Requests, C, 0).
+
+-spec replay(term(), counters:counters_ref(), non_neg_integer()) -> ok.
+replay([{send, To, Msg} | Rest], C, N) when is_pid(To); is_reference(To); is_atom(To) ->
+    deliver(To, Msg, C),
+    replay(Rest, C, N + 1);
+replay([{send_many, Dests, Msg} | Rest], C, N) when is_list(Dests) ->
+    %% One message to many local targets, in the order given; this worker
+    %% replays the caller's other requests too, so each target gets the
+    %% caller's messages in order. Targets that are not a pid, an alias or
+    %% a name (or an improper tail) are counted malformed, the others still
+    %% served.
+    send_each(Dests, Msg, C),
+    replay(Rest, C, N + 1);
+replay([{cast, M, F, A} | Rest], C, N) when is_atom(M), is_atom(F), is_list(A) ->
+    _ = spawn_or_count(C, ?MODULE, run_cast, [M, F, A]),
+    replay(Rest, C, N + 1);
+replay([{call, From, Id, M, F, A} | Rest], C, N)
+  when is_atom(From), is_integer(Id), is_atom(M), is_atom(F), is_list(A) ->
+    call_by_id(C, From, Id, M, F, A, false),
+    replay(Rest, C, N + 1);
+replay([{call, From, Id, M, F, A, urgent} | Rest], C, N)
+  when is_atom(From), is_integer(Id), is_atom(M), is_atom(F), is_list(A) ->
+    call_by_id(C, From, Id, M, F, A, true),
+    replay(Rest, C, N + 1);
+replay([{reply, Id, Reply} | Rest], C, N) when is_integer(Id) ->
+    hand_reply(Id, Reply, C),
+    replay(Rest, C, N + 1);
+replay([{call, Alias, M, F, A} | Rest], C, N)
+  when is_reference(Alias), is_atom(M), is_atom(F), is_list(A) ->
+    call_by_alias(C, Alias, M, F, A, false),
+    replay(Rest, C, N + 1);
+replay([{call, Alias, M, F, A, urgent} | Rest], C, N)
+  when is_reference(Alias), is_atom(M), is_atom(F), is_list(A) ->
+    call_by_alias(C, Alias, M, F, A, true),
+    replay(Rest, C, N + 1);
+replay([], C, N) ->
+    counters:add(C, ?REQUESTS, N);
+replay([_Bad | Rest], C, N) ->
+    counters:add(C, ?MALFORMED, 1),
+    replay(Rest, C, N);
+replay(_Improper, C, N) ->
+    counters:add(C, ?MALFORMED, 1),
+    counters:add(C, ?REQUESTS, N).
+
+%% `To ! Msg'; a name not registered here is counted (a dead letter),
+%% where `!' would raise.
+-spec deliver(dest(), term(), counters:counters_ref()) -> ok.
+deliver(To, Msg, C) when is_atom(To) ->
+    try
+        To ! Msg,
+        ok
+    catch
+        error:badarg -> counters:add(C, ?DEAD_LETTERS, 1)
+    end;
+deliver(To, Msg, _C) ->
+    To ! Msg,
     ok.
 
--spec wait_alias(reference(), timeout()) -> {ok, term()} | {error, term()}.
-wait_alias(Mref, Timeout) ->
-    receive
-        {Mref, Reply} ->
-            result(Reply);
-        {'DOWN', Mref, process, _, Reason} ->
-            {error, {badrpc, down_reason(Reason)}}
-    after Timeout ->
-        %% Removing the monitor deactivates the alias: a reply that comes
-        %% later is dropped by the runtime and never reaches the mailbox.
-        demonitor(Mref, [flush]),
-        receive
-            {Mref, Reply} -> result(Reply)
-        after 0 ->
-            {error, {badrpc, timeout}}
-        end
+-spec send_each(term(), term(), counters:counters_ref()) -> ok.
+send_each([To | Rest], Msg, C) when is_pid(To); is_reference(To); is_atom(To) ->
+    deliver(To, Msg, C),
+    send_each(Rest, Msg, C);
+send_each([_Bad | Rest], Msg, C) ->
+    counters:add(C, ?MALFORMED, 1),
+    send_each(Rest, Msg, C);
+send_each([], _Msg, _C) ->
+    ok;
+send_each(_Improper, _Msg, C) ->
+    counters:add(C, ?MALFORMED, 1).
+
+-spec call_by_alias(counters:counters_ref(), reference(), module(), atom(), list(), boolean()) ->
+          term().
+call_by_alias(C, Alias, M, F, A, Urgent) ->
+    case spawn_or_count(C, ?MODULE, run_call, [Alias, M, F, A, Urgent]) of
+        ok -> ok;
+        {error, Why} -> ecall_route:send_to(Alias, {Alias, {badrpc, Why}}, Urgent)
     end.
 
--spec result(ecall_transport:reply()) -> {ok, term()} | {error, term()}.
-%% A big reply, as the peer encoded it (ecall_transport_nif:push_large/3):
-%% decoded here, by its caller.
-result({external, Encoded}) when is_binary(Encoded) -> result(binary_to_term(Encoded));
-result({value, {error, _} = Error}) -> Error;
-result({value, Value}) -> {ok, Value};
-result({exception, Class, Reason, Stack}) -> {error, {exception, Class, Reason, Stack}};
-%% From a peer of an earlier release, which sent the reason alone.
-result({exception, Reason}) -> {error, {exception, exit, Reason, []}};
-result({badrpc, Reason}) -> {error, {badrpc, Reason}}.
+-spec call_by_id(counters:counters_ref(), node(), integer(), module(), atom(), list(),
+                 boolean()) -> ok.
+call_by_id(C, From, Id, M, F, A, Urgent) ->
+    case spawn_or_count(C, ?MODULE, run_call, [From, Id, M, F, A, Urgent]) of
+        ok -> ok;
+        {error, Why} -> reply(From, Id, {badrpc, Why}, Urgent)
+    end.
 
--spec down_reason(term()) -> term().
-down_reason({link_down, Reason}) -> {link_down, Reason};
-down_reason(noproc) -> noconnection;
-down_reason(Reason) -> Reason.
-
--spec erpc_call(node(), module(), atom(), list(), timeout()) ->
-          {ok, term()} | {error, term()}.
-erpc_call(Node, M, F, A, Timeout) ->
-    try erpc:call(Node, M, F, A, Timeout) of
-        Value -> result({value, Value})
+%% A reply to a call of this node. One that finds no caller waiting (it
+%% timed out, or its link failed) is counted; so is one on a node whose NIF
+%% is not loaded (no call of this node waits by id: malformed).
+-spec hand_reply(integer(), term(), counters:counters_ref()) -> ok.
+hand_reply(Id, Reply, C) ->
+    try ecall_nif:call_reply(Id, Reply) of
+        true -> ok;
+        false -> counters:add(C, ?LATE_REPLIES, 1)
     catch
-        %% erpc rethrows a thrown value; ecall counts it as returned.
-        throw:Value -> result({value, Value});
-        error:{erpc, Reason} -> {error, {badrpc, Reason}};
-        error:{exception, Reason, Stack} -> {error, {exception, error, Reason, Stack}};
-        exit:{exception, Reason} -> {error, {exception, exit, Reason, []}};
-        exit:{signal, Reason} -> {error, {exception, exit, Reason, []}}
+        error:_ -> counters:add(C, ?MALFORMED, 1)
     end.
+
+%% spawn/3 raises system_limit when the process table is full: counted, and
+%% the rest of the batch goes on.
+-spec spawn_or_count(counters:counters_ref(), module(), atom(), list()) ->
+          ok | {error, system_limit}.
+spawn_or_count(C, M, F, A) ->
+    try spawn(M, F, A) of
+        _Pid -> ok
+    catch
+        error:system_limit ->
+            counters:add(C, ?SPAWN_FAILED, 1),
+            {error, system_limit}
+    end.
+
+%% @doc On the node that ran a call answered by id: its reply, `{reply,
+%% Id, Reply}', to a receiver of the caller's node `From', through the
+%% transport of the connection to it (batched, or at once when `Urgent':
+%% its caller is in a closed loop), else by `!' to its first receiver. A
+%% reply is the replying process's last message: it has no order to keep
+%% with others. One the transport refuses for want of room goes by `!'
+%% too: its caller waits for it.
+-spec reply(node(), non_neg_integer(), reply(), boolean()) -> ok.
+reply(From, Id, Reply, Urgent) ->
+    Request = reply(Id, Reply),
+    case ecall_route:peer(From) of
+        {Mod, State, _Loops} ->
+            case Mod:push(State, Request, Urgent) of
+                ok -> ok;
+                _ClosedOrOverload -> native_reply(From, Request)
+            end;
+        undefined ->
+            native_reply(From, Request)
+    end.
+
+-spec native_reply(node(), request()) -> ok.
+native_reply(From, Request) ->
+    _ = erlang:send({ecall_receiver_sup:name(1), From}, {batch, [Request]}),
+    ok.
 
 %% @doc On the receiving node: runs a call answered by id and sends the
-%% reply to node `From' (ecall_route:reply/4), through this node's own
-%% ecall connection to it (batched, or at once when `Urgent': its caller
-%% is in a closed loop), or `!' without one.
+%% reply to node `From' (reply/4).
 -spec run_call(node(), non_neg_integer(), module(), atom(), list(), boolean()) -> ok.
 run_call(From, Id, M, F, A, Urgent) ->
-    ecall_route:reply(From, Id, apply_call(M, F, A), Urgent).
+    reply(From, Id, apply_call(M, F, A), Urgent).
 
 %% @doc On the receiving node: runs a call answered by alias and sends the
-%% reply to `Alias', as run_call/6 does.
+%% reply to `Alias' as a send does (ecall_route), urgent when the call was.
 -spec run_call(reference(), module(), atom(), list(), boolean()) -> term().
 run_call(Alias, M, F, A, Urgent) ->
-    ecall:send_reply(Alias, {Alias, apply_call(M, F, A)}, Urgent).
+    ecall_route:send_to(Alias, {Alias, apply_call(M, F, A)}, Urgent).
 
--spec apply_call(module(), atom(), list()) -> ecall_transport:reply().
+%% @doc On the receiving node: runs a cast, as erpc:cast/4 would.
+-spec run_cast(module(), atom(), list()) -> term().
+run_cast(M, F, A) ->
+    apply(M, F, A).
+
+-spec apply_call(module(), atom(), list()) -> reply().
 apply_call(M, F, A) ->
     try {value, apply(M, F, A)}
     catch
@@ -302,8 +301,3 @@ callee_frames([Frame | Rest], Stack, M, F, Arity) ->
         Stack -> Stack;
         Frames -> [Frame | Frames]
     end.
-
-%% @doc On the receiving node: runs a cast, as erpc:cast/4 would.
--spec run_cast(module(), atom(), list()) -> term().
-run_cast(M, F, A) ->
-    apply(M, F, A).

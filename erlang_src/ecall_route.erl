@@ -1,12 +1,12 @@
 %% @private
-%% The data path of a send (ecall:send/2,3, and the replies of calls,
-%% ecall:send_reply/3): whether a message to another node goes by native
+%% The data path of a send (ecall:send/2,3, and the replies of calls
+%% answered by alias): whether a message to another node goes by native
 %% `!' or through the ecall transport of a connection to that node, and
 %% how one caller's messages to one node keep their order when they switch
 %% from one path to the other.
 %%
 %% The choice, per message (send_remote/5): the transport of the node's
-%% connection when one is published (ecall_conn:route/1); native `!' when
+%% connection when one is published (route/1, written by ecall_conn); native `!' when
 %% none is (no connection, or one still opening), when it is closing, and
 %% when its transport finds it closed at the push. A message to this node
 %% is always `!'. When the peer's byte budget is full and the transport
@@ -37,7 +37,10 @@
 %% caller per switch to a transport.
 -module(ecall_route).
 
--export([send_to/3, send_remote/5, send_many/2, send_many/3, reply/4]).
+-export([send/3, send_to/3, send_remote/5, send_many/2, send_many/3]).
+-export([route/1, peer/1, await_close/1, plain/1, plain/2, publish/2, closing/2, unpublish/1]).
+
+-include_lib("kernel/include/logger.hrl").
 
 %% Process dictionary key: the nodes this process sent to by `!' since its
 %% last send to them through a transport (see native/3).
@@ -48,6 +51,112 @@
 %% own, go as one send each (see one_per_node/4). Not measured beyond the
 %% one-per-node broadcast over 3 peers (bench/run.sh fanout).
 -define(ONE_PER_NODE_MAX, 16).
+
+%% What a connection publishes for its peer (persistent_term, so the send
+%% path reads it without a lock or a copy): its transport once every link
+%% is up, `{closing, Pid}' while it closes.
+-define(KEY(Node), {ecall_peer, Node}).
+
+%% @doc What is published for `Node', for the send path: the transport
+%% (ecall_transport:t()), `{closing, Pid}' while a connection closes
+%% (ecall_conn:terminate/2), or `undefined'.
+-spec route(node()) -> ecall_transport:t() | {closing, pid()} | undefined.
+route(Node) ->
+    persistent_term:get(?KEY(Node), undefined).
+
+%% @doc The published transport of `Node', or `undefined' (none, or
+%% closing).
+-spec peer(node()) -> ecall_transport:t() | undefined.
+peer(Node) ->
+    case route(Node) of
+        {closing, _} -> undefined;
+        Route -> Route
+    end.
+
+%% @doc Publishes `Node''s transport: sends to it go through it from now.
+%% A new key costs no global GC (only an overwrite or an erase does, once
+%% per connection lifetime). Traffic to it by plain distribution is said
+%% again after this (plain/1).
+-spec publish(node(), ecall_transport:t()) -> ok.
+publish(Node, Transport) ->
+    persistent_term:put(?KEY(Node), Transport),
+    _ = ets:delete(ecall_plain_said, Node),
+    ok.
+
+%% @doc Publishes `Node''s connection as closing, by process `Pid': a send
+%% by `!' waits for `Pid' to end (await_close/1).
+-spec closing(node(), pid()) -> ok.
+closing(Node, Pid) ->
+    persistent_term:put(?KEY(Node), {closing, Pid}).
+
+%% @doc Nothing published for `Node' any more.
+-spec unpublish(node()) -> ok.
+unpublish(Node) ->
+    _ = persistent_term:erase(?KEY(Node)),
+    ok.
+
+%% @doc Returns when no connection to `Node' is closing: at once, or when
+%% the closing one has made sure that what its transport wrote has been
+%% replayed on the peer (ecall_conn:terminate/2). For callers about to
+%% send by `!' (per-caller order).
+-spec await_close(node()) -> ok.
+await_close(Node) ->
+    case route(Node) of
+        {closing, Pid} ->
+            Ref = monitor(process, Pid),
+            receive {'DOWN', Ref, process, Pid, _} -> ok end;
+        _ ->
+            ok
+    end.
+
+%% @doc Traffic to `Node' goes by plain distribution (`!', erpc) because
+%% no ecall connection to it is up: said once per node, at notice, so that
+%% the default log shows that the links are not in use (and again after a
+%% connection to it has been up). Quiet before the application starts.
+-spec plain(node()) -> ok.
+plain(Node) ->
+    plain(Node, no_connection).
+
+%% @doc plain/1, saying why: no connection is up, or `{version, Theirs,
+%% Mine}': `Node' speaks another version of the requests (ecall_conn),
+%% so no connection will be.
+-spec plain(node(), no_connection | {version, pos_integer(), pos_integer()}) -> ok.
+plain(Node, Why) ->
+    try ets:member(ecall_plain_said, Node) of
+        true -> ok;
+        false ->
+            case ets:insert_new(ecall_plain_said, {Node}) of
+                true -> say_plain(Node, Why);
+                false -> ok
+            end
+    catch
+        error:badarg -> ok
+    end.
+
+-spec say_plain(node(), no_connection | {version, pos_integer(), pos_integer()}) -> ok.
+say_plain(Node, no_connection) ->
+    ?LOG_NOTICE("ecall: no ecall connection to ~p is up: traffic to it goes "
+                "by plain distribution (! and erpc) until one is "
+                "(ecall:connect/1, or discovery if ecall runs there)", [Node]);
+say_plain(Node, {version, Theirs, Mine}) ->
+    ?LOG_NOTICE("ecall: ~p runs a release of ecall that speaks version ~b of its requests, "
+                "this node version ~b: no ecall connection between them; traffic to it goes "
+                "by plain distribution (! and erpc). Run the same ecall release on both",
+                [Node, Theirs, Mine]).
+
+%% @doc Sends `Msg' to `To', a destination ecall:send/2 checked: `!' for a
+%% name or a process of this node, else as send_remote/5 does. `Urgent':
+%% see ecall:send/3.
+-spec send(ecall:dest(), Msg, boolean()) -> Msg.
+send(To, Msg, Urgent) when is_pid(To); is_reference(To) ->
+    send_to(To, Msg, Urgent);
+send({Name, Node} = To, Msg, Urgent) ->
+    case Node =:= node() of
+        true -> To ! Msg;
+        false -> send_remote(Node, Name, To, Msg, Urgent)
+    end;
+send(To, Msg, _Urgent) ->
+    To ! Msg.
 
 %% @doc Sends `Msg' to the pid or alias `To': `!' when it is on this node,
 %% else as send_remote/5 does. `Urgent': see ecall:send/3.
@@ -64,10 +173,10 @@ send_to(To, Msg, Urgent) ->
 %% registered name).
 -spec send_remote(node(), pid() | reference() | atom(), ecall:dest(), Msg, boolean()) -> Msg.
 send_remote(Node, Dest, To, Msg, Urgent) ->
-    case ecall_conn:route(Node) of
-        {Mod, State} when Mod =/= closing ->
+    case route(Node) of
+        {Mod, State, _Loops} ->
             after_native(Node),
-            case Mod:send(State, Dest, Msg, Urgent) of
+            case Mod:push(State, ecall_request:send(Dest, Msg), Urgent) of
                 ok -> Msg;
                 closed -> native(Node, To, Msg);
                 %% A send has no error to return: under `error' as under
@@ -75,35 +184,11 @@ send_remote(Node, Dest, To, Msg, Urgent) ->
                 overload -> Msg
             end;
         undefined ->
-            ecall_conn:plain(Node),
+            plain(Node),
             native(Node, To, Msg);
         {closing, _} ->
             native(Node, To, Msg)
     end.
-
-%% @doc On the node that ran a call answered by id: its reply, `{reply,
-%% Id, Reply}', to a receiver of the caller's node `From', through the
-%% transport of the connection to it, else by `!' to its first receiver.
-%% A reply is the replying process's last message: it has no order to keep
-%% with others. One the transport refuses for want of room goes by `!'
-%% too: its caller waits for it.
--spec reply(node(), non_neg_integer(), ecall_transport:reply(), boolean()) -> ok.
-reply(From, Id, Reply, Urgent) ->
-    Request = {reply, Id, Reply},
-    case ecall_conn:route(From) of
-        {Mod, State} when Mod =/= closing ->
-            case Mod:push(State, Request, Urgent) of
-                ok -> ok;
-                _ClosedOrOverload -> native_reply(From, Request)
-            end;
-        _UndefinedOrClosing ->
-            native_reply(From, Request)
-    end.
-
--spec native_reply(node(), ecall_transport:request()) -> ok.
-native_reply(From, Request) ->
-    _ = erlang:send({ecall_receiver:name(1), From}, {batch, [Request]}),
-    ok.
 
 %% @doc ecall:send_many/2: `Msg' to every destination of `Dests' (see
 %% there), or `badarg', having sent nothing, when `Dests' is not a proper
@@ -114,7 +199,7 @@ send_many(Dests, Msg) ->
         true ->
             %% A few targets, each on a node of its own (a broadcast to one
             %% process per node): a send each costs less than the grouping.
-            lists:foreach(fun(To) -> ecall:send(To, Msg) end, Dests);
+            lists:foreach(fun(To) -> send(To, Msg, false) end, Dests);
         false ->
             case group(Dests, node(), [], '$none', [], #{}) of
                 {Local, Remote} ->
@@ -195,8 +280,8 @@ put_run(Node, Run, Remote) -> Remote#{Node => Run}.
 
 %% @doc Sends `Msg' to each of `Dests' on the other node `Node' (a pid,
 %% an alias, or the name a process is registered under there): one
-%% request through the transport of its connection when it has one and
-%% the peer knows the request, else each as send_remote/5 sends it. The
+%% request through the transport of its connection when it has one, else
+%% each by `!'. The
 %% same order rules as send_remote/5, per target.
 -spec send_many(node(), [pid() | reference() | atom()], term()) -> ok.
 send_many(Node, [Dest], Msg) ->
@@ -206,20 +291,17 @@ send_many(Node, [Dest], Msg) ->
     ok;
 send_many(Node, Dests, Msg) ->
     Native = fun(_Dest, To) -> native(Node, To, Msg) end,
-    case ecall_conn:route(Node) of
-        {Mod, State} when Mod =/= closing ->
+    case route(Node) of
+        {Mod, State, _Loops} ->
             after_native(Node),
-            case Mod:send_many(State, Dests, Msg) of
+            case Mod:push(State, ecall_request:send_many(Dests, Msg), false) of
                 ok -> ok;
                 %% A send has no error to return (see send_remote/5).
                 overload -> ok;
-                closed -> each(Node, Dests, Native);
-                unsupported -> each(Node, Dests, fun(Dest, To) ->
-                                                         send_remote(Node, Dest, To, Msg, false)
-                                                 end)
+                closed -> each(Node, Dests, Native)
             end;
         undefined ->
-            ecall_conn:plain(Node),
+            plain(Node),
             each(Node, Dests, Native);
         {closing, _} ->
             each(Node, Dests, Native)
@@ -242,7 +324,7 @@ to(_Node, To) -> To.
 %% `Node' through a transport (`!' then transport; see the module comment).
 -spec native(node(), ecall:dest(), Msg) -> Msg.
 native(Node, To, Msg) ->
-    ecall_conn:await_close(Node),
+    await_close(Node),
     case get(?NATIVE_SENT) of
         undefined ->
             put(?NATIVE_SENT, [Node]);

@@ -18,7 +18,7 @@ init([]) ->
         #{id => ecall_log, start => {ecall_log, start_link, []}},
         #{id => ecall_receiver_sup, type => supervisor,
           start => {ecall_receiver_sup, start_link, []}},
-        #{id => ecall_cnode, start => {ecall_cnode, start_link, []}},
+        #{id => ecall_cnode, start => {ecall_cnode, start_link, [{ecall_conn, move_to_nif, []}]}},
         #{id => ecall_conn_sup, type => supervisor,
           start => {ecall_conn_sup, start_link, []}},
         %% Temporary, and after the data path: peers can crash discovery

@@ -4,9 +4,8 @@
 %% `telemetry' (beam-telemetry) is an optional dependency: events go to
 %% `telemetry:execute/3' when the module is there (the user's release has
 %% the `telemetry' application), and nowhere otherwise. Whether it is there
-%% is checked once and kept in a persistent term, checked again when ecall
-%% starts ({@link refresh/0}), so that an event costs one persistent-term
-%% read when nobody listens.
+%% is checked once, checked again when ecall starts ({@link refresh/0}), so
+%% that an event costs one persistent-term read when nobody listens.
 %%
 %% The process of this module (started by ecall_sup) emits the peers'
 %% stats every `telemetry_interval' ms when that is set (default
@@ -14,16 +13,10 @@
 -module(ecall_telemetry).
 -behaviour(gen_server).
 
--export([start_link/0, available/0, refresh/0, execute/3, measure/0, measure/1]).
+-export([start_link/0, available/0, refresh/0, measure/0, measure/1]).
 -export([init/1, handle_call/3, handle_cast/2, handle_info/2]).
 
--type event() :: [atom(), ...].
 -type measurements() :: #{atom() => number()}.
--type metadata() :: #{atom() => term()}.
--export_type([event/0, measurements/0, metadata/0]).
-
-%% The module events go to (`telemetry'), or `false'.
--define(KEY, {ecall, telemetry}).
 
 -spec start_link() -> {ok, pid()} | {error, term()}.
 start_link() ->
@@ -33,59 +26,13 @@ start_link() ->
 %% checked ({@link refresh/0}).
 -spec available() -> boolean().
 available() ->
-    target() =/= false.
-
--spec target() -> telemetry | false.
-target() ->
-    case persistent_term:get(?KEY, undefined) of
-        undefined -> refresh_target();
-        Target -> Target
-    end.
+    ecall_event:available().
 
 %% @doc Checks again whether `telemetry' can be loaded (ecall does at
 %% start; call it after loading telemetry into a running node).
 -spec refresh() -> boolean().
 refresh() ->
-    refresh_target() =/= false.
-
--spec refresh_target() -> telemetry | false.
-refresh_target() ->
-    Target = case code:ensure_loaded(telemetry) of
-                 {module, telemetry} ->
-                     case erlang:function_exported(telemetry, execute, 3) of
-                         true -> telemetry;
-                         false -> false
-                     end;
-                 {error, _} ->
-                     false
-             end,
-    %% Putting the value already there costs nothing (no scan of the
-    %% processes); it changes at most when telemetry comes or goes.
-    persistent_term:put(?KEY, Target),
-    Target.
-
-%% @doc Emits `Event' with `telemetry:execute/3', or does nothing when
-%% telemetry is not there. A handler that crashes is telemetry's business
-%% (it detaches it); never the emitting process's.
--spec execute(event(), measurements(), metadata()) -> ok.
-execute(Event, Measurements, Metadata) ->
-    case target() of
-        false ->
-            ok;
-        Mod ->
-            %% The module is a variable: telemetry is optional, so neither
-            %% xref nor Dialyzer may require it.
-            try
-                _ = Mod:execute(Event, Measurements, Metadata),
-                ok
-            catch
-                error:undef ->
-                    %% Unloaded since it was checked: check again, and
-                    %% never take an ecall process down for it.
-                    _ = refresh(),
-                    ok
-            end
-    end.
+    ecall_event:refresh().
 
 %% @doc Emits the stats of every connected peer (`[ecall, stats]', and
 %% `[ecall, link, stats]' per link) and of the receiver pool (`[ecall,
@@ -97,7 +44,7 @@ measure() ->
             ok;
         true ->
             _ = [measure(N) || #{node := N} <- ecall_conn_sup:infos()],
-            execute([ecall, receivers, stats], ecall_receiver_sup:counts(), #{})
+            ecall_event:execute([ecall, receivers, stats], ecall_receiver_sup:counts(), #{})
     end.
 
 %% @doc Emits the stats of the connection to `Node': `[ecall, stats]' with
@@ -105,11 +52,11 @@ measure() ->
 %% link, stats]' for each link.
 -spec measure(node()) -> ok | {error, not_connected}.
 measure(Node) when is_atom(Node) ->
-    case ecall:stats(Node) of
+    case ecall_stats:peer(Node) of
         {ok, Stats} ->
             Meta = #{peer => Node, transport => maps:get(transport, Stats, nif)},
-            execute([ecall, stats], numbers(Stats), Meta),
-            _ = [execute([ecall, link, stats], numbers(L), Meta#{link => K})
+            ecall_event:execute([ecall, stats], numbers(Stats), Meta),
+            _ = [ecall_event:execute([ecall, link, stats], numbers(L), Meta#{link => K})
                  || #{link := K} = L <- maps:get(per_link, Stats, [])],
             ok;
         {error, _} = E ->

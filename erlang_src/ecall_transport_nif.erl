@@ -10,9 +10,8 @@
 -module(ecall_transport_nif).
 -behaviour(ecall_transport).
 
--export([open/3, send/4, send_many/3, push/3, call/6, cancel/2, link_down/3, loop_starts/1,
-         reply_watcher/1, stats/1, close/2]).
--export([caller_link/1]).
+-export([open/2, push/3, call/6, cancel/2, stats/1, close/2]).
+-export([link_down/3, caller_link/1]).
 
 %% For the peer's flusher (see flusher/2); flush_loop/2 is called by its
 %% module name, so that a flusher survives code upgrades.
@@ -31,17 +30,11 @@
 %% How long the fence of a direct message may take (direct/3).
 -define(FENCE_TIMEOUT, 5000).
 
-%% The peer's protocol (ecall_transport:protocol()) decides what an urgent
-%% call looks like on the wire (ecall_transport:wire/3).
-%% `Loops' counts closed-loop calls (loop_starts/1); `off' with the
-%% `urgent' setting false.
--opaque state() :: {node(), ecall_nif:peer(), ecall_transport:protocol(),
-                    Loops :: atomics:atomics_ref() | off}.
+-opaque state() :: {node(), ecall_nif:peer()}.
 -export_type([state/0]).
 
--spec open(node(), [binary()], ecall_transport:protocol()) ->
-          {ok, state(), pos_integer()} | {error, term()}.
-open(Node, Receivers, Protocol) ->
+-spec open(node(), [binary()]) -> {ok, state(), pos_integer()} | {error, term()}.
+open(Node, Receivers) ->
     case ecall_cnode:cnode() of
         {ok, CNode} ->
             Cookie = atom_to_binary(erlang:get_cookie(Node)),
@@ -52,23 +45,37 @@ open(Node, Receivers, Protocol) ->
             %% does, whatever the reason.
             Owner = self(),
             ok = ecall_nif:peer_flusher(Peer, proc_lib:spawn_link(?MODULE, flusher, [Peer, Owner])),
-            {ok, {Node, Peer, Protocol, ecall_transport:loops()}, length(ecall_nif:cnode_info(CNode))};
+            {ok, {Node, Peer}, length(ecall_nif:cnode_info(CNode))};
         {error, _} = E ->
             E
     end.
 
--spec send(state(), pid() | reference() | atom(), term(), boolean()) ->
-          ecall_transport:push_result().
-send(State, Dest, Msg, _Urgent) when is_binary(Msg), byte_size(Msg) >= ?LARGE ->
+%% A send takes the NIF's own encoding of `{send, Dest, Msg}' (built as it
+%% encodes), and the large-message path when it is big; a send_many the
+%% NIF's list of targets; any other request the NIF's encoding of the
+%% term.
+-spec push(state(), ecall_request:request(), boolean()) -> ecall_transport:push_result().
+push(State, {send, Dest, Msg}, _Urgent) when is_binary(Msg), byte_size(Msg) >= ?LARGE ->
     %% A batch of its own: never held back for company.
     send_large(State, Dest, Msg);
-send({_, Peer, _, _} = State, Dest, Msg, Urgent) ->
-    %% The common case: the NIF builds {send, Dest, Msg} as it encodes.
+push({_, Peer} = State, {send, Dest, Msg} = Request, Urgent) ->
     case ecall_nif:send(Peer, Dest, Msg, Urgent) of
-        {full, _} -> push(State, {send, Dest, Msg}, Urgent);
+        {full, _} -> push_term(State, Request, Urgent);
         large -> send_large(State, Dest, Msg);
         Result -> Result
-    end.
+    end;
+push({_, Peer} = State, {send_many, Dests, Msg}, _Urgent) ->
+    %% On this scheduler if the list and the message are short enough
+    %% (see ecall_nif:push_many/4), else on a dirty one.
+    push_with(State, send,
+              fun(Room) ->
+                      case ecall_nif:push_many(Peer, Dests, Msg, Room) of
+                          large -> ecall_nif:push_many_dirty(Peer, Dests, Msg, Room);
+                          Result -> Result
+                      end
+              end);
+push(State, Request, Urgent) ->
+    push_term(State, Request, Urgent).
 
 %% A message whose encoding passes 16 KiB (or a binary of ?LARGE bytes),
 %% encoded once by encode_large/1, on a dirty scheduler and into memory of
@@ -90,7 +97,7 @@ send_large(State, Dest, Msg) ->
 %% external format without the version byte), without encoding it again.
 -spec relayed(state(), pid() | reference() | atom(), ecall_nif:encoded()) ->
           ecall_transport:push_result().
-relayed({_, Peer, _, _} = State, Dest, Encoded) ->
+relayed({_, Peer} = State, Dest, Encoded) ->
     <<131, DestExt/binary>> = term_to_binary(Dest),
     Prefix = <<104, 3, 119, 4, "send", DestExt/binary>>,
     push_with(State, send,
@@ -112,8 +119,8 @@ relayed({_, Peer, _, _} = State, Dest, Encoded) ->
 %% receiver's replay, in order.
 -spec direct(state(), pid() | reference() | atom(), ecall_nif:encoded()) ->
           ecall_transport:push_result().
-direct({Node, Peer, _, _} = State, Dest, Encoded) ->
-    case ecall_request:call(Node, erlang, node, [], ?FENCE_TIMEOUT, true) of
+direct({Node, Peer} = State, Dest, Encoded) ->
+    case ecall_rpc:call(Node, erlang, node, [], ?FENCE_TIMEOUT, true) of
         {ok, _} ->
             ToExt = term_to_binary(Dest),
             push_with(State, send,
@@ -124,24 +131,9 @@ direct({Node, Peer, _, _} = State, Dest, Encoded) ->
             relayed(State, Dest, Encoded)
     end.
 
--spec send_many(state(), [pid() | reference() | atom()], term()) ->
-          ecall_transport:push_result() | unsupported.
-send_many({_, Peer, Protocol, _} = State, Dests, Msg) when Protocol >= 2 ->
-    %% On this scheduler if the list and the message are short enough
-    %% (see ecall_nif:push_many/4), else on a dirty one.
-    push_with(State, send,
-              fun(Room) ->
-                      case ecall_nif:push_many(Peer, Dests, Msg, Room) of
-                          large -> ecall_nif:push_many_dirty(Peer, Dests, Msg, Room);
-                          Result -> Result
-                      end
-              end);
-send_many(_State, _Dests, _Msg) ->
-    unsupported.
-
--spec push(state(), ecall_transport:request(), boolean()) -> ecall_transport:push_result().
-push({_, Peer, Protocol, _} = State, Request0, Urgent) ->
-    Request = ecall_transport:wire(Request0, Urgent, Protocol),
+-spec push_term(state(), ecall_request:request(), boolean()) -> ecall_transport:push_result().
+push_term({_, Peer} = State, Request0, Urgent) ->
+    Request = ecall_request:wire(Request0, Urgent),
     push_with(State, element(1, Request),
               fun(Room) ->
                       case ecall_nif:push(Peer, Request, Room, Urgent) of
@@ -157,7 +149,7 @@ push({_, Peer, Protocol, _} = State, Request0, Urgent) ->
 %% caller's node then hands the binary to the caller, which decodes it
 %% (ecall_request:result/1), instead of holding the receiver for as long as
 %% the decode of a big term takes.
--spec push_large(ecall_nif:peer(), ecall_transport:request(), ecall_nif:room() | false) ->
+-spec push_large(ecall_nif:peer(), ecall_request:request(), ecall_nif:room() | false) ->
           ok | closed | {full, non_neg_integer()}.
 push_large(Peer, {reply, Id, Reply}, Room) ->
     {Size, Encoded} = ecall_nif:encode_large(Reply),
@@ -179,15 +171,14 @@ push_large(Peer, Request, Room) ->
 
 %% A call whose reply the caller waits for under `Ref': registered with
 %% the NIF under an id (which stands for the caller and `Ref' on this
-%% node; see native/ecall_nif/src/calls.rs), then pushed as `{call,
-%% node(), Id, M, F, A}'. Peers before protocol 3 answer calls by alias
-%% only: `watched'.
+%% node; see native/ecall_nif/src/calls/), then pushed as `{call, node(),
+%% Id, M, F, A}'.
 -spec call(state(), reference(), module(), atom(), [term()], boolean()) ->
-          {ok, non_neg_integer()} | watched | ecall_transport:push_result().
-call({_, Peer, Protocol, _} = State, Ref, M, F, A, Urgent) when Protocol >= 3 ->
+          {ok, non_neg_integer()} | ecall_transport:push_result().
+call({_, Peer} = State, Ref, M, F, A, Urgent) ->
     case ecall_nif:call_wait(Peer, Ref) of
         {ok, Id} ->
-            case push(State, {call, node(), Id, M, F, A}, Urgent) of
+            case push_term(State, ecall_request:call(node(), Id, M, F, A), Urgent) of
                 ok ->
                     {ok, Id};
                 NotQueued ->
@@ -196,16 +187,17 @@ call({_, Peer, Protocol, _} = State, Ref, M, F, A, Urgent) when Protocol >= 3 ->
             end;
         closed ->
             closed
-    end;
-call(_State, _Ref, _M, _F, _A, _Urgent) ->
-    watched.
+    end.
 
 -spec cancel(state(), non_neg_integer()) -> boolean().
 cancel(_State, Id) ->
     ecall_nif:call_cancel(Id).
 
+%% @doc Link `K' went down (`Why': `{link_down, Reason}'): the calls
+%% waiting on it fail. Called by the connection process on the link's
+%% `down' event.
 -spec link_down(state(), non_neg_integer(), term()) -> ok.
-link_down({_, Peer, _, _}, K, Why) ->
+link_down({_, Peer}, K, Why) ->
     _ = ecall_nif:calls_fail(Peer, K, Why),
     ok.
 
@@ -214,7 +206,7 @@ link_down({_, Peer, _, _}, K, Why) ->
 
 %% `Kind' (send, cast, call) is for the overflow_drop telemetry event.
 -spec push_with(state(), send | cast | call, pusher()) -> ecall_transport:push_result().
-push_with({Node, Peer, _, _}, Kind, Push) ->
+push_with({Node, Peer}, Kind, Push) ->
     case Push(false) of
         {full, Size} ->
             case ecall_config:get(overflow) of
@@ -223,7 +215,7 @@ push_with({Node, Peer, _, _}, Kind, Push) ->
                 Policy ->
                     ok = ecall_nif:overflow_drop(Peer),
                     %% One event per count of `overflow_drops'.
-                    ecall_telemetry:execute([ecall, request, overflow_drop], #{count => 1},
+                    ecall_event:execute([ecall, request, overflow_drop], #{count => 1},
                                             #{peer => Node, kind => Kind, policy => Policy}),
                     overload
             end;
@@ -275,37 +267,21 @@ flush_loop(Peer, Owner) ->
             ok
     end.
 
--spec loop_starts(state()) -> pos_integer() | off.
-loop_starts({_, _, _, Loops}) ->
-    ecall_transport:loop_starts(Loops).
-
-%% The process that stands for the link carrying this caller's requests,
-%% which exits when that link or the whole connection goes down: one local
-%% monitor on it gives the caller both the reply alias and prompt failure.
-%% Nothing per call crosses the network but the request itself.
--spec reply_watcher(state()) -> {ok, pid()} | closed.
-reply_watcher({Node, Peer, _, _}) ->
-    case ecall_conn:watcher(Node, ecall_nif:caller_link(Peer)) of
-        undefined -> closed;
-        Watcher -> {ok, Watcher}
-    end.
-
 %% @doc The link (0-based) that carries the calling process's requests.
 -spec caller_link(state()) -> non_neg_integer().
-caller_link({_, Peer, _, _}) ->
+caller_link({_, Peer}) ->
     ecall_nif:caller_link(Peer).
 
 %% Each `per_link' entry carries its link number (`link', from 1, as in
 %% logs and telemetry).
 -spec stats(state()) -> map().
-stats({_, Peer, _, _}) ->
+stats({_, Peer}) ->
     (ecall_nif:peer_stats(Peer))#{transport => nif}.
 
 -spec close(state(), term()) -> non_neg_integer().
-close({_, Peer, _, _}, Why) ->
-    %% Callers waiting on replies by alias monitor the link watchers, which
-    %% the connection process ends with the reason; those waiting by id
-    %% fail here, once nothing more can be queued.
+close({_, Peer}, Why) ->
+    %% Callers waiting on replies fail here, once nothing more can be
+    %% queued.
     ok = ecall_nif:peer_close(Peer),
     _ = ecall_nif:calls_fail(Peer, all, Why),
     %% What the close dropped, and what its links dropped before (failed

@@ -16,7 +16,8 @@
          spawn_failure_is_counted_and_answered/1,
          numbered_call_gets_system_limit_at_once/1, restart_cycles_start_first_time/1,
          order_holds_across_reconnects/1, a_node_that_crashes_is_written_down/1,
-         a_peer_without_ecall_says_so/1, not_started_says_so/1,
+         a_peer_without_ecall_says_so/1, a_peer_of_another_version_is_refused/1,
+         not_started_says_so/1,
          configuration_doc_matches_spec/1, overflow_is_read_at_use/1,
          max_queue_bytes_is_read_at_open/1,
          connection_up_and_down_are_notices/1,
@@ -47,7 +48,8 @@ all() ->
      restart_cycles_start_first_time,
      restart_with_handshakes_under_way_registers_at_once,
      order_holds_across_reconnects, a_node_that_crashes_is_written_down,
-     a_peer_without_ecall_says_so, not_started_says_so, configuration_doc_matches_spec,
+     a_peer_without_ecall_says_so, a_peer_of_another_version_is_refused, not_started_says_so,
+     configuration_doc_matches_spec,
      overflow_is_read_at_use, max_queue_bytes_is_read_at_open,
      connection_up_and_down_are_notices,
      blocked_sender_goes_by_native_when_the_connection_closes,
@@ -224,7 +226,7 @@ links_follow_schedulers(_Config) ->
                     {ok, _} = erpc:call(C, application, ensure_all_started, [ecall]),
                     Result = {erpc:call(C, application, get_env, [ecall, links]),
                               erpc:call(C, ecall_config, links, []),
-                              length(erpc:call(C, ecall, nodes, []))},
+                              length(erpc:call(C, ecall, identities, []))},
                     peer:stop(Peer),
                     Result
             end,
@@ -414,7 +416,7 @@ restart_with_handshakes_under_way_registers_at_once(_Config) ->
         ok = ecall_test_nodes:await({shed, Shed0 + 1}, fun() -> shed_idle(C) > Shed0 end),
         ok = erpc:call(C, application, stop, [ecall]),
         ?assertEqual(ok, erpc:call(C, application, start, [ecall])),
-        ?assertEqual(ecall_config:links(), length(erpc:call(C, ecall, nodes, []))),
+        ?assertEqual(ecall_config:links(), length(erpc:call(C, ecall, identities, []))),
         [gen_tcp:close(S) || S <- Idle]
     after
         peer:stop(Peer)
@@ -448,7 +450,7 @@ restart_cycles_start_first_time(_Config) ->
     Cycle = fun() ->
                     ok = erpc:call(C, application, stop, [ecall]),
                     ?assertEqual(ok, erpc:call(C, application, start, [ecall])),
-                    ?assertEqual(ecall_config:links(), length(erpc:call(C, ecall, nodes, [])))
+                    ?assertEqual(ecall_config:links(), length(erpc:call(C, ecall, identities, [])))
             end,
     Cycle(),
     {Fds0, Threads0} = os_counts(OsPid),
@@ -967,6 +969,62 @@ a_peer_without_ecall_says_so(_Config) ->
     after
         logger:remove_handler(?MODULE)
     end.
+
+%% A peer that runs a release of ecall whose requests are of another
+%% version is refused both ways: connect/1 answers `{error, {version,
+%% V}}' on each side, this node says so once, at notice (and nothing
+%% about a missing connection after it), no connection opens, and traffic
+%% between them goes by plain distribution: sends, casts and calls still
+%% arrive. B runs ecall; its ecall_request is rebuilt from its own code
+%% with version/0 answering another number.
+a_peer_of_another_version_is_refused(_Config) ->
+    {Peer, B} = start_peer(["-ecall", "discovery", "false"]),
+    Mine = ecall_request:version(),
+    Other = Mine + 1,
+    ok = load_with_version(B, Other),
+    ok = logger:add_handler(?MODULE, ?MODULE, #{config => #{pid => self()}}),
+    try
+        ?assertEqual({error, {version, Other}}, ecall:connect(B)),
+        Said = [atom_to_list(B), "version " ++ integer_to_list(Other),
+                "version " ++ integer_to_list(Mine), "plain distribution"],
+        await_log(notice, Said),
+        ?assertEqual({error, {version, Mine}}, erpc:call(B, ecall, connect, [node()])),
+        ?assertEqual({error, {version, Other}}, ecall:connect(B)),
+        ?assertEqual({error, not_connected}, ecall:stats(B)),
+        ?assertEqual({error, not_connected}, erpc:call(B, ecall, stats, [node()])),
+        Echo = erpc:call(B, erlang, spawn, [ecall_test_nodes, echo_loop, []]),
+        Ref = make_ref(),
+        _ = ecall:send(Echo, {echo, self(), Ref}),
+        receive Ref -> ok after 10000 -> ct:fail(send_lost) end,
+        ok = ecall:cast(B, erlang, send, [self(), {cast, Ref}]),
+        receive {cast, Ref} -> ok after 10000 -> ct:fail(cast_lost) end,
+        ?assertEqual({ok, B}, ecall:call(B, erlang, node, [])),
+        %% Nothing more said about B: no second notice, no "no ecall
+        %% connection" line (logger handlers run in the logging process,
+        %% so a line would be here by now).
+        ?assertEqual([], logged([atom_to_list(B)]))
+    after
+        logger:remove_handler(?MODULE),
+        peer:stop(Peer)
+    end.
+
+%% Loads on `Node' its own ecall_request with version/0 answering
+%% `Version'.
+load_with_version(Node, Version) ->
+    Mod = ecall_request,
+    File = erpc:call(Node, code, which, [Mod]),
+    {ok, {Mod, [{abstract_code, {raw_abstract_v1, Forms}}]}} =
+        erpc:call(Node, beam_lib, chunks, [File, [abstract_code]]),
+    New = [case F of
+               {function, L, version, 0, [{clause, CL, [], [], _}]} ->
+                   {function, L, version, 0, [{clause, CL, [], [], [{integer, CL, Version}]}]};
+               _ ->
+                   F
+           end || F <- Forms],
+    {ok, Mod, Bin} = compile:forms(New, [binary, return_errors]),
+    {module, Mod} = erpc:call(Node, code, load_binary, [Mod, File, Bin]),
+    ?assertEqual(Version, erpc:call(Node, Mod, version, [])),
+    ok.
 
 %% A connection coming up and closing are said at notice, with the
 %% transport and the number of links, so that the default log shows which

@@ -211,7 +211,7 @@ link_loss_is_reported_and_healed(Config) ->
     end.
 
 link_loss_reported(B, Conn) ->
-    {ecall_transport_nif, St} = ecall_conn:peer(B),
+    {ecall_transport_nif, St, _} = ecall_route:peer(B),
     erlang:trace(Conn, true, ['receive']),
     [Id1 | _] = ecall:identities(),
     T0 = erlang:monotonic_time(millisecond),
@@ -522,7 +522,7 @@ big_messages_go_straight_in_order(Config) ->
     ecall_test_nodes:connect_back(B),
     {ok, #{pushed := BP0}} = erpc:call(B, ecall, stats, [node()]),
     #{receivers := #{requests := AR0}} = ecall:stats(),
-    Workers = [whereis(ecall_receiver:name(I)) || I <- lists:seq(1, ecall_config:receivers())],
+    Workers = [whereis(ecall_receiver_sup:name(I)) || I <- lists:seq(1, ecall_config:receivers())],
     [erlang:trace(W, true, ['receive']) || W <- Workers],
     Result = Big(7),
     ?assertEqual({ok, Result}, ecall:call(B, ecall_test_nodes, echo, [Result])),

@@ -247,7 +247,7 @@ one_target_per_node_goes_as_sends(Config) ->
 %% On B: traces what B's receivers get, until `{stop, From}'; then sends
 %% From every request of those batches, in order.
 trace_requests(Owner) ->
-    Workers = [whereis(ecall_receiver:name(I)) || I <- lists:seq(1, ecall_config:receivers())],
+    Workers = [whereis(ecall_receiver_sup:name(I)) || I <- lists:seq(1, ecall_config:receivers())],
     [erlang:trace(W, true, ['receive']) || W <- Workers],
     Owner ! {tracing, self()},
     receive {stop, From} -> ok end,

@@ -57,7 +57,7 @@ long_names_ipv6(_Config) ->
 %% identities: a new connection to the identities' listener (over TLS
 %% when the nodes run TLS distribution). Returns the identity.
 ping_identity({PX, _}, {PY, _}) ->
-    [Id | _] = peer:call(PX, ecall, nodes, []),
+    [Id | _] = peer:call(PX, ecall, identities, []),
     ?assertEqual([], peer:call(PY, erlang, nodes, [connected])),
     ?assertEqual(pong, peer:call(PY, net_adm, ping, [Id], 30000)),
     Id.
@@ -104,7 +104,7 @@ no_room_in_the_range_means_erlang_transport(_Config) ->
     {X = {PX, _}, _} = start_in_range("x", 1),
     Y = {_, NY} = start("y", "127.0.0.1", []),
     ?assertEqual(erlang, peer:call(PX, ecall_conn, transport, [])),
-    ?assertEqual([], peer:call(PX, ecall, nodes, [])),
+    ?assertEqual([], peer:call(PX, ecall, identities, [])),
     ?assertEqual(ok, peer:call(PX, ecall, connect, [NY], 30000)),
     ?assertEqual({ok, NY}, peer:call(PX, ecall, call, [NY, erlang, node, []], 30000)),
     stop([X, Y]).

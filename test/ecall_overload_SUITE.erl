@@ -473,7 +473,7 @@ casts_and_calls_wait_for_room_under_block(_Config) ->
     ?assertEqual(2, ecall_config:links()),
     Self = self(),
     Conn = whereis(ecall_conn:name(C)),
-    {ecall_transport_nif, St} = ecall_conn:peer(C),
+    {ecall_transport_nif, St, _} = ecall_route:peer(C),
     Collector = erpc:call(C, erlang, spawn, [ecall_test_nodes, seq_log, [Self, []]]),
     Payload = binary:copy(<<"k">>, 100000),
     {Caster, Link} = requester(C, Collector, Payload, St, any),

@@ -58,7 +58,7 @@ call_from_a_long_mailbox(Config) ->
     after 60000 -> ct:fail(caller_stuck)
     end,
     ?assertEqual(100, pushed(B) - P0),
-    ?assert(uses_receive_marker(ecall_request)).
+    ?assert(uses_receive_marker(ecall_rpc)).
 
 %% Requests pushed to `Node''s queues so far (counted at the push).
 pushed(Node) ->
@@ -136,7 +136,7 @@ call_timeout_no_late_reply(Config) ->
     connect_back(B),
     Self = self(),
     #{receivers := #{late_replies := Late0}} = ecall:stats(),
-    Workers = [whereis(ecall_receiver:name(I)) || I <- lists:seq(1, ecall_config:receivers())],
+    Workers = [whereis(ecall_receiver_sup:name(I)) || I <- lists:seq(1, ecall_config:receivers())],
     [erlang:trace(W, true, ['receive']) || W <- Workers],
     ?assertEqual({error, {badrpc, timeout}}, ecall:call(B, ecall_test_nodes, block, [Self], 200)),
     Blocked = receive {blocked, P, B} -> P after 30000 -> ct:fail(not_blocked) end,
@@ -175,7 +175,7 @@ late_reply_worker() ->
 link_loss_fails_its_callers_only(Config) ->
     B = ?config(b, Config),
     connect_back(B),
-    {ecall_transport_nif, St} = ecall_conn:peer(B),
+    {ecall_transport_nif, St, _} = ecall_route:peer(B),
     %% Three callers on each link (a caller's link follows from its pid, so
     %% callers are started until both links have theirs).
     #{0 := OnLink0, 1 := OnLink1} = callers_per_link(B, St, #{0 => [], 1 => []}, 3),
@@ -246,7 +246,7 @@ callers_per_link(B, St, Acc, N) ->
 peer_killed_with_1000_calls(_Config) ->
     {_Peer, C} = start_peer([]),
     ok = ecall:connect(C),
-    {ecall_transport_nif, St} = ecall_conn:peer(C),
+    {ecall_transport_nif, St, _} = ecall_route:peer(C),
     Conn = whereis(ecall_conn:name(C)),
     Self = self(),
     OsPid = erpc:call(C, os, getpid, []),

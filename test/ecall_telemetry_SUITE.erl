@@ -196,7 +196,7 @@ reap_and_close_count_drops(_Config) ->
     try ok = connect(C)
     after application:unset_env(ecall, stall_timeout)
     end,
-    {ecall_transport_nif, St} = ecall_conn:peer(C),
+    {ecall_transport_nif, St, _} = ecall_route:peer(C),
     MyLink = ecall_transport_nif:caller_link(St) + 1,
     OsPid = erpc:call(C, os, getpid, []),
     Sink = erpc:call(C, erlang, spawn, [fun() -> receive never -> ok end end]),
@@ -336,14 +336,14 @@ absent_telemetry_is_harmless(_Config) ->
     ok = erpc:call(C, ecall, connect, [node()]),
     ConnPid = erpc:call(C, erlang, whereis, [element(1, Conn)]),
     ?assertEqual(ok, erpc:call(C, ecall_telemetry, measure, [])),
-    ?assertEqual(ok, erpc:call(C, ecall_telemetry, execute, [[ecall, test], #{}, #{}])),
+    ?assertEqual(ok, erpc:call(C, ecall_event, execute, [[ecall, test], #{}, #{}])),
     _ = capture(fun() -> ok = erpc:call(C, ecall, info, []) end),
     %% A link down and back, on the peer's side: its connection process
     %% handles both events and lives on.
     Self = self(),
     _ = erpc:call(C, erlang, spawn, [?MODULE, forward_link_events, [Self, ConnPid]]),
     receive {tracing, ConnPid} -> ok after ?WAIT -> ct:fail(no_tracer) end,
-    [Id1 | _] = erpc:call(C, ecall, nodes, []),
+    [Id1 | _] = erpc:call(C, ecall, identities, []),
     ok = ecall_test_nodes:drop_connection(Id1),
     receive {ecall_link, 0, {down, _, _}} -> ok after ?WAIT -> ct:fail(no_link_down) end,
     receive {ecall_link, 0, up} -> ok after ?WAIT -> ct:fail(no_link_up) end,

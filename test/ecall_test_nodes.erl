@@ -199,7 +199,7 @@ many_callers_exactly_once(B) ->
 %% (Reading them right after the data arrived raced the writer's counting:
 %% 99,985 of 100,000 under load.) Returns how many markers it pushed.
 flush_links(Node) ->
-    {Mod, State} = ecall_conn:peer(Node),
+    {Mod, State, _} = ecall_route:peer(Node),
     Echo = erpc:call(Node, erlang, spawn, [?MODULE, echo_loop, []]),
     Links = lists:seq(0, ecall_config:links() - 1),
     flush_links(Mod, State, Echo, Links),

@@ -120,7 +120,7 @@ transport_change_proxies_stand_for_calls_in_flight(_Config) ->
     Self = self(),
     Echo = erpc:call(C, erlang, spawn, [ecall_test_nodes, echo_loop, []]),
     Ref = make_ref(),
-    ok = ecall_proxy:send(Pool, Echo, {echo, Self, Ref}, false),
+    ok = ecall_proxy:push(Pool, ecall_request:send(Echo, {echo, Self, Ref}), false),
     receive Ref -> ok after 5000 -> ct:fail(late_request_lost) end,
     Blocked ! go,
     receive
@@ -208,15 +208,15 @@ erlang_transport_peer() ->
     try ok = ecall:connect(C)
     after application:unset_env(ecall, transport)
     end,
-    {ecall_proxy, Pool} = ecall_conn:peer(C),
+    {ecall_proxy, Pool, _} = ecall_route:peer(C),
     {Peer, C, Pool}.
 
 %% A caller whose call to block/1 on C waits on its proxy; the caller and
-%% that proxy (reply_watcher/1, as the caller's call picks it).
+%% that proxy (pick/1, as the caller's call picks it).
 blocked_call(C, Pool) ->
     Self = self(),
     Caller = spawn_link(fun() ->
-                                {ok, Proxy} = ecall_proxy:reply_watcher(Pool),
+                                Proxy = ecall_proxy:pick(Pool),
                                 Self ! {proxy, self(), Proxy},
                                 Self ! {result, self(), ecall:call(C, ecall_test_nodes, block, [Self])}
                         end),
@@ -226,12 +226,12 @@ blocked_call(C, Pool) ->
 stuff_proxy(Pool, Proxy, To, Msg, N) ->
     Self = self(),
     {Pid, Mref} = spawn_monitor(fun() ->
-                                        case ecall_proxy:reply_watcher(Pool) of
-                                            {ok, Proxy} ->
-                                                [ok = ecall_proxy:send(Pool, To, Msg, false)
+                                        case ecall_proxy:pick(Pool) of
+                                            Proxy ->
+                                                [ok = ecall_proxy:push(Pool, ecall_request:send(To, Msg), false)
                                                  || _ <- lists:seq(1, N)],
                                                 Self ! {stuffed, self()};
-                                            {ok, _Other} ->
+                                            _Other ->
                                                 ok
                                         end
                                 end),
@@ -242,7 +242,7 @@ stuff_proxy(Pool, Proxy, To, Msg, N) ->
 
 %% Polls the status of `Pid' every 10 ms until it is `Want', for at most
 %% `Ms' ms; the last status.
-poll_status(Pid, Want, Ms) when Ms =< 0 ->
+poll_status(Pid, _Want, Ms) when Ms =< 0 ->
     element(2, process_info(Pid, status));
 poll_status(Pid, Want, Ms) ->
     case process_info(Pid, status) of

@@ -15,7 +15,7 @@
 -include_lib("stdlib/include/assert.hrl").
 
 -export([all/0, suite/0, init_per_suite/1, end_per_suite/1]).
--export([closed_loop_calls_are_urgent/1, urgent_calls_to_a_first_release_peer/1, urgent_off/1,
+-export([closed_loop_calls_are_urgent/1, urgent_off/1,
          urgent_sends/1, sends_in_a_closed_loop/1,
          flushes_in_a_closed_loop/1, flusher_exit_closes_connection/1,
          busy_links_gather/1, gather_off_writes_at_once/1]).
@@ -31,7 +31,7 @@ suite() ->
     [{timetrap, {minutes, 5}}].
 
 all() ->
-    [closed_loop_calls_are_urgent, urgent_calls_to_a_first_release_peer, urgent_off,
+    [closed_loop_calls_are_urgent, urgent_off,
      urgent_sends, sends_in_a_closed_loop,
      flushes_in_a_closed_loop, flusher_exit_closes_connection,
      busy_links_gather, gather_off_writes_at_once].
@@ -49,7 +49,7 @@ end_per_suite(Config) ->
 %% Counted per link in `urgent' on each node; the results are checked too.
 %%
 %% Whether a call is in a closed loop is a matter of time (it comes within
-%% 2 ms of the caller's last return: ecall_request:closed_loop/0), which a
+%% 2 ms of the caller's last return: ecall_rpc:closed_loop/0), which a
 %% loaded machine can stretch for any call. So the caller's own decisions
 %% are traced (closed_loop/0 and urgent/2, with what they returned), and
 %% what is asserted holds whatever the schedule: every call found in a
@@ -114,14 +114,14 @@ pair_decisions([{closed_loop, C} | Rest], _) -> pair_decisions(Rest, C);
 pair_decisions([{urgent, U} | Rest], Closed) -> [{Closed, U} | pair_decisions(Rest, Closed)].
 
 %% Runs Fun in a new process (one with no calls behind it) with the
-%% answers of ecall_request:closed_loop/0 and ecall_request:urgent/2
+%% answers of ecall_rpc:closed_loop/0 and ecall_rpc:urgent/2
 %% traced: [{closed_loop | urgent, boolean()}], in the order they came.
 urgency_traced(Fun) ->
     Go = make_ref(),
     {Pid, Mref} = spawn_monitor(fun() -> receive Go -> exit({done, Fun()}) end end),
     Spec = [{'_', [], [{return_trace}]}],
-    1 = erlang:trace_pattern({ecall_request, closed_loop, 0}, Spec, [local]),
-    1 = erlang:trace_pattern({ecall_request, urgent, 2}, Spec, [local]),
+    1 = erlang:trace_pattern({ecall_rpc, closed_loop, 0}, Spec, [local]),
+    1 = erlang:trace_pattern({ecall_rpc, urgent, 2}, Spec, [local]),
     1 = erlang:trace(Pid, true, [call]),
     Pid ! Go,
     try
@@ -130,8 +130,8 @@ urgency_traced(Fun) ->
             {'DOWN', Mref, process, Pid, Why} -> ct:fail({traced_process, Why})
         end
     after
-        erlang:trace_pattern({ecall_request, closed_loop, 0}, false, [local]),
-        erlang:trace_pattern({ecall_request, urgent, 2}, false, [local])
+        erlang:trace_pattern({ecall_rpc, closed_loop, 0}, false, [local]),
+        erlang:trace_pattern({ecall_rpc, urgent, 2}, false, [local])
     end,
     Delivered = erlang:trace_delivered(Pid),
     receive {trace_delivered, Pid, Delivered} -> ok end,
@@ -141,67 +141,10 @@ traced_answers(Pid) ->
     receive
         {trace, Pid, call, _} ->
             traced_answers(Pid);
-        {trace, Pid, return_from, {ecall_request, F, _}, Answer} ->
+        {trace, Pid, return_from, {ecall_rpc, F, _}, Answer} ->
             [{F, Answer} | traced_answers(Pid)]
     after 0 ->
         []
-    end.
-
-%% A peer of ecall's first releases has no ecall_receiver_sup:hello/1, and
-%% its receivers would count a call marked urgent as malformed (its caller
-%% would wait out its timeout). B is given such an ecall_receiver_sup (its
-%% own, without hello/1; B's receivers stay the new ones, which accept
-%% either form, so what is asserted is the form): the connection learns
-%% protocol 0 and sends the calls unmarked, so B's links count no reply
-%% urgent; this node's links still count them urgent (this node's writer
-%% does not hold them back). With the fallback claiming protocol 1 this
-%% case failed on B's count. A send_many to it goes as one send per
-%% target.
-urgent_calls_to_a_first_release_peer(Config) ->
-    B = ?config(b, Config),
-    connect_back(B),
-    %% The marking itself, for each protocol.
-    Call = {call, make_ref(), m, f, []},
-    ?assertEqual(Call, ecall_transport:wire(Call, true, 0)),
-    ?assertEqual(Call, ecall_transport:wire(Call, false, 1)),
-    ?assertEqual(erlang:append_element(Call, urgent), ecall_transport:wire(Call, true, 1)),
-    Send = {send, self(), x},
-    ?assertEqual(Send, ecall_transport:wire(Send, true, 1)),
-    Mod = ecall_receiver_sup,
-    File = erpc:call(B, code, which, [Mod]),
-    {ok, {Mod, [{abstract_code, {raw_abstract_v1, Forms}}]}} =
-        erpc:call(B, beam_lib, chunks, [File, [abstract_code]]),
-    Old = [case F of
-               {attribute, L, export, Fs} -> {attribute, L, export, Fs -- [{hello, 1}]};
-               _ -> F
-           end || F <- Forms, not is_hello(F)],
-    {ok, Mod, Bin} = compile:forms(Old, [binary, return_errors]),
-    true = erpc:call(B, code, soft_purge, [Mod]),
-    {module, Mod} = erpc:call(B, code, load_binary, [Mod, File, Bin]),
-    try
-        ?assertNot(erpc:call(B, erlang, function_exported, [Mod, hello, 1])),
-        reconnect(B),
-        {UA0, UB0} = urgent_counts(B),
-        ok = closed_loop_of_calls(B),
-        {UA1, UB1} = urgent_counts(B),
-        ?assert(UA1 - UA0 >= 1),
-        ?assertEqual(UB0, UB1),
-        %% Nor does it know send_many: one push per target, a name too.
-        Echoes = [erpc:call(B, erlang, spawn, [ecall_test_nodes, echo_loop, []])
-                  || _ <- lists:seq(1, 3)],
-        true = erpc:call(B, erlang, register, [ecall_write_path_echo, hd(Echoes)]),
-        {ok, #{pushed := P0}} = ecall:stats(B),
-        Ref = make_ref(),
-        ok = ecall:send_many([{ecall_write_path_echo, B} | Echoes], {echo, self(), Ref}),
-        {ok, #{pushed := P1}} = ecall:stats(B),
-        ?assertEqual(4, P1 - P0),
-        [receive Ref -> ok after 30000 -> ct:fail({no_echo, I}) end || I <- lists:seq(1, 4)],
-        [exit(E, kill) || E <- Echoes]
-    after
-        _ = erpc:call(B, code, soft_purge, [Mod]),
-        {module, Mod} = erpc:call(B, code, load_file, [Mod]),
-        _ = erpc:call(B, code, soft_purge, [Mod]),
-        reconnect(B)
     end.
 
 %% With the `urgent' setting false (read when a connection opens), the
@@ -462,7 +405,7 @@ loop_of_calls(B) ->
     ?assertEqual([{ok, I + 1} || I <- lists:seq(1, N)], Results),
     ok.
 
-%% A new connection to B: one that reads the settings and B's protocol now.
+%% A new connection to B: one that reads the settings now.
 reconnect(B) ->
     _ = ecall:disconnect(B),
     ok = ecall:connect(B).
@@ -483,7 +426,3 @@ with_settings(B, Settings, Fun) ->
         [ok = application:unset_env(ecall, Key) || {Key, _} <- Settings],
         reconnect(B)
     end.
-
-is_hello({function, _, hello, 1, _}) -> true;
-is_hello({attribute, _, spec, {{hello, 1}, _}}) -> true;
-is_hello(_) -> false.

@@ -1,5 +1,5 @@
 //! The tuning numbers the docs quote, against their definitions: the
-//! constants of `link/tuning.rs` and the two of `ecall_request.erl`. A
+//! constants of `link/tuning.rs` and the two of `ecall_rpc.erl`. A
 //! change to either side without the other fails here, as
 //! `configuration_doc_matches_spec` does for the settings.
 
@@ -42,7 +42,7 @@ fn gather_wait() -> String {
 
 #[test]
 fn behaviour_quotes_the_write_path_constants() {
-    let request = "erlang_src/ecall_request.erl";
+    let request = "erlang_src/ecall_rpc.erl";
     let closed_loop_ms = erl_define(request, "CLOSED_LOOP_US") / 1000;
     let company = erl_define(request, "LOOP_COMPANY");
     quotes(
@@ -85,7 +85,7 @@ fn settings_and_api_docs_quote_the_gathering_wait() {
         &[format!("waits up to {wait} for a batch")],
     );
     quotes(
-        "erlang_src/ecall_request.erl",
+        "erlang_src/ecall_rpc.erl",
         &[format!("waiting up to {wait} for more to come")],
     );
 }

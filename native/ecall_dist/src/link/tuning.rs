@@ -6,7 +6,7 @@
 //! machine.
 //!
 //! The two numbers of the Erlang side (what makes a call urgent) are
-//! defined in `ecall_request.erl`, beside the code that reads them on
+//! defined in `ecall_rpc.erl`, beside the code that reads them on
 //! every call, with their measurements: `?CLOSED_LOOP_US` (2 ms) and
 //! `?LOOP_COMPANY` (256). The settings' defaults are defined once, in
 //! `ecall_config.erl`, and handed to the crate in `PeerConfig`.
