@@ -54,6 +54,7 @@ check: deps
 	cargo clippy --release --workspace --all-targets -- -D warnings
 	cargo clippy --release -p ecall_dist --features loom --all-targets -- -D warnings
 	rebar3 xref
+	escript test/scripts/layers.escript _build/default/lib/ecall/ebin
 	rebar3 dialyzer
 	rebar3 edoc
 	@# The benchmark's scripts and modules (not part of the app), warnings as errors.
