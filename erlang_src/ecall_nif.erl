@@ -14,7 +14,7 @@
          caller_link/1, wait_room/3,
          peer_flusher/2, flush/2]).
 -export([call_wait/2, call_cancel/1, call_reply/2, calls_fail/3]).
--export([encode/1, encoded_size/1]).
+-export([encode/1, encoded_size/1, encoded_request/2]).
 
 -on_load(init/0).
 
@@ -25,9 +25,14 @@
 %% Room in a peer's budget set aside for one caller (wait_room/3).
 -type room() :: reference().
 -export_type([cnode/0, peer/0, room/0, cnode_opts/0]).
-%% A big message encode_large/1 encoded, for push_encoded/4.
+%% A big message encode_large/1 encoded, for push_encoded/4, and where
+%% it goes.
 -type encoded() :: reference().
--export_type([encoded/0]).
+-type encoded_target() :: {direct, pid() | reference() | atom()}
+                        | {send, pid() | reference() | atom()}
+                        | {reply | reply_external, non_neg_integer()}
+                        | whole.
+-export_type([encoded/0, encoded_target/0]).
 
 -spec init() -> ok.
 init() ->
@@ -137,17 +142,18 @@ push_many_dirty(_Peer, _Dests, _Msg, _Room) -> erlang:nif_error(nif_not_loaded).
 -spec encode_large(term()) -> {non_neg_integer(), encoded()}.
 encode_large(_Msg) -> erlang:nif_error(nif_not_loaded).
 
-%% Queues what encode_large/1 encoded: `{direct, ToExt}' straight to `To'
-%% on the peer (a pid, a registered name or an alias; `ToExt' is
-%% term_to_binary(To)), which decodes it in that process; `{relay, Prefix}'
-%% as a request the peer's receiver replays, `Prefix' followed by the
-%% message (in external format without the version byte: `{send, Dest, '
-%% before a message, or nothing when what was encoded is the whole
-%% request); or `{binary, Prefix}', the same with the encoding, version
-%% byte included, as the bytes of a binary whose header ends `Prefix'. A
-%% push that answers `{full, _}' keeps the encoding for the retry; any
-%% other frees it.
--spec push_encoded(peer(), {direct | relay | binary, binary()}, encoded(), room() | false) ->
+%% Queues what encode_large/1 encoded, as `Target' says: `{direct, Dest}'
+%% straight to `Dest' on the peer (a pid, a registered name or an alias),
+%% which decodes it in that process; or in a request the peer's receiver
+%% replays, whose front the NIF writes around the encoding: `{send, Dest}'
+%% for `{send, Dest, Msg}', `{reply, Id}' for `{reply, Id, Reply}',
+%% `{reply_external, Id}' for `{reply, Id, {external, Bytes}}' (the
+%% encoding as the bytes of a binary, for the caller to decode), or
+%% `whole' when the encoding is the whole request. `Id' is a non-negative
+%% integer of at most 64 bits. A push that answers `{full, _}' keeps the
+%% encoding for the retry; any other frees it. `badarg' for an encoding
+%% pushed already or a bad target.
+-spec push_encoded(peer(), encoded_target(), encoded(), room() | false) ->
           ok | closed | {full, non_neg_integer()}.
 push_encoded(_Peer, _Target, _Encoded, _Room) -> erlang:nif_error(nif_not_loaded).
 
@@ -167,6 +173,13 @@ flush(_Peer, _K) -> erlang:nif_error(nif_not_loaded).
 %% and the benchmark): `binary_to_term(encode(T))' is equal to `T'.
 -spec encode(term()) -> binary().
 encode(_Term) -> erlang:nif_error(nif_not_loaded).
+
+%% What push_encoded/4 would queue for `Target', as one external term: the
+%% request (`term_to_binary/1' of it gives the same bytes from OTP 26 on),
+%% or for `{direct, Dest}' the destination. The encoding is kept. For
+%% tests.
+-spec encoded_request(encoded_target(), encoded()) -> binary().
+encoded_request(_Target, _Encoded) -> erlang:nif_error(nif_not_loaded).
 
 %% How a push encodes `Term': its size in bytes, whether some atom stays
 %% text, and how many atoms went as encode-time cache references, or

@@ -92,16 +92,13 @@ send_large(State, Dest, Msg) ->
         false -> relayed(State, Dest, Encoded)
     end.
 
-%% The encoded message as a request the peer's receiver replays: {send,
-%% Dest, Msg} around it (`Prefix': the request up to the message, in
-%% external format without the version byte), without encoding it again.
+%% The encoded message as a request the peer's receiver replays: the NIF
+%% writes {send, Dest, Msg} around it, without encoding it again.
 -spec relayed(state(), pid() | reference() | atom(), ecall_nif:encoded()) ->
           ecall_transport:push_result().
 relayed({_, Peer} = State, Dest, Encoded) ->
-    <<131, DestExt/binary>> = term_to_binary(Dest),
-    Prefix = <<104, 3, 119, 4, "send", DestExt/binary>>,
     push_with(State, send,
-              fun(Room) -> ecall_nif:push_encoded(Peer, {relay, Prefix}, Encoded, Room) end).
+              fun(Room) -> ecall_nif:push_encoded(Peer, {send, Dest}, Encoded, Room) end).
 
 %% A big message straight to its target, which decodes it itself, as a
 %% message sent with `!': relayed by the receiver it would be decoded by
@@ -122,9 +119,8 @@ relayed({_, Peer} = State, Dest, Encoded) ->
 direct({Node, Peer} = State, Dest, Encoded) ->
     case ecall_rpc:call(Node, erlang, node, [], ?FENCE_TIMEOUT, true) of
         {ok, _} ->
-            ToExt = term_to_binary(Dest),
             push_with(State, send,
-                      fun(Room) -> ecall_nif:push_encoded(Peer, {direct, ToExt}, Encoded, Room) end);
+                      fun(Room) -> ecall_nif:push_encoded(Peer, {direct, Dest}, Encoded, Room) end);
         {error, overload} ->
             overload;
         {error, _} ->
@@ -153,21 +149,14 @@ push_term({_, Peer} = State, Request0, Urgent) ->
           ok | closed | {full, non_neg_integer()}.
 push_large(Peer, {reply, Id, Reply}, Room) ->
     {Size, Encoded} = ecall_nif:encode_large(Reply),
-    case Size >= ?DIRECT of
-        true ->
-            %% {reply, Id, {external, <<>>}} without the empty binary's
-            %% length: the encoded reply's length and bytes follow.
-            <<131, Ext/binary>> = term_to_binary({reply, Id, {external, <<>>}}),
-            Prefix = <<(binary:part(Ext, 0, byte_size(Ext) - 4))/binary, Size:32>>,
-            ecall_nif:push_encoded(Peer, {binary, Prefix}, Encoded, Room);
-        false ->
-            %% {reply, Id, ...} around the reply's own encoding.
-            <<131, 104, 2, Ext/binary>> = term_to_binary({reply, Id}),
-            ecall_nif:push_encoded(Peer, {relay, <<104, 3, Ext/binary>>}, Encoded, Room)
-    end;
+    Target = case Size >= ?DIRECT of
+                 true -> {reply_external, Id};
+                 false -> {reply, Id}
+             end,
+    ecall_nif:push_encoded(Peer, Target, Encoded, Room);
 push_large(Peer, Request, Room) ->
     {_, Encoded} = ecall_nif:encode_large(Request),
-    ecall_nif:push_encoded(Peer, {relay, <<>>}, Encoded, Room).
+    ecall_nif:push_encoded(Peer, whole, Encoded, Room).
 
 %% A call whose reply the caller waits for under `Ref': registered with
 %% the NIF under an id (which stands for the caller and `Ref' on this

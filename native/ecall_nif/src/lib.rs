@@ -38,7 +38,7 @@ mod runtime;
 mod atoms {
     rustler::atoms! {
         ecall_log, name_taken,
-        ok, error, send, send_many, full, closed, large, wait, retry, direct, relay, binary, ecall_link, ecall_cnode, ecall_room,
+        ok, error, send, send_many, full, closed, large, wait, retry, direct, reply, reply_external, whole, ecall_link, ecall_cnode, ecall_room,
         up, down, alive, badarg, badrpc, all,
         pushed, batches, requests, bytes, writes, dropped, connects, disconnects,
         stalls, unconfirmed, cached_atoms, queued_bytes, links_up, overflow_waits, overflow_drops, per_link, link, fragmented, lone, lone_partial, gathers, flushes, flush_handoffs, ecall_flush, urgent, wakes, closed_drops, links, shards, accepted, refused,

@@ -8,8 +8,9 @@
 //! the benchmark).
 
 use crate::{atoms, encode, EncodedRes, PeerRes, RoomRes};
+use ecall_dist::wire::etf;
 use ecall_dist::{Peer, Push};
-use rustler::{Atom, Binary, Encoder, Env, NifResult, ResourceArc, Term};
+use rustler::{Atom, Binary, Encoder, Env, NifResult, OwnedBinary, ResourceArc, Term};
 use std::sync::Arc;
 
 /// The room a push to `peer` may use: `false` (none), or a room from
@@ -155,61 +156,148 @@ fn encode_large<'a>(env: Env<'a>, msg: Term<'a>) -> Term<'a> {
     (size, res).encode(env)
 }
 
-/// Queues a message `encode_large/1` encoded: `{direct, ToExt}` straight
-/// to `To` on the peer (a pid, a registered name or an alias; `ToExt` is
-/// `term_to_binary(To)`), which decodes it in that process, as a message
-/// sent with `!` (`Peer::push_direct`); `{relay, Prefix}` as a request
-/// the peer's receiver replays, `Prefix` being the request's front up to
-/// the message (`{send, Dest, ` in external format, no version byte;
-/// empty when what was encoded is the whole request); or `{binary,
-/// Prefix}`, the same with the encoding as the bytes of a binary, whose
-/// header (`BINARY_EXT` and the length) ends `Prefix`. Runs on a dirty
-/// scheduler: copying megabytes there holds no normal scheduler. Same
-/// results as `send/4`, but never `large`; the encoded message is freed
-/// by a push that queues it or finds the peer closed, and kept by one that
-/// answers `full` (the caller pushes it again with the room it waits for).
-/// `badarg` for a message pushed already or a bad target.
+/// Queues a message `encode_large/1` encoded, as `target` says:
+/// `{direct, Dest}` straight to `Dest` on the peer (a pid, a registered
+/// name or an alias), which decodes it in that process, as a message sent
+/// with `!` (`Peer::push_direct`); or in a request the peer's receiver
+/// replays, the NIF writing its front ([`encode::front`]): `{send, Dest}`
+/// (`{send, Dest, Msg}`), `{reply, Id}` (`{reply, Id, Reply}`),
+/// `{reply_external, Id}` (`{reply, Id, {external, Bytes}}`, the encoding
+/// as the bytes of a binary), or `whole` (the encoding is the whole
+/// request). Runs on a dirty scheduler: copying megabytes there holds no
+/// normal scheduler. Same results as `send/4`, but never `large`; the
+/// encoded message is freed by a push that queues it or finds the peer
+/// closed, and kept by one that answers `full` (the caller pushes it
+/// again with the room it waits for). `badarg` for a message pushed
+/// already or a bad target (a `Dest` that is not a pid, an atom or an
+/// alias for `direct`, an `Id` that is not a non-negative integer of 64
+/// bits).
 #[rustler::nif(schedule = "DirtyCpu")]
 fn push_encoded<'a>(
     env: Env<'a>,
     peer: ResourceArc<PeerRes>,
-    target: (Atom, Binary<'a>),
+    target: Term<'a>,
     encoded: ResourceArc<EncodedRes>,
     room: Term<'a>,
 ) -> NifResult<Term<'a>> {
+    let target = Target::decode(target)?;
     let mut held = encoded.bytes.lock().unwrap_or_else(|p| p.into_inner());
     let Some(bin) = held.as_ref() else {
         return Err(rustler::Error::BadArg);
     };
     let bytes = bin.as_slice();
+    let mut front = Vec::new();
+    let parts = target.parts(bytes, &mut front)?;
     let (shard, reserved) = (caller_shard(env), reserved(room, &peer.peer));
-    let (kind, front) = target;
-    let (pushed, len) = if kind == atoms::direct() {
-        let to =
-            ecall_dist::wire::etf::element_body(front.as_slice()).ok_or(rustler::Error::BadArg)?;
-        let pushed = peer
-            .peer
-            .push_direct(shard, to, &[bytes], reserved)
-            .ok_or(rustler::Error::BadArg)?;
-        (pushed, bytes.len())
-    } else if kind == atoms::relay() {
-        let body = ecall_dist::wire::etf::element_body(bytes).ok_or(rustler::Error::BadArg)?;
-        let parts = [front.as_slice(), body];
-        let len = front.len() + body.len();
-        (peer.peer.push_alone(shard, &parts, reserved), len)
-    } else if kind == atoms::binary() {
-        // The encoding itself, version byte and all, as the bytes of the
-        // binary whose header ends `front`.
-        let parts = [front.as_slice(), bytes];
-        let len = front.len() + bytes.len();
-        (peer.peer.push_alone(shard, &parts, reserved), len)
-    } else {
-        return Err(rustler::Error::BadArg);
+    let (pushed, len) = match parts {
+        Parts::Direct(to) => {
+            let pushed = peer
+                .peer
+                .push_direct(shard, to, &[bytes], reserved)
+                .ok_or(rustler::Error::BadArg)?;
+            (pushed, bytes.len())
+        }
+        Parts::Relay(rest) => {
+            let parts = [front.as_slice(), rest];
+            let len = front.len() + rest.len();
+            (peer.peer.push_alone(shard, &parts, reserved), len)
+        }
     };
     if pushed != Push::Full {
         *held = None;
     }
     Ok(answer(env, &peer, pushed, len))
+}
+
+/// What `push_encoded/4` would queue for `target`, as one external term
+/// (version byte first): the request, or for `{direct, Dest}` the
+/// destination the frame is addressed to. The encoding is kept. For tests:
+/// the bytes are the same as `term_to_binary/1` of the request gives.
+#[rustler::nif(schedule = "DirtyCpu")]
+fn encoded_request<'a>(
+    env: Env<'a>,
+    target: Term<'a>,
+    encoded: ResourceArc<EncodedRes>,
+) -> NifResult<Binary<'a>> {
+    let target = Target::decode(target)?;
+    let held = encoded.bytes.lock().unwrap_or_else(|p| p.into_inner());
+    let bin = held.as_ref().ok_or(rustler::Error::BadArg)?;
+    let mut front = Vec::new();
+    let rest = match target.parts(bin.as_slice(), &mut front)? {
+        Parts::Direct(to) => to,
+        Parts::Relay(rest) => rest,
+    };
+    let mut out = rustler::NewBinary::new(env, 1 + front.len() + rest.len());
+    let s = out.as_mut_slice();
+    s[0] = ecall_dist::wire::etf::VERSION;
+    s[1..=front.len()].copy_from_slice(&front);
+    s[1 + front.len()..].copy_from_slice(rest);
+    Ok(out.into())
+}
+
+/// The target of `push_encoded/4`, decoded; a destination as its
+/// `term_to_binary`, version byte included.
+enum Target {
+    Direct(OwnedBinary),
+    Send(OwnedBinary),
+    Reply(u64),
+    ReplyExternal(u64),
+    Whole,
+}
+
+/// What goes out for an encoding: straight to a destination (external
+/// format without the version byte), or a request's front (written
+/// apart) and then this much of the encoding.
+enum Parts<'b> {
+    Direct(&'b [u8]),
+    Relay(&'b [u8]),
+}
+
+impl Target {
+    /// `badarg` for anything but the forms `push_encoded/4` takes.
+    fn decode(term: Term<'_>) -> NifResult<Target> {
+        if term.decode::<Atom>().is_ok_and(|a| a == atoms::whole()) {
+            return Ok(Target::Whole);
+        }
+        let (kind, arg): (Atom, Term<'_>) = term.decode()?;
+        if kind == atoms::direct() {
+            Ok(Target::Direct(arg.to_binary()))
+        } else if kind == atoms::send() {
+            Ok(Target::Send(arg.to_binary()))
+        } else if kind == atoms::reply() {
+            // Fails for a negative integer, one past 64 bits, or no
+            // integer: what the front writes is a u64.
+            Ok(Target::Reply(arg.decode()?))
+        } else if kind == atoms::reply_external() {
+            Ok(Target::ReplyExternal(arg.decode()?))
+        } else {
+            Err(rustler::Error::BadArg)
+        }
+    }
+
+    /// The parts of `encoded` (a whole `term_to_binary` result) that go
+    /// out, a request's front written to `front`. `badarg` for a
+    /// destination `direct` cannot address, or an encoding that is not
+    /// plain external format.
+    fn parts<'b>(&'b self, encoded: &'b [u8], front: &mut Vec<u8>) -> NifResult<Parts<'b>> {
+        use encode::front::{write, Request};
+        let body =
+            |b: &'b OwnedBinary| etf::element_body(b.as_slice()).ok_or(rustler::Error::BadArg);
+        let request = match self {
+            Target::Direct(to) => {
+                let to = body(to)?;
+                etf::direct_control(to).ok_or(rustler::Error::BadArg)?;
+                return Ok(Parts::Direct(to));
+            }
+            Target::Send(dest) => Request::Send(body(dest)?),
+            Target::Reply(id) => Request::Reply(*id),
+            Target::ReplyExternal(id) => Request::ReplyExternal(*id),
+            Target::Whole => Request::Whole,
+        };
+        write(request, encoded, front)
+            .map(Parts::Relay)
+            .ok_or(rustler::Error::BadArg)
+    }
 }
 
 /// How a push encodes `term`: `{Bytes, Text, Refs}` (the size, whether an

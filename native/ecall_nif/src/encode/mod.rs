@@ -37,7 +37,7 @@
 //! and the Erlang side has it encoded and copied on a dirty scheduler
 //! (`encode_large/1`).
 //!
-//! Tests: [`atom_memo`], [`dests`], [`two_way`] and [`write`] never call
+//! Tests: [`atom_memo`], [`dests`], [`front`], [`two_way`] and [`write`] never call
 //! into the VM, and are unit tested without it (`pure_tests.rs`, a test target of their own: a test
 //! binary of the NIF library could not link the VM's `enif_*` symbols).
 //! The walk and [`remote`] are tested through Common Test
@@ -45,6 +45,7 @@
 
 mod atom_memo;
 mod dests;
+pub mod front;
 mod remote;
 mod two_way;
 mod walk;

@@ -11,5 +11,6 @@
 
 mod atom_memo;
 mod dests;
+mod front;
 mod two_way;
 mod write;

@@ -26,6 +26,19 @@ pub fn integer(i: i64, out: &mut Vec<u8>) {
     }
 }
 
+/// A non-negative integer that fits 64 bits, as `term_to_binary` writes
+/// it: [`integer`], or past `i64::MAX` a `SMALL_BIG_EXT` of 8 digits.
+#[inline]
+pub fn natural(u: u64, out: &mut Vec<u8>) {
+    match i64::try_from(u) {
+        Ok(i) => integer(i, out),
+        Err(_) => {
+            out.extend_from_slice(&[SMALL_BIG_EXT, 8, 0]);
+            out.extend_from_slice(&u.to_le_bytes());
+        }
+    }
+}
+
 /// A float: `NEW_FLOAT_EXT`, its IEEE 754 bits big-endian.
 #[inline]
 pub fn float(f: f64, out: &mut Vec<u8>) {
@@ -129,6 +142,23 @@ mod tests {
         for &(i, bytes) in cases {
             assert_eq!(one(|out| integer(i, out)), bytes, "{i}");
         }
+    }
+
+    #[test]
+    fn naturals_past_i64_take_eight_digits() {
+        assert_eq!(one(|out| natural(7, out)), [SMALL_INTEGER_EXT, 7]);
+        assert_eq!(
+            one(|out| natural(i64::MAX as u64, out)),
+            [SMALL_BIG_EXT, 8, 0, 255, 255, 255, 255, 255, 255, 255, 0x7f]
+        );
+        assert_eq!(
+            one(|out| natural(1 << 63, out)),
+            [SMALL_BIG_EXT, 8, 0, 0, 0, 0, 0, 0, 0, 0, 0x80]
+        );
+        assert_eq!(
+            one(|out| natural(u64::MAX, out)),
+            [SMALL_BIG_EXT, 8, 0, 255, 255, 255, 255, 255, 255, 255, 255]
+        );
     }
 
     #[test]
