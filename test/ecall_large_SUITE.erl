@@ -4,8 +4,8 @@
 %% does, and leave nothing in its receiver workers. A big message whose
 %% fence fails is left to B's receiver, which relays it in order.
 %%
-%% Each case starts its own node B (an OTP 25 `peer', discovery off, so
-%% that only the connection made here exists) and stops it.
+%% Each case that sends starts its own node B (an OTP 25 `peer', discovery
+%% off, so that only the connection made here exists) and stops it.
 -module(ecall_large_SUITE).
 
 -include_lib("common_test/include/ct.hrl").
@@ -13,7 +13,8 @@
 
 -export([all/0, suite/0, init_per_suite/1, end_per_suite/1]).
 -export([big_terms_hold_up_the_receiving_node_as_native_does/1,
-         failed_fence_leaves_a_big_message_to_the_receiver/1]).
+         failed_fence_leaves_a_big_message_to_the_receiver/1,
+         requests_around_big_messages_are_term_to_binary_bytes/1]).
 %% Run on B.
 -export([big_sink/1, rx_heaps/0, order_collector/2, rx_tracer_start/2]).
 
@@ -43,7 +44,8 @@ suite() ->
 
 all() ->
     [big_terms_hold_up_the_receiving_node_as_native_does,
-     failed_fence_leaves_a_big_message_to_the_receiver].
+     failed_fence_leaves_a_big_message_to_the_receiver,
+     requests_around_big_messages_are_term_to_binary_bytes].
 
 init_per_suite(Config) ->
     ok = ecall_test_nodes:start_ecall(),
@@ -224,6 +226,61 @@ failed_fence_leaves_a_big_message_to_the_receiver(_Config) ->
     after
         peer:stop(Peer)
     end.
+
+%% A big message, encoded on its own (encode_large/1), goes in a request
+%% whose front the NIF writes (ecall_nif:push_encoded/4): what it queues
+%% (ecall_nif:encoded_request/2) is byte for byte what term_to_binary/1
+%% writes for the whole request from OTP 26 on (atoms as UTF-8), for every
+%% form: {send, Dest, Msg}; {reply, Id, Reply} and {reply, Id, {external,
+%% Bytes}} for an Id of each size the encoder writes; a whole request; and
+%% a direct message's destination. On OTP 25 term_to_binary/1 writes atoms
+%% as ATOM_EXT, and so does encode_large/1: there the bytes are compared
+%% for terms without atoms of their own (the request's are UTF-8 on every
+%% release), and for the others the request decodes to the same term. An
+%% Id that is not a non-negative integer of 64 bits, or a destination no
+%% frame can address, is refused.
+requests_around_big_messages_are_term_to_binary_bytes(_Config) ->
+    Utf8 = fun(T) -> term_to_binary(T, [{minor_version, 2}]) end,
+    Request = fun(Target, T) ->
+                      {_, Encoded} = ecall_nif:encode_large(T),
+                      ecall_nif:encoded_request(Target, Encoded)
+              end,
+    Plain = [binary:copy(<<"m">>, 300000), lists:seq(1, 5000), {1, 2.5, [<<"x">>]}, #{1 => [2]}],
+    WithAtoms = [{big, self(), make_ref(), [a, b]}, #{key => value}],
+    Ids = [0, 255, 256, (1 bsl 31) - 1, 1 bsl 31, 1 bsl 62, (1 bsl 63) - 1, 1 bsl 63,
+           (1 bsl 64) - 1],
+    Dests = [self(), ecall_big_sink, an_alias()],
+    %% {send, Dest, Msg}: any Dest, as the receiver sends to it.
+    [?assertEqual(Utf8({send, D, M}), Request({send, D}, M)) || D <- [42, <<"d">>], M <- Plain],
+    [?assertEqual({send, D, M}, binary_to_term(Request({send, D}, M)))
+     || D <- Dests, M <- Plain ++ WithAtoms],
+    %% {reply, Id, Reply} and {reply, Id, {external, Bytes}}.
+    [?assertEqual(Utf8({reply, Id, R}), Request({reply, Id}, R)) || Id <- Ids, R <- Plain],
+    [?assertEqual(Utf8({reply, Id, {external, term_to_binary(R)}}),
+                  Request({reply_external, Id}, R))
+     || Id <- Ids, R <- Plain],
+    [begin
+         ?assertEqual({reply, 7, R}, binary_to_term(Request({reply, 7}, R))),
+         {reply, 7, {external, Bytes}} = binary_to_term(Request({reply_external, 7}, R)),
+         ?assertEqual(R, binary_to_term(Bytes))
+     end || R <- WithAtoms],
+    %% A whole request, and a direct message's destination.
+    [?assertEqual(term_to_binary(T), Request(whole, T))
+     || T <- [{cast, node(), m, f, Plain}, {call, node(), 1, m, f, WithAtoms}]],
+    [?assertEqual(term_to_binary(D), Request({direct, D}, <<"m">>)) || D <- Dests],
+    Bad = [{reply, -1}, {reply, 1 bsl 64}, {reply, 1.0}, {reply, a},
+           {reply_external, -1}, {reply_external, 1 bsl 64},
+           {direct, 42}, {direct, {a, b}}, {relay, <<>>}, {binary, <<>>}, relay, {send},
+           {send, a, b}],
+    [?assertError(badarg, Request(Target, <<"m">>)) || Target <- Bad],
+    %% The encoding is kept: it can be asked for again.
+    {_, Kept} = ecall_nif:encode_large(lists:seq(1, 10)),
+    ?assertEqual(ecall_nif:encoded_request(whole, Kept), ecall_nif:encoded_request(whole, Kept)).
+
+an_alias() ->
+    Alias = alias(),
+    true = unalias(Alias),
+    Alias.
 
 %% On B: the first N messages, in the order they came, to Owner (as
 %% summary/1 gives them).
