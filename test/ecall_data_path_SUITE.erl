@@ -539,7 +539,13 @@ big_messages_go_straight_in_order(Config) ->
     {ok, #{pushed := BP1}} = erpc:call(B, ecall, stats, [node()]),
     #{receivers := #{requests := AR1}} = ecall:stats(),
     ?assertEqual(1, BP1 - BP0),
-    ?assertEqual(1, AR1 - AR0).
+    ?assertEqual(1, AR1 - AR0),
+    %% A medium result (past what a push encodes inline, short of 256 KiB)
+    %% goes back as {reply, Id, Result} around its own encoding.
+    Reply = Medium(8),
+    ?assertEqual({ok, Reply}, ecall:call(B, ecall_test_nodes, echo, [Reply])),
+    {ok, #{pushed := BP2}} = erpc:call(B, ecall, stats, [node()]),
+    ?assertEqual(1, BP2 - BP1).
 
 mirror_hashes(Owner) ->
     receive
