@@ -446,7 +446,7 @@ rx_memory() ->
     WordSize = erlang:system_info(wordsize),
     Heaps = [Words * WordSize
              || I <- lists:seq(1, ecall_config:receivers()),
-                Pid <- [whereis(ecall_receiver:name(I))], is_pid(Pid),
+                Pid <- [whereis(ecall_receiver_sup:name(I))], is_pid(Pid),
                 {total_heap_size, Words} <- [process_info(Pid, total_heap_size)]],
     #{rx_heap_bytes => lists:sum(Heaps), rx_heap_max_bytes => lists:max([0 | Heaps]),
       b_memory_bytes => erlang:memory(total), b_rss_bytes => vm_rss()}.
