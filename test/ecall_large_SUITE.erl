@@ -61,7 +61,11 @@ end_per_suite(_Config) ->
 %% - the ticker is no later than with `!' times ?LATE_FACTOR, plus
 %%   ?LATE_SLACK_MS (the best of three rounds each);
 %% - B's receivers replay one request per term (its fence), and no
-%%   long_schedule event names an ecall process or function;
+%%   long_schedule event that names an ecall process or function lasted
+%%   half as long as the longest event by `!' (the target decoding the
+%%   term): a receiver that built a term would hold B's scheduler about as
+%%   long, while an ecall process that was running when the OS took the
+%%   scheduler thread away for a few ms on a busy machine is not that;
 %% - the heaps of B's receiver workers are as they were before the terms,
 %%   within 10,000 words (no collection forced);
 %% and every term arrives intact.
@@ -98,7 +102,10 @@ big_terms_through(B, Holder) ->
     %% The terms went straight to their targets: B's receivers replayed
     %% one fence per term sent through ecall, and built none of them.
     ?assertEqual(length([V || {ecall, _} = V <- Runs]) * length(element(2, Holder)), R1 - R0),
-    ?assertEqual([], ecall_events(Events(ecall), ecall_modules())),
+    NativeWorst = lists:max([0 | [T || #{timeout_ms := T} <- Events(native)]]),
+    ?assert(NativeWorst > 0),
+    ?assertEqual([], [E || #{timeout_ms := T} = E <- ecall_events(Events(ecall), ecall_modules()),
+                           2 * T >= NativeWorst]),
     [?assert(After =< Before + 10000) || {Before, After} <- lists:zip(Rx0, Rx1)],
     ?assert(Late(ecall) =< ?LATE_FACTOR * Late(native) + ?LATE_SLACK_MS).
 
