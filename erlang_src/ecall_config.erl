@@ -5,13 +5,24 @@
 %% error naming the key) and read with {@link get/1}.
 %%
 %% get/1 checks the one key it reads as well: the environment can be changed
-%% at run time (application:set_env/3), and a bad value set then must fail
-%% where it is read, with the same error, not somewhere later.
+%% at run time (application:set_env/3). A bad value set then is refused
+%% where it is read, never raised in a caller: the last good value of the
+%% key stays in force, and one warning per key and value names the key,
+%% the value (as `{bad_config, Key, Value}', the error a start gives for
+%% it) and what is allowed. The good values are kept in a table the top
+%% supervisor owns (keep_good/0).
 -module(ecall_config).
 
 -compile({no_auto_import, [get/1]}).
 -export([spec/0, validate/0, get/1, links/0, shards/0, receivers/0, peer_opts/0]).
--export([doc/0, write_doc/1]).
+-export([keep_good/0, allowed/1, doc/0, write_doc/1]).
+
+-include_lib("kernel/include/logger.hrl").
+
+%% The table of the values in force: `{Key, Value}' for the last good
+%% value read of each key, `{{said, Key, Value}}' for a bad value warned
+%% of.
+-define(GOOD, ecall_config_good).
 
 -type check() :: pos_integer | non_neg_integer | boolean | {one_of, [atom()]}
                | {pos_integer_or, atom()}.
@@ -79,11 +90,20 @@ doc() ->
      "`config :ecall, key: value` in Elixir. Every key is checked when the\n"
      "application starts: an unknown key or a bad value stops the start with\n"
      "`{bad_config, Key, Value}` or `{unknown_config_key, Key}` and an error in\n"
-     "the log. The column \"read\" says when ecall reads a key, and so when a\n"
-     "change made at run time (`application:set_env/3`) applies: *at start*\n"
-     "(after the application restarts), *at open* (to connections opened after\n"
-     "the change; `ecall:disconnect/1` then `ecall:connect/1` opens one again),\n"
-     "or *at use* (at once).\n"
+     "the log that says what the key allows. The column \"read\" says when\n"
+     "ecall reads a key, and so when a change made at run time\n"
+     "(`application:set_env/3`) applies: *at start* (after the application\n"
+     "restarts), *at open* (to connections opened after the change;\n"
+     "`ecall:disconnect/1` then `ecall:connect/1` opens one again), or *at use*\n"
+     "(at once).\n\n"
+     "A bad value set at run time is refused where it is read: the last good\n"
+     "value of the key stays in force, and one warning per key and value gives\n"
+     "`{bad_config, Key, Value}` and what is allowed. `send`, `cast` and `call`\n"
+     "never raise because of a setting.\n\n"
+     "On erl's command line a value that starts with `-` is taken by erl for a\n"
+     "flag of its own: `-ecall max_queue_bytes -1` sets nothing, and ecall\n"
+     "warns at start that the key has no value. Write such a value as\n"
+     "`-ecall max_queue_bytes '(-1)'`, or set it in `sys.config`.\n\n"
      "Which settings matter, and when to change them: `operations.md`.\n\n"
      "| key | values | default | read | what it does |\n"
      "| --- | --- | --- | --- | --- |\n",
@@ -127,20 +147,81 @@ validate() ->
 check_backoff(Min, Max) when Max >= Min -> ok;
 check_backoff(_Min, Max) -> erlang:error({bad_config, backoff_max, Max}).
 
-%% @doc The value of `Key', or its default. Raises `{bad_config, Key,
-%% Value}' for a bad value and `{unknown_config_key, Key}' for a key that
-%% is not in the table.
+%% @doc The value of `Key', or its default. A bad value is refused: the
+%% last good value read stays in force (the default if none was), and a
+%% warning says so once per key and value (see the module doc). Raises
+%% `{unknown_config_key, Key}' for a key that is not in the table (a bug
+%% of ecall, not a setting).
 -spec get(atom()) -> term().
 get(Key) ->
     case maps:find(Key, spec()) of
         {ok, {Check, Default, _, _}} ->
             case application:get_env(ecall, Key) of
-                {ok, V} -> check(Key, Check, V);
-                undefined -> Default
+                {ok, V} ->
+                    try check(Key, Check, V) of
+                        V -> good(Key, V)
+                    catch
+                        error:{bad_config, Key, V} -> refused(Key, V, Check, Default)
+                    end;
+                undefined ->
+                    Default
             end;
         error ->
             erlang:error({unknown_config_key, Key})
     end.
+
+%% @doc Keeps every value of the environment, checked already by
+%% validate/0 when the application started, as the last good ones.
+%% Called by the top supervisor, which owns the table.
+-spec keep_good() -> ok.
+keep_good() ->
+    _ = ets:new(?GOOD, [named_table, public, {read_concurrency, true}]),
+    _ = [good(Key, V) || {Key, V} <- application:get_all_env(ecall),
+                         maps:is_key(Key, spec())],
+    ok.
+
+%% A good value read: kept, when it differs from the one kept (a lookup
+%% otherwise). Before the application starts (no table) nothing is kept.
+-spec good(atom(), V) -> V.
+good(Key, V) ->
+    try ets:lookup(?GOOD, Key) of
+        [{_, V}] -> V;
+        _ -> true = ets:insert(?GOOD, {Key, V}), V
+    catch
+        error:badarg -> V
+    end.
+
+-spec refused(atom(), term(), check(), term()) -> term().
+refused(Key, V, Check, Default) ->
+    InForce = try ets:lookup(?GOOD, Key) of
+                  [{_, Good}] -> Good;
+                  [] -> Default
+              catch
+                  error:badarg -> Default
+              end,
+    _ = try ets:insert_new(?GOOD, {{said, Key, V}}) of
+            true ->
+                ?LOG_WARNING("ecall: setting ~p refused: ~0p (allowed: ~ts); ~0p stays in "
+                             "force. Set a good value with application:set_env(ecall, ~p, "
+                             "Value)", [Key, {bad_config, Key, V}, allowed_by(Check), InForce,
+                                        Key]);
+            false ->
+                ok
+        catch
+            error:badarg -> ok
+        end,
+    InForce.
+
+%% @doc What key `Key' allows, in words (for the log lines that refuse a
+%% value).
+-spec allowed(atom()) -> string().
+allowed(Key) ->
+    {Check, _, _, _} = maps:get(Key, spec()),
+    allowed_by(Check).
+
+-spec allowed_by(check()) -> string().
+allowed_by(Check) ->
+    lists:flatten(string:replace(values(Check), "`", "", all)).
 
 -spec check(atom(), check(), term()) -> term().
 check(_Key, pos_integer, V) when is_integer(V), V > 0 -> V;

@@ -14,6 +14,9 @@ start_link() ->
 
 -spec init([]) -> {ok, {supervisor:sup_flags(), [supervisor:child_spec()]}}.
 init([]) ->
+    %% The values of the settings in force (refused ones keep the last
+    %% good value), owned here so that they live as long as ecall.
+    ok = ecall_config:keep_good(),
     Children = [
         #{id => ecall_log, start => {ecall_log, start_link, []}},
         #{id => ecall_receiver_sup, type => supervisor,

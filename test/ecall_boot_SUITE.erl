@@ -11,6 +11,7 @@
 
 -export([all/0, suite/0, init_per_testcase/2, end_per_testcase/2]).
 -export([not_distributed_is_printed/1, refused_configuration_is_printed/1,
+         negative_value_on_the_command_line_is_printed/1,
          nif_fallback_is_printed/1, link_down_is_printed/1,
          squatted_name_boots_then_moves_to_the_links/1,
          unreachable_epmd_boots_then_moves_to_the_links/1,
@@ -27,7 +28,8 @@ suite() ->
     [{timetrap, {minutes, 3}}].
 
 all() ->
-    [not_distributed_is_printed, refused_configuration_is_printed, nif_fallback_is_printed,
+    [not_distributed_is_printed, refused_configuration_is_printed,
+     negative_value_on_the_command_line_is_printed, nif_fallback_is_printed,
      link_down_is_printed, squatted_name_boots_then_moves_to_the_links,
      unreachable_epmd_boots_then_moves_to_the_links,
      missing_or_unreadable_tls_files_boot_then_move_to_the_links].
@@ -56,14 +58,27 @@ not_distributed_is_printed(_Config) ->
                        "{ok, _} = application:ensure_all_started(ecall), init:stop()."),
     ?assert(has(Lines, "ecall: this node is not distributed")).
 
-%% A bad value stops ecall's start with an error naming the key, and the
-%% node prints it.
+%% A bad value stops ecall's start with an error naming the key and what
+%% it allows, and the node prints it.
 refused_configuration_is_printed(_Config) ->
     Lines = run_to_end(ecall_test_nodes:code_paths() ++ ["-ecall", "overflow", "bogus"],
                        "io:format(\"start: ~p~n\", [application:ensure_all_started(ecall)]), "
                        "init:stop()."),
     ?assert(has(Lines, "ecall: configuration refused")),
-    ?assert(has(Lines, "{bad_config,overflow,bogus}")).
+    ?assert(has(Lines, "{bad_config,overflow,bogus} (allowed: block, error, drop)")).
+
+%% `-ecall max_queue_bytes -1': erl takes `-1' for a flag of its own and
+%% the key is not set. ecall starts on the default and prints that the key
+%% has no value, and how to write it; written so, the value is refused.
+negative_value_on_the_command_line_is_printed(_Config) ->
+    Start = "io:format(\"start: ~p~n\", [application:ensure_all_started(ecall)]), init:stop().",
+    Lines = run_to_end(ecall_test_nodes:code_paths() ++ ["-ecall", "max_queue_bytes", "-1"],
+                       Start),
+    ?assert(has(Lines, "ecall: -ecall max_queue_bytes has no value on the command line")),
+    ?assert(has(Lines, "start: {ok,")),
+    Quoted = run_to_end(ecall_test_nodes:code_paths() ++ ["-ecall", "max_queue_bytes", "(-1)"],
+                        Start),
+    ?assert(has(Quoted, "{bad_config,max_queue_bytes,-1} (allowed: integer > 0)")).
 
 %% ecall's code without its library (an installation missing the .so, or
 %% one built for another OTP): ecall starts on the pure-Erlang transport
