@@ -313,16 +313,31 @@ all_atoms(_) -> false.
 %% closing}' when three connections to it in a row, opened by others, ended
 %% while this waited on them; `{error, {version, V}}' when `Node' runs a
 %% release of ecall whose requests are of another version `V' (traffic to
-%% it goes by plain distribution; the log says so once); else why it
-%% failed (`timeout' after `connect_timeout', `noconnection', ...).
+%% it goes by plain distribution; the log says so once); `{error,
+%% noconnection}' when `Node' cannot be reached (not running, not
+%% there); else why it failed (`timeout' after `connect_timeout', ...).
+%% Raises `badarg' when `Node' is not a node name (`Name@Host', neither
+%% part empty).
 -spec connect(node()) -> ok | {error, term()}.
 connect(Node) when is_atom(Node) ->
-    case started() of
-        true -> ecall_conn:connect(Node);
-        false -> {error, not_started}
+    case node_name(Node) of
+        false -> erlang:error(badarg, [Node]);
+        true ->
+            case started() of
+                true -> ecall_conn:connect(Node);
+                false -> {error, not_started}
+            end
     end;
 connect(Node) ->
     erlang:error(badarg, [Node]).
+
+%% Whether `Node' is a node name: `Name@Host', neither part empty.
+-spec node_name(atom()) -> boolean().
+node_name(Node) ->
+    case string:split(atom_to_list(Node), "@") of
+        [[_ | _], [_ | _] = Host] -> not lists:member($@, Host);
+        _ -> false
+    end.
 
 %% @doc Closes the connection to `Node'. What is still queued for it is
 %% dropped (counted in `closed_drops'); later sends use native distribution

@@ -319,7 +319,7 @@ handle_info({ecall_link, K, {down, Reason, Unconfirmed}}, #st{up = Up, down_logg
     _ = Reason =:= stalled andalso
         ecall_event:execute([ecall, link, reap], Measurements, Meta),
     case maps:is_key(K, DL) of
-        false -> ?LOG_WARNING("ecall: link ~b to ~p down: ~p", [K + 1, St#st.node, Reason]);
+        false -> log_down(K, St#st.node, Reason, Unconfirmed);
         true -> ok
     end,
     %% Link events are the NIF transport's: the calls waiting on the link
@@ -350,6 +350,18 @@ handle_info({'EXIT', Pid, Reason}, St) ->
     {stop, {shutdown, {transport_down, Reason}}, St};
 handle_info(Info, St) ->
     {noreply, unexpected({info, Info}, St)}.
+
+%% The one line of a link going down. The peer closing the connection
+%% with nothing lost (an orderly shutdown of its node, whose nodedown
+%% follows) is a notice; anything else, or a loss, a warning.
+-spec log_down(non_neg_integer(), node(), term(), non_neg_integer()) -> ok.
+log_down(K, Node, peer_closed, 0) ->
+    ?LOG_NOTICE("ecall: link ~b to ~p down: peer_closed", [K + 1, Node]);
+log_down(K, Node, Reason, 0) ->
+    ?LOG_WARNING("ecall: link ~b to ~p down: ~p", [K + 1, Node, Reason]);
+log_down(K, Node, Reason, Unconfirmed) ->
+    ?LOG_WARNING("ecall: link ~b to ~p down: ~p; ~b requests possibly lost with the "
+                 "connection (unconfirmed)", [K + 1, Node, Reason, Unconfirmed]).
 
 -spec unexpected(term(), #st{}) -> #st{}.
 unexpected(What, #st{unexpected = N, node = Node} = St) ->

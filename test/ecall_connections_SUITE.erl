@@ -17,6 +17,8 @@
          numbered_call_gets_system_limit_at_once/1, restart_cycles_start_first_time/1,
          order_holds_across_reconnects/1, a_node_that_crashes_is_written_down/1,
          a_peer_without_ecall_says_so/1, a_peer_of_another_version_is_refused/1,
+         connect_reasons/1, bad_settings_at_run_time_are_refused/1,
+         an_orderly_shutdown_is_one_notice_per_link/1,
          not_started_says_so/1,
          configuration_doc_matches_spec/1, overflow_is_read_at_use/1,
          max_queue_bytes_is_read_at_open/1,
@@ -49,6 +51,8 @@ all() ->
      restart_with_handshakes_under_way_registers_at_once,
      order_holds_across_reconnects, a_node_that_crashes_is_written_down,
      a_peer_without_ecall_says_so, a_peer_of_another_version_is_refused, not_started_says_so,
+     connect_reasons, bad_settings_at_run_time_are_refused,
+     an_orderly_shutdown_is_one_notice_per_link,
      configuration_doc_matches_spec,
      overflow_is_read_at_use, max_queue_bytes_is_read_at_open,
      connection_up_and_down_are_notices,
@@ -1025,6 +1029,135 @@ load_with_version(Node, Version) ->
     {module, Mod} = erpc:call(Node, code, load_binary, [Mod, File, Bin]),
     ?assertEqual(Version, erpc:call(Node, Mod, version, [])),
     ok.
+
+%% connect/1 gives one reason per kind of mistake, every time: a name
+%% that cannot be a node raises badarg (as a non-atom does), a node that
+%% is not there is `noconnection', each of three tries in a row.
+connect_reasons(_Config) ->
+    [?assertError(badarg, ecall:connect(Bad)) || Bad <- [foo, 'foo@', '@host', 'a@b@c', '']],
+    [?assertEqual({error, noconnection}, ecall:connect('nobody@nowhere.invalid'))
+     || _ <- [1, 2, 3]],
+    {ok, Host} = inet:gethostname(),
+    Absent = list_to_atom("ecall_absent_" ++ integer_to_list(erlang:unique_integer([positive]))
+                          ++ "@" ++ Host),
+    [?assertEqual({error, noconnection}, ecall:connect(Absent)) || _ <- [1, 2, 3]].
+
+%% A bad value set at run time, for every key read after the start, is
+%% refused where it is read: callers sending, casting and calling all the
+%% while never crash, a connection opens on the last good values, no
+%% process of ecall crashes (no crash report), and one warning per key
+%% and value names the key, `{bad_config, Key, Value}' (the error a start
+%% gives) and what is allowed; a second reading says nothing more.
+bad_settings_at_run_time_are_refused(_Config) ->
+    {Peer, C} = start_peer(["-ecall", "discovery", "false"]),
+    ok = ecall:connect(C),
+    Bad = [{shards, foo}, {max_batch_count, 0}, {max_batch_bytes, -1}, {max_queue_bytes, -5},
+           {stall_timeout, -1}, {connect_timeout, 0}, {backoff_min, nope}, {backoff_max, 0},
+           {gather, maybe}, {urgent, 1}, {transport, rust}],
+    ok = logger:add_handler(?MODULE, ?MODULE, #{config => #{pid => self()}}),
+    Load = [spawn_monitor(fun() -> load(C) end) || _ <- lists:seq(1, 4)],
+    try
+        [ok = application:set_env(ecall, K, V) || {K, V} <- Bad],
+        %% Read at open: the connection opens on the last good values.
+        ok = ecall:disconnect(C),
+        ?assertEqual(ok, ecall:connect(C)),
+        %% Logged by the connection process before it published the peer.
+        Said = [T || {log, warning, T} <- flush_logs()],
+        [?assertMatch([_], [T || T <- Said,
+                                 lists:all(fun(W) -> string:find(T, W) =/= nomatch end,
+                                           ["setting " ++ atom_to_list(K) ++ " refused",
+                                            lists:flatten(io_lib:format("~0p",
+                                                                        [{bad_config, K, V}])),
+                                            "allowed: " ++ ecall_config:allowed(K)])])
+         || {K, V} <- Bad],
+        %% `overflow', read at use when the budget is full: a budget of
+        %% one byte (read at open) and `drop' read once, then a bad value.
+        ok = application:set_env(ecall, max_queue_bytes, 1),
+        ok = application:set_env(ecall, overflow, drop),
+        ok = ecall:disconnect(C),
+        ok = ecall:connect(C),
+        {ok, #{overflow_drops := D0}} = ecall:stats(C),
+        _ = ecall:send({nobody, C}, x),
+        ok = application:set_env(ecall, overflow, sometimes),
+        _ = ecall:send({nobody, C}, x),
+        ?assertEqual(ok, ecall:cast(C, erlang, node, [])),
+        ?assertEqual({error, overload}, ecall:call(C, erlang, node, [])),
+        {ok, #{overflow_drops := D1}} = ecall:stats(C),
+        ?assertEqual(4, D1 - D0),
+        await_log(warning, ["setting overflow refused", "{bad_config,overflow,sometimes}",
+                            "allowed: block, error, drop", "drop stays in force"]),
+        %% Read again: nothing more said.
+        _ = ecall:send({nobody, C}, x),
+        ok = ecall:disconnect(C),
+        ok = ecall:connect(C),
+        [?assert(is_process_alive(P)) || {P, _} <- Load],
+        _ = sys:get_state(ecall_log),
+        Lines = [T || {log, _, T} <- flush_logs()],
+        ?assertEqual([], [T || T <- Lines, string:find(T, "refused") =/= nomatch]),
+        ?assertEqual([], [T || T <- Lines, string:find(T, "crash") =/= nomatch])
+    after
+        [application:unset_env(ecall, K) || K <- [overflow | [K || {K, _} <- Bad]]],
+        logger:remove_handler(?MODULE),
+        [begin P ! stop,
+               receive {'DOWN', M, process, P, Why} -> ?assertEqual(normal, Why) end
+         end || {P, M} <- Load],
+        peer:stop(Peer)
+    end.
+
+%% A caller sending, casting and calling to `C' until told to stop.
+load(C) ->
+    _ = ecall:send({nobody, C}, x),
+    _ = ecall:cast(C, erlang, node, []),
+    _ = ecall:call(C, erlang, node, [], 1000),
+    receive stop -> ok after 1 -> load(C) end.
+
+%% A link whose peer closes its connection with nothing lost is one
+%% line, a notice (and one more when it is back); a peer that stops
+%% (init:stop/0) says so once per link at most, at notice (its links may
+%% go down before its nodedown closes the connection, or not), and the
+%% connection's close at notice: not one warning, nothing from the Rust
+%% side about it.
+an_orderly_shutdown_is_one_notice_per_link(_Config) ->
+    {Peer, C} = start_peer(["-ecall", "discovery", "false"]),
+    ok = ecall:connect(C),
+    ok = logger:add_handler(?MODULE, ?MODULE, #{config => #{pid => self()}}),
+    try
+        [Id1 | _] = ecall:identities(),
+        ok = erpc:call(C, ecall_test_nodes, drop_connection, [Id1]),
+        Links = ecall_config:links(),
+        ok = ecall_test_nodes:await(link_back,
+                                    fun() ->
+                                            {ok, S} = ecall:stats(C),
+                                            maps:get(disconnects, S) >= 1
+                                                andalso maps:get(links_up, S) =:= Links
+                                    end),
+        %% The back line is said by the connection process, after the
+        %% counters: a call to it brings it.
+        _ = ecall:connections(),
+        _ = sys:get_state(ecall_log),
+        About = fun() -> [L || {log, _, T} = L <- flush_logs(),
+                               string:find(T, atom_to_list(C)) =/= nomatch]
+                end,
+        CText = lists:flatten(io_lib:format("~p", [C])),
+        ?assertEqual([{log, notice, "ecall: link 1 to " ++ CText ++ " down: peer_closed"},
+                      {log, notice, "ecall: link 1 to " ++ CText ++ " is back"}],
+                     About()),
+        Mon = monitor(process, whereis(ecall_conn:name(C))),
+        ok = erpc:call(C, init, stop, []),
+        receive {'DOWN', Mon, process, _, _} -> ok after 30000 -> ct:fail(not_closed) end,
+        _ = sys:get_state(ecall_log),
+        Lines = About(),
+        ct:pal("lines about ~p: ~p", [C, Lines]),
+        Downs = [T || {log, notice, T} <- Lines, string:find(T, "down: peer_closed") =/= nomatch],
+        ?assert(length(Downs) =< Links),
+        ?assertEqual(length(Downs), length(lists:usort(Downs))),
+        ?assertMatch([_], [T || {log, notice, T} <- Lines, string:find(T, "closed (") =/= nomatch]),
+        ?assertEqual([], [L || {log, Level, _} = L <- Lines, Level =/= notice, Level =/= info,
+                               Level =/= debug])
+    after
+        logger:remove_handler(?MODULE),
+        catch peer:stop(Peer)
+    end.
 
 %% A connection coming up and closing are said at notice, with the
 %% transport and the number of links, so that the default log shows which

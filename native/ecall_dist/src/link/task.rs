@@ -54,7 +54,8 @@ async fn run_link(peer: Arc<Core>, k: usize, id: Arc<Identity>, events: Arc<dyn 
                     .fetch_add(1, Ordering::Relaxed);
                 let reason = LinkDown::Restarted;
                 // Links are numbered from 1 in logs, as the identities are.
-                tracing::warn!(peer = peer.node(), link = k + 1, %reason, "link stopped");
+                // The owner logs the event (one line per event, ecall_conn).
+                tracing::debug!(peer = peer.node(), link = k + 1, %reason, "link stopped");
                 events.down(k, &reason, 0);
                 return;
             }
@@ -92,7 +93,8 @@ async fn run_link(peer: Arc<Core>, k: usize, id: Arc<Identity>, events: Arc<dyn 
             .stats
             .disconnects
             .fetch_add(1, Ordering::Relaxed);
-        tracing::warn!(peer = peer.node(), link = k + 1, %reason, "link down");
+        // The owner logs the event (one line per event, ecall_conn).
+        tracing::debug!(peer = peer.node(), link = k + 1, %reason, "link down");
         events.down(k, &reason, unconfirmed);
         drop(peer);
         tokio::select! {
