@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# Builds both examples and runs each on two nodes, against a private epmd:
+# Follows the README's mix steps on fresh `mix new` projects, then builds
+# both examples and runs each on two nodes, against a private epmd:
+#   README's mix    ecall as a path and as a git dependency, no hex
 #   elixir_app      a mix project, ecall as a path dependency (Debian's elixir)
 #   rebar3_release  a rebar3 project with a relx release, ecall in _checkouts
 # On each pair, node a sends, casts and calls to node b through ecall; the
@@ -50,12 +52,70 @@ expect() { # file, then fixed strings it must contain
 host=$(hostname -s)
 cookie=examples_$$
 
+# --- the README's mix steps --------------------------------------------------
+# Its mix section (Installation) as written: the dependency lines and the
+# shell lines, each project with a MIX_HOME of its own, as on a new machine.
+# HEX_MIRROR points nowhere, so anything that needs hex fails here as it
+# would without hex access.
+export MIX_ENV=dev HEX_MIRROR=http://127.0.0.1:9
+mix_section() { awk '/^mix \(Elixir\)/ { on = 1 } on && /^Start the `ecall` application/ { exit } on' README.md; }
+mapfile -t mix_steps < <(mix_section | awk '/^```sh$/ { on = 1; next } on && /^```$/ { exit } on')
+[ ${#mix_steps[@]} -gt 0 ] || fail "README.md: no shell lines in the mix section"
+readme_dep() { # git | path: the README's dependency of that kind
+    local dep
+    dep=$(mix_section | grep -o "{:ecall, $1: [^}]*}") || fail "README.md: no $1 dependency in the mix section"
+    [ "$(echo "$dep" | wc -l)" -eq 1 ] || fail "README.md: more than one $1 dependency in the mix section"
+    echo "$dep"
+}
+readme_steps() { # dir log: the README's shell lines, one at a time, in dir
+    local line
+    for line in "${mix_steps[@]}"; do
+        echo "\$ $line" >>"$2"
+        (cd "$1" && bash -c "$line") </dev/null >>"$2" 2>&1 || fail "README's '$line' in ${1##*/}"
+    done
+}
+mix_app() { # name dep: a `mix new' project in $logs with dep as its one dependency
+    (cd "$logs" && mix new "$1") >/dev/null 2>&1 || fail "mix new $1"
+    DEP=$2 perl -0pi -e 's/(defp deps do\n\s*\[)[^\]]*\]/$1$ENV{DEP}]/' "$logs/$1/mix.exs"
+    grep -qF "[$2]" "$logs/$1/mix.exs" || fail "$1/mix.exs does not list $2"
+}
+probe='IO.inspect(:ecall.call(node(), :lists, :sum, [[1, 2]])); IO.puts(hd(:ecall.info_lines())); IO.puts(:code.which(:ecall))'
+
+# A path dependency, "../ecall" from the project as in the README: a link
+# to this checkout, whose NIF is built already (or built in its target/).
+say "README's mix steps: a path dependency"
+ln -s "$root" "$logs/ecall"
+export MIX_HOME=$logs/mix_home_path
+dep=$(readme_dep path)
+mix_app readme_path "$dep"
+readme_steps "$logs/readme_path" "$logs/readme_path.out"
+(cd "$logs/readme_path" && timeout 60 mix run -e "$probe") >>"$logs/readme_path.out" 2>&1 ||
+    fail "mix run in readme_path"
+expect "$logs/readme_path.out" "{:ok, 3}" ": nif transport"
+
+# A git dependency: the README's line with its URL replaced by a local
+# repository whose branch main holds this checkout's HEAD (its files, one
+# commit: this checkout may be a shallow clone). Built with ECALL_NO_NIF=1:
+# the NIF would be a full cargo build of a fresh clone (minutes), and the
+# NIF build is what the path dependency and elixir_app run.
+say "README's mix steps: a git dependency"
+mkdir "$logs/ecall_git"
+git archive HEAD | tar -x -C "$logs/ecall_git"
+(cd "$logs/ecall_git" && git init -q -b main && git add -A &&
+    git -c user.name=examples -c user.email=examples@localhost commit -q -m ecall) || fail "git repository for the git dependency"
+export MIX_HOME=$logs/mix_home_git
+dep=$(readme_dep git)
+mix_app readme_git "$(echo "$dep" | sed "s|git: \"[^\"]*\"|git: \"file://$logs/ecall_git\"|")"
+ECALL_NO_NIF=1 readme_steps "$logs/readme_git" "$logs/readme_git.out"
+(cd "$logs/readme_git" && ECALL_NO_NIF=1 timeout 60 mix run -e "$probe") >>"$logs/readme_git.out" 2>&1 ||
+    fail "mix run in readme_git"
+expect "$logs/readme_git.out" "{:ok, 3}" ": erlang transport" "readme_git/_build/dev/lib/ecall/ebin/ecall.beam"
+
 # --- a mix project -----------------------------------------------------------
-say "elixir_app: mix compile"
+say "elixir_app: mix compile (the README's mix steps)"
 ex=$root/examples/elixir_app
-export MIX_HOME=$ex/_build/mix_home MIX_ENV=dev
-(cd "$ex" && mix local.rebar --force rebar3 "$(command -v rebar3)" && mix deps.get && mix compile) \
-    >"$logs/mix_build" 2>&1 || fail "mix compile"
+export MIX_HOME=$logs/mix_home
+readme_steps "$ex" "$logs/mix_build"
 
 say "elixir_app: two nodes"
 b=ex_b_$$
