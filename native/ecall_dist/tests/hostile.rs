@@ -28,7 +28,7 @@ async fn connect(id: &Identity, cookie: &str) -> TcpStream {
         format!("{}@localhost", unique("evil")).parse().unwrap(),
         Creation::new(1),
     );
-    local.flags = ecall_dist::internals::cnode::flags();
+    local.flags = ecall_dist::wire::dist_flags::flags();
     let mut hs = ClientSideHandshake::new(stream.compat(), local, cookie);
     let status = hs
         .execute_send_name(erl_dist::LOWEST_DISTRIBUTION_PROTOCOL_VERSION)
@@ -272,7 +272,7 @@ async fn connections_stalled_after_their_name_make_room_oldest_first() {
             format!("{}@localhost", unique("stall")).parse().unwrap(),
             Creation::new(1),
         );
-        local.flags = ecall_dist::internals::cnode::flags();
+        local.flags = ecall_dist::wire::dist_flags::flags();
         let mut hs = ClientSideHandshake::new(stream.compat(), local, COOKIE);
         // The status comes after the name was read: this one is named.
         let status = hs
@@ -301,7 +301,8 @@ async fn connections_stalled_after_their_name_make_room_oldest_first() {
 /// offering everything else.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_peer_lacking_a_needed_flag_is_refused_by_name() {
-    use ecall_dist::internals::cnode::{self, DIGEST_25, UTF8_ATOMS};
+    use ecall_dist::internals::cnode;
+    use ecall_dist::wire::dist_flags::{DIGEST_25, UTF8_ATOMS};
     use erl_dist::epmd::{EpmdClient, NodeEntry};
     use erl_dist::handshake::ServerSideHandshake;
     use erl_dist::DistributionFlags;
