@@ -7,11 +7,11 @@
 //! unregisters the name.
 
 use crate::error::Error;
+use crate::net::epmd;
 use crate::net::inbound::{self, InboundStats};
 use crate::net::log_every::LogEvery;
 use crate::net::pending::{Evicted, Pending, Slot, MAX_PENDING_HANDSHAKES};
 use crate::wire::dist_flags::{flags, link_flags, missing_flags, DIST_HDR_ATOM_CACHE, FRAGMENTS};
-use erl_dist::epmd::{EpmdClient, EpmdError, NodeEntry};
 use erl_dist::handshake::{HandshakeStatus, ServerSideHandshake};
 use erl_dist::node::{Creation, LocalNode, NodeName};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -41,7 +41,7 @@ pub struct IdentityConfig {
     pub tls: Option<crate::net::stream::TlsClient>,
     /// How long a name epmd refuses is asked for again before
     /// [`Identity::start`] gives up with [`Error::NameTaken`] (zero: asked
-    /// once). See `register`.
+    /// once). See [`epmd::register`].
     pub register_retry: Duration,
 }
 
@@ -129,7 +129,14 @@ impl Identity {
             .map_err(|e| Error::BadName(format!("{}: {e}", config.node)))?;
         let listener = config.listen.bind().await?;
         let port = listener.local_addr().map_err(Error::io("listen"))?.port();
-        let (keep, creation) = register(&config, &name, port).await?;
+        let (keep, creation) = epmd::register(
+            &config.node,
+            &name,
+            port,
+            config.epmd_port,
+            config.register_retry,
+        )
+        .await?;
         let mut local = LocalNode::new(name, creation);
         local.flags = flags();
         let id = Arc::new(Identity {
@@ -226,41 +233,6 @@ impl Identity {
 impl Drop for Identity {
     fn drop(&mut self) {
         self.cancel.cancel();
-    }
-}
-
-/// Registers `name` with the local epmd; returns the connection that keeps
-/// it registered and the creation. epmd forgets a name when the connection
-/// that registered it closes, which it notices a little after the close: a
-/// node whose ecall restarts at once can find its old names still taken.
-/// Registration is retried for `config.register_retry`, every 100 ms, for
-/// that case; a name still taken after that is [`Error::NameTaken`] (the
-/// Erlang side goes on without the identities and retries with backoff).
-async fn register(
-    config: &IdentityConfig,
-    name: &NodeName,
-    port: u16,
-) -> Result<(Compat<TcpStream>, Creation), Error> {
-    const RETRY_EVERY: Duration = Duration::from_millis(100);
-    let t0 = tokio::time::Instant::now();
-    loop {
-        let epmd = TcpStream::connect(("127.0.0.1", config.epmd_port))
-            .await
-            .map_err(Error::io("connect to epmd"))?;
-        match EpmdClient::new(epmd.compat())
-            .register(NodeEntry::new_hidden(name.name(), port))
-            .await
-        {
-            Ok(registered) => return Ok(registered),
-            Err(e) if t0.elapsed() < config.register_retry => {
-                tracing::debug!(node = config.node, error = %e, "epmd refused the name; retrying");
-                tokio::time::sleep(RETRY_EVERY).await;
-            }
-            Err(EpmdError::RegisterNodeError { .. }) => {
-                return Err(Error::NameTaken(config.node.clone()))
-            }
-            Err(e) => return Err(Error::Epmd(format!("register {}: {e}", config.node))),
-        }
     }
 }
 
@@ -465,21 +437,8 @@ pub async fn connect(me: &Identity, peer: &str, cookie: &str) -> Result<Connecte
     let name: NodeName = peer
         .parse()
         .map_err(|e| Error::BadName(format!("{peer}: {e}")))?;
-    let epmd = TcpStream::connect((name.host(), me.config.epmd_port))
-        .await
-        .map_err(|e| {
-            Error::Epmd(format!(
-                "connect to {}:{}: {e}",
-                name.host(),
-                me.config.epmd_port
-            ))
-        })?;
-    let entry = EpmdClient::new(epmd.compat())
-        .get_node(name.name())
-        .await
-        .map_err(|e| Error::Epmd(format!("look up {peer}: {e}")))?
-        .ok_or_else(|| Error::NotRegistered(peer.to_string()))?;
-    let stream = TcpStream::connect((name.host(), entry.port))
+    let port = epmd::lookup(&name, peer, me.config.epmd_port).await?;
+    let stream = TcpStream::connect((name.host(), port))
         .await
         .map_err(Error::io("connect to the peer"))?;
     let _ = stream.set_nodelay(true);

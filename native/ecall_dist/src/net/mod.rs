@@ -8,6 +8,7 @@
 //! Everything read here is hostile until checked (see [`inbound`]).
 
 pub mod cnode;
+pub(crate) mod epmd;
 pub mod inbound;
 pub(crate) mod log_every;
 pub mod pending;
