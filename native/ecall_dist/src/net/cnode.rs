@@ -8,18 +8,18 @@
 
 use crate::error::Error;
 use crate::net::epmd;
+use crate::net::handshake;
 use crate::net::inbound::{self, InboundStats};
 use crate::net::log_every::LogEvery;
 use crate::net::pending::{Evicted, Pending, Slot, MAX_PENDING_HANDSHAKES};
-use crate::wire::dist_flags::{flags, link_flags, missing_flags, DIST_HDR_ATOM_CACHE, FRAGMENTS};
-use erl_dist::handshake::{HandshakeStatus, ServerSideHandshake};
+use crate::wire::dist_flags::flags;
 use erl_dist::node::{Creation, LocalNode, NodeName};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
-use tokio_util::compat::{Compat, TokioAsyncReadCompatExt};
+use tokio_util::compat::Compat;
 use tokio_util::sync::CancellationToken;
 
 /// Settings of one identity.
@@ -313,7 +313,7 @@ async fn serve_incoming(
                 None => crate::net::stream::LinkStream::Tcp(stream),
                 Some(tls) => tls.accept(stream).await?,
             };
-            server_handshake(&me, stream, &slot).await
+            handshake::server(me.local_node(), &me.config.cookie, stream, &slot).await
         }) => hs,
         why = slot.closed() => {
             match why {
@@ -353,27 +353,6 @@ async fn serve_incoming(
 enum Failed {
     Refused,
     TimedOut,
-}
-
-async fn server_handshake(
-    me: &Identity,
-    stream: crate::net::stream::LinkStream,
-    slot: &Slot,
-) -> Result<(crate::net::stream::LinkStream, String), String> {
-    // OTP's TLS distribution frames handshake messages with 4 bytes.
-    let tls = matches!(stream, crate::net::stream::LinkStream::Tls(_));
-    let stream = crate::net::stream::Packet4::new(stream, tls);
-    let mut hs = ServerSideHandshake::new(stream.compat(), me.local_node(), &me.config.cookie);
-    match hs.execute_recv_name().await.map_err(|e| e.to_string())? {
-        Some(_) => {}
-        None => return Err("peer asked for a dynamic name".into()),
-    }
-    slot.named();
-    let (stream, peer) = hs
-        .execute_rest(HandshakeStatus::Ok)
-        .await
-        .map_err(|e| e.to_string())?;
-    Ok((stream.into_inner().into_inner(), peer.name.to_string()))
 }
 
 /// Serves a connection on which we send nothing of our own: answers
@@ -446,48 +425,5 @@ pub async fn connect(me: &Identity, peer: &str, cookie: &str) -> Result<Connecte
         None => crate::net::stream::LinkStream::Tcp(stream),
         Some(tls) => tls.connect(name.host(), stream).await?,
     };
-    let mut local = me.local_node();
-    local.flags = link_flags();
-    let offered = local.flags.bits();
-    // OTP's TLS distribution frames handshake messages with 4 bytes.
-    let tls = matches!(stream, crate::net::stream::LinkStream::Tls(_));
-    let stream = crate::net::stream::Packet4::new(stream, tls);
-    let mut hs = erl_dist::handshake::ClientSideHandshake::new(stream.compat(), local, cookie);
-    let status = hs
-        .execute_send_name(erl_dist::LOWEST_DISTRIBUTION_PROTOCOL_VERSION)
-        .await
-        .map_err(|e| Error::Handshake(e.to_string()))?;
-    if status == HandshakeStatus::Alive {
-        // erl_dist 0.8 never finishes a handshake continued after `alive`
-        // (it waits for a message that never comes, until the peer times
-        // out after about 7 s): decline, and let the owner ask the peer to drop
-        // the stale connection before the next attempt.
-        let _ = hs.execute_rest(false).await;
-        return Err(Error::Alive);
-    }
-    let (stream, peer) = hs.execute_rest(true).await.map_err(|e| match e {
-        // A wrong cookie shows up on the client side only as an early EOF.
-        erl_dist::handshake::HandshakeError::Io(ref io)
-            if io.kind() == std::io::ErrorKind::UnexpectedEof =>
-        {
-            Error::Handshake(format!("{e} (wrong cookie?)"))
-        }
-        e => Error::Handshake(e.to_string()),
-    })?;
-    let missing = missing_flags(peer.flags.bits());
-    if !missing.is_empty() {
-        // Dropping the stream closes the connection before anything is
-        // written on it.
-        return Err(Error::Handshake(format!(
-            "refused: the peer lacks {} (needed by ecall's links)",
-            missing.join(", ")
-        )));
-    }
-    Ok(Connected {
-        stream: stream.into_inner().into_inner(),
-        creation: peer.creation.map_or(0, |c| c.get()),
-        // Both sides' flags decide, as in OTP's handshake.
-        atom_cache: offered & peer.flags.bits() & DIST_HDR_ATOM_CACHE != 0,
-        fragments: offered & peer.flags.bits() & FRAGMENTS != 0,
-    })
+    handshake::client(me.local_node(), cookie, stream).await
 }

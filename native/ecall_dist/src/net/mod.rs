@@ -9,6 +9,7 @@
 
 pub mod cnode;
 pub(crate) mod epmd;
+pub(crate) mod handshake;
 pub mod inbound;
 pub(crate) mod log_every;
 pub mod pending;
