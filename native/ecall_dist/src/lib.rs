@@ -59,7 +59,8 @@ pub mod wire;
 
 pub use error::{posix_name, Error};
 pub use link::{LinkDown, LinkEvents, LinkStats, PeerConfig, PeerStats};
-pub use net::cnode::{Identity, IdentityConfig, Listen};
+pub use net::accept::Listen;
+pub use net::identity::{Identity, IdentityConfig};
 pub use net::inbound::InboundStats;
 pub use net::stream::{TlsClient, TlsOptions};
 pub use peer::{Peer, Push};
@@ -71,6 +72,7 @@ pub use queue::shard::{BatchCaps, Element};
 #[doc(hidden)]
 pub mod internals {
     pub use crate::link::tuning;
-    pub use crate::net::{cnode, inbound, pending};
+    pub use crate::net::connect::connect;
+    pub use crate::net::{inbound, pending};
     pub use crate::queue::shard;
 }

@@ -18,7 +18,7 @@
 use crate::error::Error;
 use crate::link::protocol::AfterPush;
 use crate::link::{self, worth_writing, Core, LinkEvents, LinkStats, PeerConfig, PeerStats};
-use crate::net::cnode::Identity;
+use crate::net::identity::Identity;
 use crate::queue::shard::{Backlog, Element, Shard};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;

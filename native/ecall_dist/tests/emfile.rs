@@ -123,7 +123,7 @@ async fn out_of_descriptors_the_accept_loop_backs_off() {
     let accepted = id.accepted.load(Relaxed);
     let conn = tokio::time::timeout(
         Duration::from_secs(10),
-        ecall_dist::internals::cnode::connect(&other, id.node(), COOKIE),
+        ecall_dist::internals::connect(&other, id.node(), COOKIE),
     )
     .await
     .expect("the handshake did not complete in 10 s");

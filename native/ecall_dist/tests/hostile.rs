@@ -301,7 +301,7 @@ async fn connections_stalled_after_their_name_make_room_oldest_first() {
 /// offering everything else.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_peer_lacking_a_needed_flag_is_refused_by_name() {
-    use ecall_dist::internals::cnode;
+    use ecall_dist::internals::connect;
     use ecall_dist::wire::dist_flags::{DIGEST_25, UTF8_ATOMS};
     use erl_dist::epmd::{EpmdClient, NodeEntry};
     use erl_dist::handshake::ServerSideHandshake;
@@ -330,7 +330,7 @@ async fn a_peer_lacking_a_needed_flag_is_refused_by_name() {
         hs.execute_recv_name().await.unwrap();
         let _ = hs.execute_rest(HandshakeStatus::Ok).await;
     });
-    let connected = tokio::time::timeout(WAIT, cnode::connect(&id, &node, COOKIE))
+    let connected = tokio::time::timeout(WAIT, connect(&id, &node, COOKIE))
         .await
         .expect("connect ends");
     let Err(err) = connected else {

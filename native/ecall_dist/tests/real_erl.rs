@@ -275,7 +275,7 @@ async fn ping_from_erl_and_cookie_checks() {
     // Outgoing, with the wrong cookie: the peer refuses the handshake.
     let mut sink = Erl::start(&epmd, COOKIE, &[], &sink_eval(1));
     assert_eq!(sink.line().await, "ready");
-    let err = ecall_dist::internals::cnode::connect(&id, &sink.node, "wrong")
+    let err = ecall_dist::internals::connect(&id, &sink.node, "wrong")
         .await
         .unwrap_err();
     assert!(matches!(err, ecall_dist::Error::Handshake(_)), "{err}");
@@ -406,7 +406,7 @@ async fn alive_peer_is_declined_then_reconnects() {
                 receive never -> ok end.";
     let mut erl = Erl::start(&epmd, COOKIE, &[], eval);
     assert_eq!(erl.line().await, "ready");
-    let first = ecall_dist::internals::cnode::connect(&id, &erl.node, COOKIE)
+    let first = ecall_dist::internals::connect(&id, &erl.node, COOKIE)
         .await
         .expect("first connection");
     assert_eq!(erl.line().await, "up");
@@ -414,17 +414,14 @@ async fn alive_peer_is_declined_then_reconnects() {
     // deadline of its own, so a continued handshake that never finished
     // would hang here until the guard (WAIT) fails it, and one that the
     // peer ended otherwise would not be `Alive`.
-    let err = tokio::time::timeout(
-        WAIT,
-        ecall_dist::internals::cnode::connect(&id, &erl.node, COOKIE),
-    )
-    .await
-    .expect("the second handshake never ended")
-    .unwrap_err();
+    let err = tokio::time::timeout(WAIT, ecall_dist::internals::connect(&id, &erl.node, COOKIE))
+        .await
+        .expect("the second handshake never ended")
+        .unwrap_err();
     assert!(matches!(err, ecall_dist::Error::Alive), "{err}");
     drop(first);
     assert_eq!(erl.line().await, "down");
-    ecall_dist::internals::cnode::connect(&id, &erl.node, COOKIE)
+    ecall_dist::internals::connect(&id, &erl.node, COOKIE)
         .await
         .expect("reconnects");
 }

@@ -8,7 +8,7 @@
 mod common;
 
 use common::{counted, host, unique, Epmd, COOKIE};
-use ecall_dist::internals::cnode;
+use ecall_dist::internals;
 use ecall_dist::{Error, Identity, IdentityConfig, Listen, TlsClient, TlsOptions};
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -137,7 +137,7 @@ async fn tls_identity(epmd: &Epmd, tls: TlsClient) -> Arc<Identity> {
 async fn connect(from: &Identity, to: &Identity) -> Result<(), Error> {
     tokio::time::timeout(
         Duration::from_secs(20),
-        cnode::connect(from, to.node(), COOKIE),
+        internals::connect(from, to.node(), COOKIE),
     )
     .await
     .expect("the attempt ended within 20 s")

@@ -253,7 +253,7 @@ impl LinkDown {
         }
     }
 
-    /// Why an attempt ([`crate::net::cnode::connect`], then the creation check)
+    /// Why an attempt ([`crate::net::connect::connect`], then the creation check)
     /// failed.
     pub(crate) fn from_attempt(e: Error) -> LinkDown {
         match e {

@@ -5,7 +5,8 @@ use super::writer::LinkWriter;
 use super::Core;
 use super::{LinkDown, LinkEvents};
 use crate::error::Error;
-use crate::net::cnode::{self, Identity};
+use crate::net::connect::{self, Connected};
+use crate::net::identity::Identity;
 use crate::net::inbound;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -37,7 +38,7 @@ async fn run_link(peer: Arc<Core>, k: usize, id: Arc<Identity>, events: Arc<dyn 
         }
         let attempt = tokio::time::timeout(
             id.handshake_timeout(),
-            cnode::connect(&id, &peer.config.node, &peer.config.cookie),
+            connect::connect(&id, &peer.config.node, &peer.config.cookie),
         );
         let result = tokio::select! {
             _ = cancel.cancelled() => return,
@@ -106,12 +107,7 @@ async fn run_link(peer: Arc<Core>, k: usize, id: Arc<Identity>, events: Arc<dyn 
 
 /// Runs one connected link until it fails or the peer closes; returns why,
 /// and the requests its end left unconfirmed.
-async fn connected(
-    peer: &Arc<Core>,
-    k: usize,
-    id: &Identity,
-    conn: cnode::Connected,
-) -> (LinkDown, u64) {
+async fn connected(peer: &Arc<Core>, k: usize, id: &Identity, conn: Connected) -> (LinkDown, u64) {
     let fd = conn.stream.raw_fd();
     let (mut rd, wr) = conn.stream.into_split();
     let (ctl_tx, ctl_rx) = tokio::sync::mpsc::channel::<Vec<u8>>(16);

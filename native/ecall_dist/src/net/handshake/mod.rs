@@ -5,7 +5,7 @@
 mod packet4;
 
 use crate::error::Error;
-use crate::net::cnode::Connected;
+use crate::net::connect::Connected;
 use crate::net::pending::Slot;
 use crate::net::stream::LinkStream;
 use crate::wire::dist_flags::{link_flags, missing_flags, DIST_HDR_ATOM_CACHE, FRAGMENTS};
