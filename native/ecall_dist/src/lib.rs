@@ -62,7 +62,7 @@ pub use link::{LinkDown, LinkEvents, LinkStats, PeerConfig, PeerStats};
 pub use net::accept::Listen;
 pub use net::identity::{Identity, IdentityConfig};
 pub use net::inbound::InboundStats;
-pub use net::stream::{TlsClient, TlsOptions};
+pub use net::tls::{TlsClient, TlsOptions};
 pub use peer::{Peer, Push};
 pub use queue::shard::{BatchCaps, Element};
 

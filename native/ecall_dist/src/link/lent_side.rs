@@ -105,7 +105,7 @@ impl WriteSide {
     /// Requests on this connection that the peer may not have received:
     /// those with bytes the kernel still holds (`None`: it does not say).
     pub(super) fn unconfirmed(&self) -> Option<u64> {
-        crate::net::stream::unacked(self.fd).map(|n| self.sent.unconfirmed(n))
+        crate::net::sent::unacked(self.fd).map(|n| self.sent.unconfirmed(n))
     }
 
     /// Writes `bufs` to the socket with the write deadline, and logs what

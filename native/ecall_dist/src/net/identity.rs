@@ -37,7 +37,7 @@ pub struct IdentityConfig {
     /// Where the listener for incoming connections binds.
     pub listen: Listen,
     /// TLS for the links (the node runs TLS distribution), or plain TCP.
-    pub tls: Option<crate::net::stream::TlsClient>,
+    pub tls: Option<crate::net::tls::TlsClient>,
     /// How long a name epmd refuses is asked for again before
     /// [`Identity::start`] gives up with [`Error::NameTaken`] (zero: asked
     /// once). See [`epmd::register`].

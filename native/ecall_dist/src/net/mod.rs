@@ -1,5 +1,6 @@
 //! The network: writes with a stall deadline ([`stall_write`]), what a
-//! socket took ([`sent`]), TCP and TLS streams ([`stream`]), the checked
+//! socket took and what its kernel still holds ([`sent`]), TCP and TLS
+//! streams ([`stream`]) and TLS configuration ([`tls`]), the checked
 //! reading of what a peer sends ([`inbound`]), and the C-node, in files
 //! named after its protocol steps: an identity ([`identity`]) registers
 //! its name with epmd ([`epmd`]), listens and accepts ([`accept`]), with
@@ -21,3 +22,4 @@ pub mod pending;
 pub(crate) mod sent;
 pub(crate) mod stall_write;
 pub mod stream;
+pub mod tls;

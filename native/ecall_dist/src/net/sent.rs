@@ -14,7 +14,7 @@
 //! The log keeps, for the writes of the last [`window`] bytes, where in the
 //! connection's byte stream each ended and how many requests it completed;
 //! the kernel says how many bytes at the end of the stream it still holds
-//! ([`crate::net::stream::unacked`]). Bounded: at most [`MARKS`] marks per
+//! ([`unacked`]). Bounded: at most [`MARKS`] marks per
 //! connection; past that the two oldest are merged, which can only count
 //! more (a merged mark is unconfirmed if its later part is).
 //!
@@ -110,6 +110,32 @@ pub(crate) fn window() -> u64 {
             (a, b) => 2 * a.unwrap_or(0).max(b.unwrap_or(0)),
         }
     })
+}
+
+/// Bytes written to TCP socket `fd` that its peer has not acknowledged
+/// (Linux's `SIOCOUTQ`), or `None` where the kernel does not say. The
+/// caller must hold the socket open (a half of its
+/// [`LinkStream`](crate::net::stream::LinkStream)).
+#[allow(unsafe_code)]
+pub(crate) fn unacked(fd: std::os::fd::RawFd) -> Option<u64> {
+    #[cfg(target_os = "linux")]
+    {
+        let mut n: libc::c_int = 0;
+        // SAFETY: `fd` is an open socket for the duration of the call (the
+        // caller holds it), and SIOCOUTQ (TIOCOUTQ on a socket) writes one
+        // int, to `n`, which lives across the call.
+        let r = unsafe { libc::ioctl(fd, libc::TIOCOUTQ, &mut n as *mut libc::c_int) };
+        if r == 0 {
+            u64::try_from(n).ok()
+        } else {
+            None
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        let _ = fd;
+        None
+    }
 }
 
 #[cfg(test)]
