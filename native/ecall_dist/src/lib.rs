@@ -7,7 +7,7 @@
 //!  caller (the NIF, on a scheduler)
 //!    │ Peer::push               peer      the push path and its wake rules
 //!    ▼
-//!  link::Core ── shards ──────  queue     batches built in place, one byte
+//!  link::PeerState ── shards ─  queue     batches built in place, one byte
 //!    │  (one per remote node)             budget per peer (budget, shard)
 //!    │ wake / lend the socket
 //!    ▼

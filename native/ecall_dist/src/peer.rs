@@ -1,7 +1,8 @@
 //! A peer: where callers push requests for one remote node.
 //!
-//! A [`Peer`] is the handle of one peer's [`Core`] (`link/core.rs`): its
-//! shards, byte budget and links, one link ([`crate::link`]) per C-node
+//! A [`Peer`] is the handle of one peer's state ([`PeerState`],
+//! `link/peer_state.rs`, below this module because the links hold it
+//! too): its shards, byte budget and links, one link ([`crate::link`]) per C-node
 //! identity, each carrying every `links`-th shard (shard `s` goes on link
 //! `s % links`). Dropping the handle closes the peer.
 //!
@@ -17,7 +18,7 @@
 
 use crate::error::Error;
 use crate::link::protocol::AfterPush;
-use crate::link::{self, worth_writing, Core, LinkEvents, LinkStats, PeerConfig, PeerStats};
+use crate::link::{self, worth_writing, LinkEvents, LinkStats, PeerConfig, PeerState, PeerStats};
 use crate::net::identity::Identity;
 use crate::queue::shard::{Backlog, Element, Shard};
 use std::sync::atomic::Ordering;
@@ -42,13 +43,13 @@ pub enum Push {
 
 /// See the module docs.
 pub struct Peer {
-    core: Arc<Core>,
+    state: Arc<PeerState>,
 }
 
 impl std::fmt::Debug for Peer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Peer")
-            .field("node", &self.core.config.node)
+            .field("node", &self.state.config.node)
             .finish()
     }
 }
@@ -72,52 +73,52 @@ impl Peer {
             .collect();
         let peer = Peer::new(config, &from);
         for (k, id) in identities.iter().enumerate() {
-            let core = Arc::clone(&peer.core);
-            rt.spawn(link::link_task(core, k, id.clone(), events.clone()));
+            let state = Arc::clone(&peer.state);
+            rt.spawn(link::link_task(state, k, id.clone(), events.clone()));
         }
         Ok(Arc::new(peer))
     }
 
-    /// A peer with no link task running (see [`Core::new`]).
+    /// A peer with no link task running (see [`PeerState::new`]).
     fn new(config: PeerConfig, from: &[(String, u32)]) -> Peer {
         Peer {
-            core: Arc::new(Core::new(config, from)),
+            state: Arc::new(PeerState::new(config, from)),
         }
     }
 
     /// Remote node name.
     pub fn node(&self) -> &str {
-        self.core.node()
+        self.state.node()
     }
 
     /// Counters of the peer (per link: [`Peer::link_stats`]).
     pub fn stats(&self) -> &PeerStats {
-        &self.core.stats
+        &self.state.stats
     }
 
     /// Number of shards.
     pub fn shard_count(&self) -> usize {
-        self.core.shards.len()
+        self.state.shards.len()
     }
 
     /// Number of links.
     pub fn link_count(&self) -> usize {
-        self.core.links.len()
+        self.state.links.len()
     }
 
     /// The link that carries shard `shard % shard_count`.
     pub fn link_of_shard(&self, shard: usize) -> usize {
-        self.core.link_of_shard(shard)
+        self.state.link_of_shard(shard)
     }
 
     /// Counters of link `k`.
     pub fn link_stats(&self, k: usize) -> Option<&LinkStats> {
-        self.core.links.get(k).map(|l| &l.stats)
+        self.state.links.get(k).map(|l| &l.stats)
     }
 
     /// Counts a request that the caller's overflow policy dropped.
     pub fn note_overflow_drop(&self) {
-        self.core
+        self.state
             .stats
             .overflow_drops
             .fetch_add(1, Ordering::Relaxed);
@@ -125,7 +126,7 @@ impl Peer {
 
     /// Whether link `k` is connected now.
     pub fn link_up(&self, k: usize) -> bool {
-        self.core
+        self.state
             .links
             .get(k)
             .is_some_and(|l| l.stats.up.load(Ordering::Relaxed))
@@ -135,30 +136,30 @@ impl Peer {
     /// (a lone write: the writer sleeps and the link has been quiet for
     /// [`LONE_GAP`](crate::link::tuning::LONE_GAP); see `link/lent_side.rs`).
     pub fn would_write_lone(&self, k: usize) -> bool {
-        self.core.links.get(k).is_some_and(|l| l.lone_ready())
+        self.state.links.get(k).is_some_and(|l| l.lone_ready())
     }
 
     /// Whether [`Peer::close`] was called.
     pub fn is_closed(&self) -> bool {
-        self.core.is_closed()
+        self.state.is_closed()
     }
 
     /// Gives `bytes` back to the budget (set aside by [`Peer::wait_room`]
     /// and not used: the caller is gone) and wakes, in order, the waiters
     /// that now fit. 0 does nothing.
     pub fn release(&self, bytes: usize) {
-        self.core.release(bytes);
+        self.state.release(bytes);
     }
 
     /// Element bytes queued now (a gauge), room set aside for woken
     /// callers included.
     pub fn queued_bytes(&self) -> usize {
-        self.core.budget.queued()
+        self.state.budget.queued()
     }
 
     /// Stops the links, drops what is queued and releases every waiter.
     pub fn close(&self) {
-        self.core.close();
+        self.state.close();
     }
 
     /// Queues one element (external format without the version byte) on
@@ -226,33 +227,33 @@ impl Peer {
     /// wake-up of the writer when the load is its. Returns whether it
     /// should be called again (more came meanwhile). Never blocks.
     pub fn flush(&self, k: usize) -> bool {
-        let Some(link) = self.core.links.get(k) else {
+        let Some(link) = self.state.links.get(k) else {
             return false;
         };
         let taken = link.flush(
-            &self.core.shards,
-            self.core.shards_of_link(k),
-            &self.core.stats.cached_atoms,
+            &self.state.shards,
+            self.state.shards_of_link(k),
+            &self.state.stats.cached_atoms,
         );
         let payload = taken.iter().map(|(_, f)| f.payload).sum();
         for (s, f) in taken {
-            self.core.shards[s].recycle(f.bytes);
+            self.state.shards[s].recycle(f.bytes);
         }
-        self.core.release(payload);
+        self.state.release(payload);
         // The writer sleeps once more, then every shard is looked at; a
         // push that came after the look asks for a flush of its own.
         link.proto.flush_ended(|| {
-            self.core
+            self.state
                 .shards_of_link(k)
-                .any(|s| !self.core.shards[s].is_empty())
+                .any(|s| !self.state.shards[s].is_empty())
         })
     }
 
     /// Wakes link `k`'s writer (after [`Push::Flush`], when no flush
     /// can be arranged).
     pub fn wake_writer(&self, k: usize) {
-        if self.core.links.get(k).is_some_and(|l| l.proto.hand_off()) {
-            self.core.stats.wakes.fetch_add(1, Ordering::Relaxed);
+        if self.state.links.get(k).is_some_and(|l| l.proto.hand_off()) {
+            self.state.stats.wakes.fetch_add(1, Ordering::Relaxed);
         }
     }
 
@@ -265,30 +266,30 @@ impl Peer {
         push: impl FnOnce(&Shard, &dyn Fn(Backlog) -> bool) -> Option<bool>,
     ) -> Push {
         if self.is_closed() {
-            self.core.release(reserved);
+            self.state.release(reserved);
             return Push::Closed;
         }
         let admitted = reserved > 0;
-        let st = &self.core.stats;
+        let st = &self.state.stats;
         if admitted {
             // The room was set aside when this caller was let in: a request
             // that encodes longer than the size it waited for (it is the
             // same request, so only by a byte or two, if ever) takes the
             // difference, a shorter one gives the rest back.
-            self.core.budget.settle(reserved, len);
-        } else if !self.core.budget.admit(len) {
+            self.state.budget.settle(reserved, len);
+        } else if !self.state.budget.admit(len) {
             // Callers already waiting for room go first (no barging); an
             // oversized request is refused here too, and let through alone
             // by `wait_room` when nothing is queued.
             st.full.fetch_add(1, Ordering::Relaxed);
             return Push::Full;
         }
-        let shard = shard % self.core.shards.len();
-        let k = self.core.link_of_shard(shard);
-        let link = &self.core.links[k];
+        let shard = shard % self.state.shards.len();
+        let k = self.state.link_of_shard(shard);
+        let link = &self.state.links[k];
         // Whether a push that would wake a sleeping writer asks for a
         // flush on the caller's side instead (`Peer::flush`).
-        let flushes = self.core.config.flusher;
+        let flushes = self.state.config.flusher;
         if lone.is_some_and(|e| e.urgent) {
             link.stats.urgent.fetch_add(1, Ordering::Relaxed);
         }
@@ -297,19 +298,24 @@ impl Peer {
         // callers still waiting for room are woken by the writer's
         // releases, and only queued requests make the writer release.
         if let Some(element) = lone.filter(|_| !admitted) {
-            if link.write_lone(&self.core.shards[shard], element, &st.cached_atoms, flushes) {
+            if link.write_lone(
+                &self.state.shards[shard],
+                element,
+                &st.cached_atoms,
+                flushes,
+            ) {
                 // Written, not queued: its room goes back, waking whoever
                 // the reservation made wait meanwhile.
-                self.core.release(len);
+                self.state.release(len);
                 st.pushed.fetch_add(1, Ordering::Relaxed);
                 return Push::Queued;
             }
         }
         // The push side of the sleeping-writer protocol (link/protocol.rs).
         let under_lock = |b| link.proto.push_wakes(|| worth_writing(b));
-        let Some(wakes) = push(&self.core.shards[shard], &under_lock) else {
+        let Some(wakes) = push(&self.state.shards[shard], &under_lock) else {
             // Closed since the check above (close() runs concurrently).
-            self.core.budget.forget(len);
+            self.state.budget.forget(len);
             return Push::Closed;
         };
         // Behind a sleeping writer, a flush on the caller's side where the
@@ -343,13 +349,13 @@ impl Peer {
             wake(false);
             return true;
         }
-        let listed = self.core.budget.wait_room(size, wake);
+        let listed = self.state.budget.wait_room(size, wake);
         if listed {
-            self.core.stats.waits.fetch_add(1, Ordering::Relaxed);
+            self.state.stats.waits.fetch_add(1, Ordering::Relaxed);
             // Closed while it registered: `close` may have taken the list
             // before this caller was on it.
             if self.is_closed() {
-                for f in self.core.budget.close() {
+                for f in self.state.budget.close() {
                     f(false);
                 }
             }
@@ -360,7 +366,7 @@ impl Peer {
 
 impl Drop for Peer {
     fn drop(&mut self) {
-        self.core.close();
+        self.state.close();
     }
 }
 
@@ -403,8 +409,8 @@ mod tests {
     fn pushes_wake_a_sleeping_writer_at_once_and_a_gathering_one_at_the_threshold() {
         use crate::link::GATHER_REQUESTS;
         let peer = test_peer(1 << 20);
-        let link = &peer.core.links[0];
-        let wakes = || peer.core.stats.wakes.load(Ordering::Relaxed);
+        let link = &peer.state.links[0];
+        let wakes = || peer.state.stats.wakes.load(Ordering::Relaxed);
         assert_eq!(peer.push(0, &[97, 1], 0), Push::Queued);
         assert_eq!(wakes(), 0, "a busy writer is not woken");
         assert!(link.proto.may_sleep(|| false));
@@ -420,7 +426,7 @@ mod tests {
         }
         peer.push(0, &[97, 0], 0);
         assert_eq!((wakes(), link.proto.writer()), (2, Writer::Awake));
-        assert_eq!(peer.core.shards[0].backlog().requests, GATHER_REQUESTS);
+        assert_eq!(peer.state.shards[0].backlog().requests, GATHER_REQUESTS);
     }
 
     /// An urgent request (its caller waits for the answer before its next
@@ -430,8 +436,8 @@ mod tests {
     #[test]
     fn an_urgent_push_ends_gathering() {
         let peer = test_peer(1 << 20);
-        let link = &peer.core.links[0];
-        let wakes = || peer.core.stats.wakes.load(Ordering::Relaxed);
+        let link = &peer.state.links[0];
+        let wakes = || peer.state.stats.wakes.load(Ordering::Relaxed);
         let urgent = |b: &'static [u8]| Element {
             urgent: true,
             ..Element::text(b)
@@ -439,16 +445,16 @@ mod tests {
         assert!(link.proto.may_gather(|| false));
         peer.push(0, &[97, 1], 0);
         assert_eq!(wakes(), 0, "an ordinary push waits for company");
-        assert!(!peer.core.shards[0].backlog().urgent);
+        assert!(!peer.state.shards[0].backlog().urgent);
         assert_eq!(peer.push_element(0, urgent(&[97, 2]), 0), Push::Queued);
         assert_eq!((wakes(), link.proto.writer()), (1, Writer::Awake));
         assert_eq!(link.stats.urgent.load(Ordering::Relaxed), 1);
-        assert!(link::worth_writing(peer.core.shards[0].backlog()));
-        assert_eq!(peer.core.shards[0].take().map(|f| f.count), Some(2));
+        assert!(link::worth_writing(peer.state.shards[0].backlog()));
+        assert_eq!(peer.state.shards[0].take().map(|f| f.count), Some(2));
         assert!(link.proto.may_gather(|| false));
         peer.push(0, &[97, 3], 0);
         assert_eq!(wakes(), 1);
-        assert!(!link::worth_writing(peer.core.shards[0].backlog()));
+        assert!(!link::worth_writing(peer.state.shards[0].backlog()));
     }
 
     /// Pushes racing for the last room never take the queue past the
@@ -510,18 +516,18 @@ mod tests {
         assert_eq!(peer.push(0, &[SMALL_INTEGER_EXT, 1], 0), Push::Full);
         // The writer writes the queued batch: the whole budget is free,
         // room for two waiters of 500, not three.
-        let frame = peer.core.shards[0].take().unwrap();
+        let frame = peer.state.shards[0].take().unwrap();
         peer.release(frame.payload);
         assert_eq!(seen(&woken), [("first", true), ("second", true)]);
         assert_eq!(peer.push(0, &element[..500], 500), Push::Queued);
         assert_eq!(peer.push(0, &element[..500], 500), Push::Queued);
-        let frame = peer.core.shards[0].take().unwrap();
+        let frame = peer.state.shards[0].take().unwrap();
         peer.release(frame.payload);
         assert_eq!(
             seen(&woken),
             [("first", true), ("second", true), ("third", true)]
         );
-        assert_eq!(peer.core.stats.waits.load(Ordering::Relaxed), 3);
+        assert_eq!(peer.state.stats.waits.load(Ordering::Relaxed), 3);
     }
 
     /// The room of a caller let in is set aside when it is woken, before
@@ -549,7 +555,7 @@ mod tests {
             });
             assert!(peer.wait_room(500, wake));
         }
-        let frame = peer.core.shards[0].take().unwrap();
+        let frame = peer.state.shards[0].take().unwrap();
         peer.release(frame.payload);
         assert_eq!(queued(), 1000, "the two woken callers' room is set aside");
         assert_eq!(peer.push(0, &[SMALL_INTEGER_EXT, 1], 0), Push::Full);
@@ -563,7 +569,7 @@ mod tests {
             [("first", true), ("second", true), ("third", true)]
         );
         // Room taken at once (nobody waits, it fits) is set aside too.
-        let frame = peer.core.shards[0].take().unwrap();
+        let frame = peer.state.shards[0].take().unwrap();
         peer.release(frame.payload);
         assert_eq!(queued(), 500, "the third one's room");
         assert!(!peer.wait_room(400, Box::new(|_| ())));
@@ -596,7 +602,7 @@ mod tests {
                     // budget, however the pushes interleave.
                     let queued = peer.queued_bytes();
                     assert!(queued <= 1000, "{queued} bytes queued of 1000");
-                    match peer.core.shards[0].take() {
+                    match peer.state.shards[0].take() {
                         Some(frame) => {
                             taken += frame.count as usize;
                             peer.release(frame.payload);
@@ -606,11 +612,11 @@ mod tests {
                     assert!(
                         std::time::Instant::now() < deadline,
                         "callers still blocked: {} waiting, {} bytes queued",
-                        peer.core.budget.waiting(),
+                        peer.state.budget.waiting(),
                         peer.queued_bytes()
                     );
                 }
-                while let Some(frame) = peer.core.shards[0].take() {
+                while let Some(frame) = peer.state.shards[0].take() {
                     taken += frame.count as usize;
                 }
                 taken
@@ -644,7 +650,7 @@ mod tests {
         }
         assert_eq!(taken, CALLERS * EACH);
         assert_eq!(
-            peer.core.stats.pushed.load(Ordering::Relaxed),
+            peer.state.stats.pushed.load(Ordering::Relaxed),
             (CALLERS * EACH) as u64
         );
     }

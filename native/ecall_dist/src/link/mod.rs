@@ -95,18 +95,18 @@ use std::sync::atomic::{AtomicBool, AtomicU64};
 
 mod backoff;
 mod clock;
-mod core;
 mod counted_write;
 mod lent_side;
 mod pacing;
+mod peer_state;
 pub(crate) mod protocol;
 pub(crate) mod state;
 mod task;
 pub mod tuning;
 mod writer;
 
-pub(crate) use self::core::Core;
-pub use self::core::{PeerConfig, PeerStats};
+pub(crate) use self::peer_state::PeerState;
+pub use self::peer_state::{PeerConfig, PeerStats};
 pub(crate) use lent_side::WriteSide;
 pub use tuning::*;
 

@@ -2,7 +2,7 @@
 
 use super::backoff::Backoff;
 use super::writer::LinkWriter;
-use super::Core;
+use super::PeerState;
 use super::{LinkDown, LinkEvents};
 use crate::error::Error;
 use crate::net::connect::{self, Connected};
@@ -15,7 +15,7 @@ use std::sync::Arc;
 /// is dropped) or the peer node turns out to have restarted; then says so
 /// ([`LinkEvents::stopped`]).
 pub(crate) async fn link_task(
-    peer: Arc<Core>,
+    peer: Arc<PeerState>,
     k: usize,
     id: Arc<Identity>,
     events: Arc<dyn LinkEvents>,
@@ -24,7 +24,7 @@ pub(crate) async fn link_task(
     events.stopped(k);
 }
 
-async fn run_link(peer: Arc<Core>, k: usize, id: Arc<Identity>, events: Arc<dyn LinkEvents>) {
+async fn run_link(peer: Arc<PeerState>, k: usize, id: Arc<Identity>, events: Arc<dyn LinkEvents>) {
     let mut backoff = Backoff::new(peer.config.backoff_min, peer.config.backoff_max);
     let cancel = peer.cancel.clone();
     // Only the weak side is kept across waits so that a peer nobody holds
@@ -107,7 +107,12 @@ async fn run_link(peer: Arc<Core>, k: usize, id: Arc<Identity>, events: Arc<dyn 
 
 /// Runs one connected link until it fails or the peer closes; returns why,
 /// and the requests its end left unconfirmed.
-async fn connected(peer: &Arc<Core>, k: usize, id: &Identity, conn: Connected) -> (LinkDown, u64) {
+async fn connected(
+    peer: &Arc<PeerState>,
+    k: usize,
+    id: &Identity,
+    conn: Connected,
+) -> (LinkDown, u64) {
     let fd = conn.stream.raw_fd();
     let (mut rd, wr) = conn.stream.into_split();
     let (ctl_tx, ctl_rx) = tokio::sync::mpsc::channel::<Vec<u8>>(16);

@@ -2,7 +2,7 @@
 
 use super::counted_write::write_with_deadline;
 use super::pacing::Pacing;
-use super::Core;
+use super::PeerState;
 use super::{LinkDown, LinkShared, LinkStats, WriteSide, GATHER_WAIT, LINGER};
 use crate::net::inbound;
 use crate::wire::conn_atom_cache::OutCache;
@@ -24,7 +24,7 @@ use tokio::time::Instant;
 /// How frames leave: as built, or rewritten for the connection's atom
 /// cache, large ones in fragments.
 pub(super) struct LinkWriter {
-    peer: Arc<Core>,
+    peer: Arc<PeerState>,
     k: usize,
     /// The socket, atom cache and buffers: always here, except while the
     /// writer waits in [`LinkWriter::wait`] (then in
@@ -47,7 +47,7 @@ pub(super) struct LinkWriter {
 impl LinkWriter {
     /// The writer of link `k` on a connection whose write half is `wr`.
     pub(super) fn new(
-        peer: Arc<Core>,
+        peer: Arc<PeerState>,
         k: usize,
         wr: LinkWrite,
         fd: std::os::fd::RawFd,
@@ -520,7 +520,7 @@ fn retire_sent(inflight: &mut Vec<InFlight>, done: &mut Vec<(usize, Frame)>) {
 
 /// Whether the writer may sleep: nothing queued in its shards, looked at
 /// after it announced sleep (`Protocol::may_sleep`).
-fn may_sleep(peer: &Core, link: &LinkShared, mine: &[usize]) -> bool {
+fn may_sleep(peer: &PeerState, link: &LinkShared, mine: &[usize]) -> bool {
     link.proto
         .may_sleep(|| mine.iter().any(|&s| !peer.shards[s].is_empty()))
 }
@@ -541,7 +541,7 @@ fn may_sleep(peer: &Core, link: &LinkShared, mine: &[usize]) -> bool {
 /// `BUSY_SLEEP` (or the request was written alone: `link/lent_side.rs`).
 ///
 /// Returns whether the writer should wait (no shard is past a threshold).
-fn may_gather(peer: &Core, link: &LinkShared, mine: &[usize]) -> bool {
+fn may_gather(peer: &PeerState, link: &LinkShared, mine: &[usize]) -> bool {
     link.proto.may_gather(|| {
         mine.iter()
             .any(|&s| super::worth_writing(peer.shards[s].backlog()))

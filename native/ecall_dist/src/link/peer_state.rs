@@ -1,11 +1,13 @@
-//! What one peer's links share with the callers that push to it: the
-//! shards, the byte budget, each link's shared half, the settings and the
-//! counters. The push path (`crate::peer`) and the link tasks each hold it;
-//! neither owns the other.
+//! The state of one peer, which its links share with the callers that push
+//! to it: the shards, the byte budget, each link's shared half, the
+//! settings ([`PeerConfig`]) and the counters ([`PeerStats`]). The peer's
+//! handle (`crate::peer::Peer`, the push path) and the link tasks each hold
+//! it; neither owns the other. It sits here, under `link`, so that imports
+//! keep running down: the handle names the links, never the reverse.
 //!
 //! - A link reaped as stalled gives back what its shards hold
-//!   ([`Core::drop_link_queue`]); other links' shards are untouched.
-//! - [`Core::close`] stops the links, drops what is queued (counted in
+//!   ([`PeerState::drop_link_queue`]); other links' shards are untouched.
+//! - [`PeerState::close`] stops the links, drops what is queued (counted in
 //!   `dropped`) and releases every caller waiting for room.
 
 use super::LinkShared;
@@ -73,14 +75,14 @@ pub struct PeerStats {
 }
 
 /// See the module docs.
-pub(crate) struct Core {
+pub(crate) struct PeerState {
     pub(crate) config: PeerConfig,
     pub(crate) shards: Box<[Shard]>,
     pub(crate) links: Box<[LinkShared]>,
     /// The bytes queued, bounded, and the callers waiting for room.
     pub(crate) budget: Budget,
     pub(crate) cancel: CancellationToken,
-    /// Set by [`Core::close`] before the token is cancelled: the push path
+    /// Set by [`PeerState::close`] before the token is cancelled: the push path
     /// reads this plain flag (one atomic load) instead of the token, whose
     /// check costs more.
     pub(crate) closed: AtomicBool,
@@ -90,10 +92,10 @@ pub(crate) struct Core {
     pub(crate) stats: PeerStats,
 }
 
-impl Core {
+impl PeerState {
     /// The shards and links of a peer, with no link task running: batches
     /// of link `k` come from node `from[k]` (name, creation).
-    pub(crate) fn new(config: PeerConfig, from: &[(String, u32)]) -> Core {
+    pub(crate) fn new(config: PeerConfig, from: &[(String, u32)]) -> PeerState {
         let nlinks = from.len();
         let shards = (0..config.shards)
             .map(|s| {
@@ -103,7 +105,7 @@ impl Core {
             })
             .collect();
         let links = (0..nlinks).map(|_| LinkShared::default()).collect();
-        Core {
+        PeerState {
             budget: Budget::new(config.max_queue_bytes),
             config,
             shards,
