@@ -37,8 +37,9 @@
 //! and the Erlang side has it encoded and copied on a dirty scheduler
 //! (`encode_large/1`).
 //!
-//! Tests: [`atom_memo`], [`dests`], [`front`], [`two_way`] and [`write`] never call
-//! into the VM, and are unit tested without it (`pure_tests.rs`, a test target of their own: a test
+//! Tests: [`atom_memo`] (with `atom_memo::two_way`, the table it is built
+//! on), [`dests`], [`front`] and [`write`] never call into the VM, and are
+//! unit tested without it (`pure_tests.rs`, a test target of their own: a test
 //! binary of the NIF library could not link the VM's `enif_*` symbols).
 //! The walk and [`remote`] are tested through Common Test
 //! (`ecall_data_path_SUITE`: every kind of term, through `encode/1`).
@@ -47,7 +48,6 @@ mod atom_memo;
 mod dests;
 pub mod front;
 mod remote;
-mod two_way;
 mod walk;
 mod write;
 

@@ -12,5 +12,4 @@
 mod atom_memo;
 mod dests;
 mod front;
-mod two_way;
 mod write;

@@ -1,8 +1,8 @@
 //! The walker's table of other nodes' pids and ports ([`Remote`]), by
 //! hash, each checked against a copy of its term.
 
+use super::atom_memo::two_way::TwoWayTable;
 use super::atom_memo::{Entry, ENTRY_MAX};
-use super::two_way::TwoWayTable;
 use rustler::sys::{enif_alloc_env, enif_clear_env, enif_is_identical, enif_make_copy};
 use rustler::sys::{ErlNifEnv, ErlNifTerm};
 

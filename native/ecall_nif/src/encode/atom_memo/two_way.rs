@@ -1,7 +1,10 @@
-//! A small two-way set-associative table keyed by a 64-bit word: what the
-//! NIF's encoder keeps per scheduler thread, the encodings of atoms and
-//! local pids (keyed by their term word, which names them for the life of
-//! the VM) and of other nodes' pids and ports (keyed by their hash).
+//! A small two-way set-associative table keyed by a 64-bit word, the
+//! table the memo of atom encodings is built on (it is no atom cache of
+//! its own): what the NIF's encoder keeps per scheduler thread, the
+//! encodings of atoms and local pids (keyed by their term word, which
+//! names them for the life of the VM) and, in the walker's table of
+//! remote terms (`encode/remote.rs`), of other nodes' pids and ports
+//! (keyed by their hash).
 //!
 //! Why two ways: each key may live in one of the two entries of its set,
 //! so two hot keys that fall in the same set both stay, and only a third

@@ -12,15 +12,17 @@
 //! memo asks once per atom, and the distribution atom cache of each
 //! connection (`ecall_dist::wire::conn_atom_cache`), which the link writer keeps.
 
-use super::two_way::{TwoWayBytes, TwoWayTable};
+pub(super) mod two_way;
+
 use ecall_dist::wire::etf::{ATOM_CACHE_REF, NEWER_REFERENCE_EXT, NEW_REFERENCE_EXT};
 use ecall_dist::wire::fixed_atom_ids;
 use ecall_dist::wire::term_walk::atom_text;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
+use two_way::{TwoWayBytes, TwoWayTable};
 
 /// Entries of the memo per thread (a two-way set-associative table,
-/// `super::two_way::TwoWayTable`: see there for why). 32 KiB: small
+/// [`two_way::TwoWayTable`]: see there for why). 32 KiB: small
 /// enough to stay in a core's caches between pushes. The first version
 /// had 4,096 entries of 48 bytes, each pointing at its bytes elsewhere on
 /// the heap, and looked every subterm up: under load (20,000 writers,
