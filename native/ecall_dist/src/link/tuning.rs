@@ -55,8 +55,9 @@ pub const BUSY_SLEEP: std::time::Duration = std::time::Duration::from_micros(200
 
 /// The largest request written alone; larger ones always queue (a single
 /// `send` of more would likely be partial anyway). The NIF's inline
-/// encoding limit, so that any request encoded on a normal scheduler may
-/// go alone. Not measured.
+/// encoding limit (`INLINE_MAX` in `ecall_nif/src/encode/mod.rs`, which
+/// asserts at compile time that the two are equal), so that any request
+/// encoded on a normal scheduler may go alone. Not measured.
 pub const LONE_MAX: usize = 16 * 1024;
 
 /// How long a link must have been quiet (its writer asleep, no lone write)

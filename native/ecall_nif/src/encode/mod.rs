@@ -67,6 +67,13 @@ use ecall_dist::Element;
 /// hold the scheduler for its whole encode.
 pub const INLINE_MAX: usize = 16 * 1024;
 
+// Any request encoded on a normal scheduler may be written alone by its
+// caller: the largest request written alone (`LONE_MAX`) is this bound.
+const _: () = assert!(
+    INLINE_MAX == ecall_dist::internals::tuning::LONE_MAX,
+    "LONE_MAX (ecall_dist link/tuning.rs) must equal INLINE_MAX"
+);
+
 /// One encoded element, as [`term_with`] and [`tuple_with`] hand it over.
 pub struct Encoded<'b> {
     /// External format without the version byte.
