@@ -118,9 +118,7 @@ fn push_many_dirty<'a>(
 /// of it the list through the VM (`bench/run.sh micro`), and the call reports
 /// its share of a 1 ms timeslice at 0.1 µs a target. Longer lists go on a
 /// dirty scheduler, whose round trip is dear: every node of a fan-out
-/// pays it (with every list there, `bench/run.sh fanout` at commit
-/// cf175ed takes the sender 3 to 4 times as long at 1,000 targets over 3
-/// peers).
+/// pays it (doc/performance.md, "Fan-out").
 const MANY_NORMAL: usize = 4096;
 
 fn many<'a>(
@@ -142,10 +140,8 @@ fn many<'a>(
 /// memory of the NIF's: `{Size, Encoded}`, for `push_encoded/4`. Not
 /// `term_to_iovec/1` in the caller: that makes a binary of the caller's,
 /// which counts against its heap's binary quota, and a caller holding a
-/// big heap then pays a full collection of it (`bench/run.sh big` at
-/// commit 0985af9: a 60 MB send took up to 2.2 s in a process holding
-/// 170 MB, against 0.4 s at most with `!`); `!` makes no binary of the
-/// caller's either.
+/// big heap then pays a full collection of it (doc/performance.md, "Big
+/// terms"); `!` makes no binary of the caller's either.
 #[rustler::nif(schedule = "DirtyCpu")]
 fn encode_large<'a>(env: Env<'a>, msg: Term<'a>) -> Term<'a> {
     let bin = msg.to_binary();

@@ -9,11 +9,9 @@ use std::sync::OnceLock;
 /// I/O threads: `ECALL_IO_THREADS`, else one per two cores the process
 /// may use, at least 1 and at most 2. The threads share the cores with the
 /// node's schedulers, and every wake-up of one may preempt a scheduler: on
-/// a 2-core machine (where the default used to be 2) one thread gave the
-/// NIF transport 1.30-1.71 × the pure-Erlang transport's sends at 20,000
-/// writers against 1.00-1.45 × with two, and calls 0.97-1.11 × against
-/// 0.91-1.20 × (five runs each, alternated). Machines of 4 cores and more
-/// keep the 2 they had (not measured here).
+/// a 2-core machine one thread gave the NIF transport more sends and calls
+/// than two (doc/performance.md, "One link and one I/O thread per two
+/// schedulers"). Machines of 4 cores and more get 2 (not measured).
 fn io_threads() -> usize {
     std::env::var("ECALL_IO_THREADS")
         .ok()

@@ -15,10 +15,9 @@
 //! when a quote and its constant differ.
 
 // --- Gathering: a busy link's writer waits for a batch worth a write ---
-// Wins: paced casts at 20,000 writers 227-237k a second against 201-223k
-// without it (batches of 96-145 requests against 43-70; the peer's CPU per
-// cast 5.2-5.5 µs against 5.8-6.6); sends and calls level (three
-// alternated rounds of `bench/run.sh sweep 20000 100 50`, commit 7eb6261).
+// Wins: paced casts at 20,000 writers, in bigger batches that cost the
+// peer less CPU per cast; sends and calls level (doc/performance.md,
+// "Which write-path mechanisms earn their place").
 
 /// Requests in one shard that end a gathering wait. Not measured on its
 /// own: gathering's win above was measured with this value.
