@@ -935,7 +935,7 @@ micro() ->
     %% send_many's targets of one node: ecall_nif:push_many/4 writes the
     %% list through one call into the VM (term_to_binary/1's own writer);
     %% the walk meets each pid once, its cache of other nodes' pids
-    %% missing every time, and gives up such a list at 16 KiB.
+    %% missing every time, and gives up such a list at INLINE_MAX.
     Many = pids_like(Sink, 4096),
     {ecall_transport_nif, {_, NifPeer}, _} = ecall_route:peer(B),
     large = ecall_nif:encoded_size({send_many, Many, 1}),
@@ -944,7 +944,7 @@ micro() ->
               [per_call(fun() -> term_to_binary(Many) end, 200) / 1000,
                per_call(fun() -> ok = ecall_nif:push_many(NifPeer, Many, 1, false) end, 50) / 1000,
                per_call(fun() -> ecall_nif:encoded_size({send_many, Many, 1}) end, 200) / 1000]),
-    %% Requests around the encoder's bound (ecall_nif's INLINE_MAX, 16 KiB):
+    %% Requests around the encoder's bound (ecall_nif's INLINE_MAX):
     %% below it the NIF encodes them inline, above it the push gives up and
     %% goes by term_to_iovec and a dirty-scheduler copy (`iovec').
     Sized = [{KiB, lists:duplicate(KiB * 1024 div erlang:external_size(Payload), Payload)}

@@ -1,5 +1,7 @@
-//! The tuning numbers the docs quote, against their definitions: the
-//! constants of `link/tuning.rs` and the two of `ecall_rpc.erl`. A
+//! The numbers the docs quote, against their definitions: the constants
+//! of `link/tuning.rs` (`LONE_MAX` standing for the NIF's inline encoding
+//! bound, which equals it), the handshake cap of `net/pending.rs`, and the
+//! defines of `ecall_rpc.erl` and `ecall_conn_sup.erl` they quote. A
 //! change to either side without the other fails here, as
 //! `configuration_doc_matches_spec` does for the settings.
 
@@ -87,5 +89,63 @@ fn settings_and_api_docs_quote_the_gathering_wait() {
     quotes(
         "erlang_src/ecall_rpc.erl",
         &[format!("waiting up to {wait} for more to come")],
+    );
+}
+
+/// `n` as the docs write it: thousands set apart by commas (1,000).
+fn thousands(n: u64) -> String {
+    let digits = n.to_string();
+    let mut out = String::new();
+    for (i, d) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(d);
+    }
+    out
+}
+
+/// The NIF's inline encoding bound, which the docs quote as where a large
+/// message's path starts: `INLINE_MAX` in `ecall_nif`, which that crate
+/// asserts equal to [`LONE_MAX`] at compile time.
+fn inline_kib() -> String {
+    format!("{} KiB", LONE_MAX / 1024)
+}
+
+#[test]
+fn docs_quote_the_inline_encoding_bound() {
+    let kib = inline_kib();
+    quotes(
+        "README.md",
+        &[format!("A message whose encoding passes {kib} is encoded")],
+    );
+    quotes(
+        "doc/behaviour.md",
+        &[
+            format!("a message within {kib}, on a dirty scheduler above"),
+            format!("A request whose encoding passes {kib} (a long list"),
+            format!("The NIF's inline encoder gives up at {kib}"),
+        ],
+    );
+    quotes(
+        "doc/performance.md",
+        &[
+            format!("Past {kib} the encoder"),
+            format!("A request whose encoding passes {kib}, and a binary"),
+            format!("with a message of more than {kib}, are encoded"),
+        ],
+    );
+}
+
+#[test]
+fn operations_quotes_the_handshake_cap_and_the_closed_peers_kept() {
+    use ecall_dist::internals::pending::MAX_PENDING_HANDSHAKES;
+    let last_max = erl_define("erlang_src/ecall_conn_sup.erl", "LAST_MAX");
+    quotes(
+        "doc/operations.md",
+        &[
+            format!("while {MAX_PENDING_HANDSHAKES} handshakes were under way"),
+            format!("for the last {} peers that closed", thousands(last_max)),
+        ],
     );
 }
