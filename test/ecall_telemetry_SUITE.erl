@@ -7,7 +7,9 @@
 %% that name (built in init_per_suite, never on the peers' code path) whose
 %% execute/3 forwards every event to the process registered as
 %% `ecall_telemetry_sink' (each case registers itself). The peers run
-%% without it, as the other suites do: that is the absent case.
+%% without it, as the other suites do: that is the absent case. The
+%% stand-in is acceptable only because telemetry is not what these cases
+%% test: ecall is.
 -module(ecall_telemetry_SUITE).
 
 -include_lib("common_test/include/ct.hrl").
@@ -18,7 +20,9 @@
          reap_and_close_count_drops/1, overflow_drops_are_events/1,
          periodic_stats/1, absent_telemetry_is_harmless/1, bad_arguments/1,
          discovery_connects_on_its_own/1, connect_gives_up_at_connect_timeout/1,
-         last_stats_keeps_the_last_1000_peers/1]).
+         last_stats_keeps_the_last_1000_peers/1, crashing_handler_is_harmless/1]).
+%% A telemetry handler that crashes.
+-export([crash/4]).
 %% logger handler: forwards ecall's Erlang-side events to the test process.
 -export([log/2]).
 %% Run on peers.
@@ -27,6 +31,8 @@
 -import(ecall_test_nodes, [start_peer/1, flush_traces/0]).
 
 -define(SINK, ecall_telemetry_sink).
+%% The stand-in's handlers (a public bag a case makes: {Event, Id, Fun, Config}).
+-define(HANDLERS, telemetry_stand_in_handlers).
 %% An upper bound on waiting for an event, never a pause.
 -define(WAIT, 10000).
 
@@ -37,7 +43,7 @@ all() ->
     [connection_links_stats_and_info, link_down_and_back, reap_and_close_count_drops,
      overflow_drops_are_events, periodic_stats, absent_telemetry_is_harmless, bad_arguments,
      discovery_connects_on_its_own, connect_gives_up_at_connect_timeout,
-     last_stats_keeps_the_last_1000_peers].
+     last_stats_keeps_the_last_1000_peers, crashing_handler_is_harmless].
 
 init_per_suite(Config) ->
     ok = load_stand_in(),
@@ -55,15 +61,34 @@ end_per_suite(_Config) ->
     false = ecall_telemetry:refresh(),
     ok.
 
-%% The stand-in: telemetry:execute/3, forwarding to the sink if there is one.
+%% The stand-in: telemetry:execute/3, forwarding to the sink if there is
+%% one, then calling the handlers attached with attach/4 (kept in the
+%% table ?HANDLERS, when a case made one) as telemetry 1.x does: each in
+%% the emitting process, and one that fails (raises, exits or throws) is
+%% detached and never reaches the emitter. That catch is telemetry's, not
+%% ecall's: ecall's docs rely on it.
 load_stand_in() ->
     Src = "-module(telemetry).\n"
-          "-export([execute/3]).\n"
+          "-export([execute/3, attach/4, detach/1]).\n"
           "execute(Event, Measurements, Metadata) ->\n"
           "    case whereis(" ++ atom_to_list(?SINK) ++ ") of\n"
           "        undefined -> ok;\n"
           "        Pid -> Pid ! {telemetry, Event, Measurements, Metadata}, ok\n"
-          "    end.\n",
+          "    end,\n"
+          "    Handlers = try ets:lookup(" ++ atom_to_list(?HANDLERS) ++ ", Event)\n"
+          "               catch error:badarg -> [] end,\n"
+          "    lists:foreach(\n"
+          "      fun({_, Id, Fun, Config}) ->\n"
+          "          try Fun(Event, Measurements, Metadata, Config)\n"
+          "          catch _:_ -> detach(Id)\n"
+          "          end\n"
+          "      end, Handlers).\n"
+          "attach(Id, Event, Fun, Config) ->\n"
+          "    true = ets:insert(" ++ atom_to_list(?HANDLERS) ++ ", {Event, Id, Fun, Config}),\n"
+          "    ok.\n"
+          "detach(Id) ->\n"
+          "    true = ets:match_delete(" ++ atom_to_list(?HANDLERS) ++ ", {'_', Id, '_', '_'}),\n"
+          "    ok.\n",
     {ok, Tokens, _} = erl_scan:string(Src),
     Forms = [begin {ok, F} = erl_parse:parse_form(T), F end || T <- split_forms(Tokens, [])],
     {ok, telemetry, Bin} = compile:forms(Forms, [return_errors]),
@@ -519,3 +544,128 @@ last_stats_keeps_the_last_1000_peers(_Config) ->
         [ets:delete(ecall_last_stats, N) || N <- Others],
         peer:stop(Peer)
     end.
+
+%% A handler that crashes, attached to every event ecall emits here, so
+%% that it crashes in each process that emits one: the connection process
+%% (link up and down, connection up, down and close), a caller refused for
+%% want of room (overflow drop), and whoever measures (stats, link stats,
+%% receivers stats). One handler per event, each failing in its own way
+%% (raise, exit, throw), and each reports where it ran before it fails.
+%%
+%% ecall goes on as if no handler were there: the connect, a send, a
+%% cast and a call return what they always return, the refused send
+%% returns its message, the link that went down comes back, the close
+%% counts no drops, the connection process ends only with the disconnect,
+%% and with the reason `normal'; every ecall process that ran before the
+%% case still runs (none died, none was restarted). Events go on to the
+%% sink after each crash (the second link's up, the link's return). As
+%% the docs say, telemetry detaches a handler that crashed: each one ran
+%% once, although link up, link stats and the others came again.
+crashing_handler_is_harmless(_Config) ->
+    ok = sink(),
+    Self = self(),
+    Before = ecall_processes(),
+    ?HANDLERS = ets:new(?HANDLERS, [named_table, public, bag]),
+    Events = [[ecall, link, up], [ecall, link, down], [ecall, connection, up],
+              [ecall, connection, down], [ecall, connection, close],
+              [ecall, request, overflow_drop], [ecall, stats], [ecall, link, stats],
+              [ecall, receivers, stats]],
+    Classes = [error, exit, throw],
+    _ = [ok = telemetry:attach({crash, E}, E, fun ?MODULE:crash/4,
+                               {Self, lists:nth(1 + I rem 3, Classes)})
+         || {I, E} <- lists:enumerate(Events)],
+    Budget = 100000,
+    ok = application:set_env(ecall, max_queue_bytes, Budget),
+    {Peer, C} = peer_node(),
+    try ok = ecall:connect(C)
+    after application:unset_env(ecall, max_queue_bytes)
+    end,
+    Conn = whereis(ecall_conn:name(C)),
+    ConnRef = monitor(process, Conn),
+    Links = ecall_config:links(),
+    ?assert(Links >= 2),
+    %% The first link's up crashed the handler in the connection process;
+    %% the others' came after it, and so did the connection's up.
+    ok = crashed([ecall, link, up], Conn),
+    ok = crashed([ecall, connection, up], Conn),
+    _ = [event([ecall, link, up], C) || _ <- lists:seq(1, Links)],
+    _ = event([ecall, connection, up], C),
+    %% Sends, casts and calls.
+    Echo = erpc:call(C, erlang, spawn, [fun() -> receive {ping, P} -> P ! pong end end]),
+    ?assertEqual({ping, Self}, ecall:send(Echo, {ping, Self})),
+    receive pong -> ok after ?WAIT -> ct:fail(no_pong) end,
+    ?assertEqual(ok, ecall:cast(C, ecall_test_nodes, tell, [Self, cast_ran])),
+    receive cast_ran -> ok after ?WAIT -> ct:fail(no_cast) end,
+    ?assertEqual({ok, C}, ecall:call(C, ecall_test_nodes, whoami, [], ?WAIT)),
+    %% A send refused for want of room (larger than the whole budget),
+    %% from a caller of its own: it returns its message and lives on.
+    Sink = erpc:call(C, erlang, spawn, [fun() -> receive never -> ok end end]),
+    Huge = binary:copy(<<"h">>, 2 * Budget),
+    Refused = try
+                  ok = application:set_env(ecall, overflow, drop),
+                  in_process(fun() -> ecall:send(Sink, Huge) end)
+              after
+                  application:unset_env(ecall, overflow)
+              end,
+    ?assertMatch({Pid, Huge} when is_pid(Pid), Refused),
+    ok = crashed([ecall, request, overflow_drop], element(1, Refused)),
+    {#{count := 1}, #{kind := send}} = event([ecall, request, overflow_drop], C),
+    %% Measuring, from a process of its own: every event was emitted.
+    {Measurer, ok} = in_process(fun ecall_telemetry:measure/0),
+    ok = crashed([ecall, stats], Measurer),
+    ok = crashed([ecall, link, stats], Measurer),
+    ok = crashed([ecall, receivers, stats], Measurer),
+    _ = event([ecall, stats], C),
+    _ = [event([ecall, link, stats], C) || _ <- lists:seq(1, Links)],
+    %% A link the peer drops: down (the crash), then back.
+    [Id1 | _] = ecall:identities(),
+    ok = erpc:call(C, ecall_test_nodes, drop_connection, [Id1]),
+    ok = crashed([ecall, link, down], Conn),
+    {_, #{link := 1}} = event([ecall, link, down], C),
+    {_, #{link := 1}} = event([ecall, link, up], C),
+    ?assertEqual({ok, C}, ecall:call(C, ecall_test_nodes, whoami, [], ?WAIT)),
+    ?assertMatch({ok, #{overflow_drops := 1, links_up := Links}}, ecall:stats(C)),
+    %% The close: down and close crash in the connection process, which
+    %% ends as a disconnect ends it.
+    ok = ecall:disconnect(C),
+    ok = crashed([ecall, connection, down], Conn),
+    ok = crashed([ecall, connection, close], Conn),
+    {#{closed_drops := 0, dropped := 0}, #{reason := normal}} =
+        event([ecall, connection, close], C),
+    receive {'DOWN', ConnRef, process, Conn, Why} -> ?assertEqual(normal, Why)
+    after ?WAIT -> ct:fail(connection_process_lives_on)
+    end,
+    ?assertMatch({ok, #{state := closed, reason := normal, closed_drops := 0}},
+                 ecall:last_stats(C)),
+    %% Detached: no handler ran twice.
+    receive {crashed, E2, Where} -> ct:fail({ran_again, E2, Where})
+    after 0 -> ok
+    end,
+    ?assertEqual([], [P || P <- Before, not is_process_alive(P)]),
+    ets:delete(?HANDLERS),
+    peer:stop(Peer).
+
+%% The handler: says where it ran, then fails.
+crash(Event, _Measurements, _Metadata, {Owner, Class}) ->
+    Owner ! {crashed, Event, self()},
+    ecall_test_nodes:fail(Class, handler_crash).
+
+%% The handler of `Event' ran (and crashed) in process `Pid'.
+crashed(Event, Pid) ->
+    receive
+        {crashed, Event, Where} -> ?assertEqual(Pid, Where)
+    after ?WAIT -> ct:fail({handler_not_run, Event})
+    end.
+
+%% Fun() in a process of its own: {Pid, Result}; a failure fails the case.
+in_process(Fun) ->
+    {Pid, Ref} = spawn_monitor(fun() -> exit({returned, Fun()}) end),
+    receive
+        {'DOWN', Ref, process, Pid, {returned, Result}} -> {Pid, Result};
+        {'DOWN', Ref, process, Pid, Other} -> ct:fail({caller_died, Other})
+    after ?WAIT -> ct:fail(caller_did_not_return)
+    end.
+
+%% The processes of the ecall application.
+ecall_processes() ->
+    [P || P <- processes(), application:get_application(P) =:= {ok, ecall}].
