@@ -80,10 +80,17 @@ impl Peer {
     }
 
     /// A peer with no link task running (see [`PeerState::new`]).
-    fn new(config: PeerConfig, from: &[(String, u32)]) -> Peer {
+    pub(crate) fn new(config: PeerConfig, from: &[(String, u32)]) -> Peer {
         Peer {
             state: Arc::new(PeerState::new(config, from)),
         }
+    }
+
+    /// What its links share with it: the links' own tests run a writer on
+    /// it.
+    #[cfg(test)]
+    pub(crate) fn state(&self) -> &Arc<PeerState> {
+        &self.state
     }
 
     /// Remote node name.

@@ -582,3 +582,225 @@ fn tally(frames: &[(usize, Frame)]) -> (u64, usize) {
         (n + u64::from(f.count), b + f.payload)
     })
 }
+
+/// The writer on a real loopback connection, with the real shards and byte
+/// budget of a [`Peer`](crate::peer::Peer): its failure paths. Only its
+/// reader is a stand-in (it is not the subject), one that ends when a test
+/// says, as a real one does when the peer closes. The connection's buffers
+/// are as small as the kernel allows and the test's end of it reads only
+/// when a test says, so a write larger than they hold is certain not to
+/// finish until then: every step below waits on bytes or on a task, never
+/// on time.
+#[cfg(test)]
+pub(super) mod tests {
+    use super::*;
+    use crate::link::PeerConfig;
+    use crate::net::stream::{LinkRead, LinkStream};
+    use crate::peer::{Peer, Push};
+    use crate::queue::shard::BatchCaps;
+    use crate::wire::etf::{BINARY_EXT, SMALL_INTEGER_EXT};
+    use tokio::io::AsyncReadExt;
+    use tokio::net::{TcpSocket, TcpStream};
+    use tokio::sync::oneshot;
+
+    /// A peer of one link over `shards` shards, no link task running, no
+    /// write deadline (a test's pauses are never a stall).
+    pub(in crate::link) fn peer(shards: usize, flusher: bool) -> Peer {
+        Peer::new(
+            PeerConfig {
+                node: "b@h".into(),
+                cookie: "c".into(),
+                receivers: vec!["ecall_rx_1".into()],
+                shards,
+                caps: BatchCaps {
+                    max_count: 1000,
+                    max_bytes: 1 << 20,
+                },
+                max_queue_bytes: 1 << 24,
+                stall_timeout: None,
+                backoff_min: Duration::from_millis(1),
+                backoff_max: Duration::from_millis(1),
+                gather: false,
+                flusher,
+            },
+            &[("a_ecall_1@h".into(), 1)],
+        )
+    }
+
+    /// A binary term of `n` bytes of `fill`, as a request's element.
+    pub(in crate::link) fn binary(n: usize, fill: u8) -> Vec<u8> {
+        let mut e = vec![BINARY_EXT];
+        e.extend_from_slice(&(n as u32).to_be_bytes());
+        e.resize(5 + n, fill);
+        e
+    }
+
+    /// A small request, to queue behind others.
+    pub(in crate::link) const SMALL: [u8; 2] = [SMALL_INTEGER_EXT, 77];
+
+    /// A loopback connection: the link's end, and the peer's, with the
+    /// smallest buffers the kernel allows (a few KiB each way).
+    pub(in crate::link) async fn connection() -> (LinkStream, TcpStream) {
+        let listener = TcpSocket::new_v4().unwrap();
+        listener.set_recv_buffer_size(1).unwrap();
+        listener.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        let addr = listener.local_addr().unwrap();
+        let listener = listener.listen(1).unwrap();
+        let ours = TcpSocket::new_v4().unwrap();
+        ours.set_send_buffer_size(1).unwrap();
+        let (ours, theirs) = tokio::join!(ours.connect(addr), listener.accept());
+        (LinkStream::Tcp(ours.unwrap()), theirs.unwrap().0)
+    }
+
+    /// Link 0's writer running on `stream`.
+    pub(in crate::link) struct Running {
+        pub(in crate::link) task: JoinHandle<(LinkDown, u64)>,
+        end_reader: oneshot::Sender<()>,
+        reader_ended: oneshot::Receiver<()>,
+        /// Kept open: the reader's half and its answers.
+        _rd: LinkRead,
+        _ctl: mpsc::Sender<Vec<u8>>,
+    }
+
+    impl Running {
+        /// Link 0's writer of `peer` on `stream`, as a link task starts it
+        /// (atom cache and fragments on), with a tick too far away to come.
+        pub(in crate::link) fn start(peer: &Peer, stream: LinkStream) -> Running {
+            let fd = stream.raw_fd();
+            let (rd, wr) = stream.into_split();
+            let (ctl_tx, ctl_rx) = mpsc::channel(16);
+            let (end_reader, end_rx) = oneshot::channel::<()>();
+            let (ended_tx, reader_ended) = oneshot::channel();
+            let reader = tokio::spawn(async move {
+                let _ = end_rx.await;
+                let _ = ended_tx.send(());
+                LinkDown::PeerClosed
+            });
+            let hour = Duration::from_secs(3600);
+            let writer = LinkWriter::new(Arc::clone(peer.state()), 0, wr, fd, hour, true, true);
+            Running {
+                task: tokio::spawn(writer.run(reader, ctl_rx)),
+                end_reader,
+                reader_ended,
+                _rd: rd,
+                _ctl: ctl_tx,
+            }
+        }
+
+        /// Ends the reader, as the peer's close does, and returns once it
+        /// has ended (on this single-threaded runtime its task is done by
+        /// the time this one runs again).
+        pub(in crate::link) async fn end_reader(&mut self) {
+            let (tx, _) = oneshot::channel();
+            let _ = std::mem::replace(&mut self.end_reader, tx).send(());
+            (&mut self.reader_ended).await.unwrap();
+        }
+    }
+
+    /// Reads what has come, at least one byte: how many.
+    pub(in crate::link) async fn read_some(theirs: &mut TcpStream) -> usize {
+        let mut buf = [0u8; 1024];
+        let n = theirs.read(&mut buf).await.unwrap();
+        assert!(n > 0, "the link wrote nothing");
+        n
+    }
+
+    /// Reads until the link's end shuts its socket down.
+    pub(in crate::link) async fn read_to_end(theirs: &mut TcpStream) -> Vec<u8> {
+        let mut got = Vec::new();
+        theirs.read_to_end(&mut got).await.unwrap();
+        got
+    }
+
+    fn load(a: &std::sync::atomic::AtomicU64) -> u64 {
+        a.load(Ordering::Relaxed)
+    }
+
+    /// The reader ends (the peer closed) while a message is going out in
+    /// fragments: the first fragment is on the wire, the others never
+    /// go. The message was taken off its shard, so nothing else would
+    /// count it: it is counted in `dropped` and its bytes go back to the
+    /// budget, and it is not also counted as written or unconfirmed.
+    #[tokio::test]
+    async fn reader_ending_mid_fragments_counts_the_message_dropped() {
+        let peer = peer(1, false);
+        let (stream, mut theirs) = connection().await;
+        let big = binary(4 * FRAGMENT, 1);
+        assert_eq!(peer.push_alone(0, &[&big], 0), Push::Queued);
+        assert_eq!(peer.queued_bytes(), big.len());
+        let mut run = Running::start(&peer, stream);
+        // Its first fragment has begun, and cannot end before we read.
+        let mut got = read_some(&mut theirs).await;
+        let ls = peer.link_stats(0).unwrap();
+        assert_eq!(load(&ls.fragmented), 1);
+        assert!(peer.state().shards[0].is_empty());
+        run.end_reader().await;
+        got += read_to_end(&mut theirs).await.len();
+        let (why, unconfirmed) = run.task.await.unwrap();
+        assert_eq!(why, LinkDown::PeerClosed);
+        assert_eq!(load(&ls.dropped), 1);
+        assert_eq!(peer.queued_bytes(), 0);
+        assert_eq!(
+            (load(&ls.requests), load(&ls.batches), unconfirmed),
+            (0, 0, 0)
+        );
+        // One fragment went, and no more.
+        assert_eq!(got as u64, load(&ls.bytes));
+        assert!(got > FRAGMENT && got < 2 * FRAGMENT, "{got} bytes");
+    }
+
+    /// The peer is closed while a message is going out in fragments: the
+    /// close drops what is still queued (a request behind it on its
+    /// shard, counted in the peer's `dropped`), but the message it began
+    /// is finished, written whole and counted as written; the budget ends
+    /// empty and nothing is unconfirmed (our close lingers).
+    #[tokio::test]
+    async fn close_mid_fragments_finishes_the_message_and_drops_the_queue() {
+        let peer = peer(1, false);
+        let (stream, mut theirs) = connection().await;
+        let big = binary(4 * FRAGMENT, 1);
+        assert_eq!(peer.push_alone(0, &[&big], 0), Push::Queued);
+        let mut run = Running::start(&peer, stream);
+        let mut got = read_some(&mut theirs).await;
+        // Behind it on its shard (which waits: per-caller order).
+        assert_eq!(peer.push(0, &SMALL, 0), Push::Queued);
+        peer.close();
+        assert_eq!(load(&peer.stats().dropped), 1);
+        got += read_to_end(&mut theirs).await.len();
+        // The peer closes its side in turn: the writer's linger ends.
+        run.end_reader().await;
+        let (why, unconfirmed) = run.task.await.unwrap();
+        assert_eq!((why, unconfirmed), (LinkDown::Closed, 0));
+        let ls = peer.link_stats(0).unwrap();
+        assert_eq!((load(&ls.requests), load(&ls.batches)), (1, 1));
+        assert_eq!(load(&ls.dropped), 0);
+        assert_eq!(peer.queued_bytes(), 0);
+        assert_eq!(got as u64, load(&ls.bytes));
+        assert!(got > big.len(), "{got} bytes");
+    }
+
+    /// The connection fails (the peer resets it) while the writer is in
+    /// the middle of a pass: a whole batch of another shard and the first
+    /// fragment of a large message. Both are lost, counted in `dropped`,
+    /// their bytes back in the budget; nothing counts as written.
+    #[tokio::test]
+    async fn failed_write_mid_fragments_counts_the_whole_pass_dropped() {
+        let peer = peer(2, false);
+        let (stream, mut theirs) = connection().await;
+        let big = binary(4 * FRAGMENT, 1);
+        assert_eq!(peer.push(1, &SMALL, 0), Push::Queued);
+        assert_eq!(peer.push_alone(0, &[&big], 0), Push::Queued);
+        let run = Running::start(&peer, stream);
+        read_some(&mut theirs).await;
+        // Closed with unread bytes and no linger: a reset.
+        theirs.set_zero_linger().unwrap();
+        drop(theirs);
+        let (why, _) = run.task.await.unwrap();
+        assert!(matches!(why, LinkDown::Write(_)), "{why:?}");
+        let ls = peer.link_stats(0).unwrap();
+        assert_eq!(load(&ls.dropped), 2);
+        assert_eq!((load(&ls.requests), load(&ls.batches)), (0, 0));
+        assert_eq!(peer.queued_bytes(), 0);
+        assert!(peer.state().shards.iter().all(|s| s.is_empty()));
+    }
+}
