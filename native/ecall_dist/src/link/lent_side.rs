@@ -80,8 +80,10 @@ pub(crate) struct WriteSide {
     /// The part of a lone frame or a flush that the socket did not take at
     /// once: the writer writes it before anything else.
     pub(super) pending: Vec<u8>,
-    /// The requests that `pending` completes.
+    /// The requests that `pending` completes, and their batches: counted
+    /// as written when the writer has written it, as dropped if that fails.
     pub(super) pending_requests: u64,
+    pub(super) pending_batches: u64,
     /// What the socket took (`unconfirmed`, when the connection ends).
     pub(super) sent: SentLog,
     /// The socket's descriptor, valid while `wr` lives.
@@ -97,6 +99,7 @@ impl WriteSide {
             plain: Vec::new(),
             pending: Vec::new(),
             pending_requests: 0,
+            pending_batches: 0,
             sent: SentLog::default(),
             fd,
         }
@@ -161,10 +164,11 @@ impl WriteSide {
     /// socket took only part, whose rest is then `pending`, for the writer.
     /// Not writable now (`WouldBlock`), or failed: the writer writes it all,
     /// and meets the error, if there is one, which ends the link as usual.
+    /// Batches and requests count as written once they all are: those of a
+    /// rest, when the writer has written it (or as dropped, once, if its
+    /// write fails).
     fn try_write_scratch(&mut self, ls: &LinkStats, batches: u64, requests: u64) -> bool {
         let written = self.wr.try_write(&self.scratch).unwrap_or(0);
-        ls.batches.fetch_add(batches, Ordering::Relaxed);
-        ls.requests.fetch_add(requests, Ordering::Relaxed);
         if written > 0 {
             ls.writes.fetch_add(1, Ordering::Relaxed);
             ls.bytes.fetch_add(written as u64, Ordering::Relaxed);
@@ -175,7 +179,10 @@ impl WriteSide {
             ls.lone_partial.fetch_add(1, Ordering::Relaxed);
             self.pending = self.scratch[written..].to_vec();
             self.pending_requests = requests;
+            self.pending_batches = batches;
         } else {
+            ls.batches.fetch_add(batches, Ordering::Relaxed);
+            ls.requests.fetch_add(requests, Ordering::Relaxed);
             self.sent.requests(requests);
         }
         // TLS records the socket did not take are the writer's too.
@@ -337,5 +344,129 @@ impl LinkShared {
                 Vec::new()
             }
         }
+    }
+}
+
+/// Lone writes and flushes on a real loopback connection, lent by the real
+/// writer, with the real shards and budget of a peer (the writer's test
+/// setup, `link/writer.rs`: only the reader is a stand-in). What a lent
+/// write could not finish is the writer's: it writes it first, or, when the
+/// socket fails, counts it dropped, once.
+#[cfg(test)]
+mod tests {
+    use super::super::writer::tests::{binary, connection, peer, read_to_end, Running, SMALL};
+    use super::*;
+    use crate::link::LinkDown;
+    use crate::peer::{Peer, Push};
+
+    fn load(a: &AtomicU64) -> u64 {
+        a.load(Ordering::Relaxed)
+    }
+
+    /// Yields until link 0's writer sleeps with its side lent (a condition,
+    /// not a time: this runtime has one thread, the writer runs when this
+    /// task yields).
+    async fn writer_asleep(peer: &Peer) {
+        let link = &peer.core().links[0];
+        while !(link.proto.sleeping() && link.proto.lent_is(|_| true)) {
+            tokio::task::yield_now().await;
+        }
+    }
+
+    /// A request written alone to a socket that fails (its sending side
+    /// shut down under the lent side): the caller's write takes nothing,
+    /// leaves the whole frame to the writer and wakes it; the writer's
+    /// write fails, which ends the link and counts the request in
+    /// `dropped`, and not also in `requests`: pushed = written + dropped.
+    #[tokio::test]
+    async fn a_lone_write_that_fails_is_the_writers_and_counted_once() {
+        let peer = peer(1, false);
+        let (stream, _theirs) = connection().await;
+        let run = Running::start(&peer, stream);
+        writer_asleep(&peer).await;
+        // Lone writes wait for a quiet link (LONE_GAP): a condition.
+        while !peer.would_write_lone(0) {
+            tokio::task::yield_now().await;
+        }
+        // SAFETY: the descriptor is open (the link's halves hold it).
+        #[allow(unsafe_code)]
+        let r = unsafe { libc::shutdown(run.fd, libc::SHUT_WR) };
+        assert_eq!(r, 0);
+        assert_eq!(peer.push(0, &SMALL, 0), Push::Queued);
+        let ls = peer.link_stats(0).unwrap();
+        assert_eq!((load(&ls.lone), load(&ls.lone_partial)), (1, 1));
+        assert!(
+            peer.core().shards[0].is_empty(),
+            "written alone, not queued"
+        );
+        // The whole frame is the writer's now, woken for it (it has not run).
+        let link = &peer.core().links[0];
+        assert!(link
+            .proto
+            .lent_is(|s| s.pending_requests == 1 && s.pending.len() > SMALL.len()));
+        assert_eq!(link.proto.writer(), crate::link::state::Writer::Awake);
+        let (why, _) = run.task.await.unwrap();
+        assert_eq!(why, LinkDown::Write(std::io::ErrorKind::BrokenPipe));
+        assert_eq!(load(&ls.dropped), 1);
+        assert_eq!(load(&ls.requests), 0);
+        assert_eq!(
+            load(&peer.stats().pushed),
+            load(&ls.requests) + load(&ls.dropped)
+        );
+        assert_eq!(peer.queued_bytes(), 0);
+    }
+
+    /// A flush the socket takes only in part (three requests of 20 KB,
+    /// more than the connection's buffers hold): the rest goes to the
+    /// writer, woken for it, which writes it before anything queued
+    /// after (a request pushed behind the flush): the peer reads the
+    /// flush's batch whole, then that request. Each is counted written
+    /// once, and the budget ends empty.
+    #[tokio::test]
+    async fn a_flush_taken_in_part_leaves_the_rest_to_the_writer_first() {
+        let peer = peer(1, true);
+        let (stream, mut theirs) = connection().await;
+        let mut run = Running::start(&peer, stream);
+        writer_asleep(&peer).await;
+        let elements: Vec<Vec<u8>> = (1..=3).map(|i| binary(20_000, i)).collect();
+        assert_eq!(peer.push(0, &elements[0], 0), Push::Flush(0));
+        assert_eq!(peer.push(0, &elements[1], 0), Push::Queued);
+        assert_eq!(peer.push(0, &elements[2], 0), Push::Queued);
+        assert!(!peer.flush(0), "the writer has the rest: no flush again");
+        let ls = peer.link_stats(0).unwrap();
+        assert_eq!((load(&ls.flushes), load(&ls.lone_partial)), (1, 1));
+        // The rest is the writer's, woken for it (it has not run yet).
+        let link = &peer.core().links[0];
+        assert!(link.proto.lent_is(
+            |s| (s.pending_requests, s.pending_batches) == (3, 1) && !s.pending.is_empty()
+        ));
+        assert_eq!(link.proto.writer(), crate::link::state::Writer::Awake);
+        assert_eq!(peer.queued_bytes(), 0);
+        assert_eq!(peer.push(0, &SMALL, 0), Push::Queued);
+        let reading = tokio::spawn(async move { read_to_end(&mut theirs).await });
+        writer_asleep(&peer).await;
+        run.end_reader().await;
+        let (why, _) = run.task.await.unwrap();
+        assert_eq!(why, LinkDown::PeerClosed);
+        let got = reading.await.unwrap();
+        // Two frames (`<len:32> ...`): the flush's batch, then the request.
+        let mut frames = Vec::new();
+        let mut at = 0;
+        while at < got.len() {
+            let len = u32::from_be_bytes(got[at..at + 4].try_into().unwrap()) as usize;
+            frames.push(&got[at + 4..at + 4 + len]);
+            at += 4 + len;
+        }
+        assert_eq!(frames.len(), 2);
+        let first = frames[0];
+        let starts: Vec<usize> = elements
+            .iter()
+            .map(|e| first.windows(e.len()).position(|w| w == &e[..]).unwrap())
+            .collect();
+        assert!(starts.windows(2).all(|w| w[0] < w[1]), "{starts:?}");
+        assert!(frames[1].windows(SMALL.len()).any(|w| w == SMALL));
+        assert_eq!((load(&ls.requests), load(&ls.batches)), (4, 2));
+        assert_eq!(load(&ls.dropped), 0);
+        assert_eq!(peer.queued_bytes(), 0);
     }
 }

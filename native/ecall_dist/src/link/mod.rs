@@ -159,7 +159,8 @@ pub struct LinkStats {
     /// Messages sent in fragments.
     pub fragmented: AtomicU64,
     /// Requests written by their caller, alone, while the writer slept
-    /// (also counted in `batches` and `requests`; see `link/lent_side.rs`).
+    /// (also counted in `batches` and `requests` once written whole, or in
+    /// `dropped`; see `link/lent_side.rs`).
     pub lone: AtomicU64,
     /// Lone writes and flushes the socket took only in part (the writer
     /// wrote the rest): a sign that the peer reads slowly.

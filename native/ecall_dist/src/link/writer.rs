@@ -234,11 +234,14 @@ impl LinkWriter {
             // (order). It completes one request, or a flush's batches.
             let pending = std::mem::take(&mut side.pending);
             let requests = std::mem::take(&mut side.pending_requests);
+            let batches = std::mem::take(&mut side.pending_batches);
             let r = side.write(&link.stats, &[&pending], self.deadline).await;
             if let Err(down) = r {
                 link.stats.dropped.fetch_add(requests, Ordering::Relaxed);
                 return Some(down);
             }
+            link.stats.batches.fetch_add(batches, Ordering::Relaxed);
+            link.stats.requests.fetch_add(requests, Ordering::Relaxed);
             side.sent.requests(requests);
             self.last_write = Instant::now();
         }
@@ -655,6 +658,8 @@ pub(super) mod tests {
     /// Link 0's writer running on `stream`.
     pub(in crate::link) struct Running {
         pub(in crate::link) task: JoinHandle<(LinkDown, u64)>,
+        /// The raw descriptor of the link's socket.
+        pub(in crate::link) fd: std::os::fd::RawFd,
         end_reader: oneshot::Sender<()>,
         reader_ended: oneshot::Receiver<()>,
         /// Kept open: the reader's half and its answers.
@@ -680,6 +685,7 @@ pub(super) mod tests {
             let writer = LinkWriter::new(Arc::clone(peer.state()), 0, wr, fd, hour, true, true);
             Running {
                 task: tokio::spawn(writer.run(reader, ctl_rx)),
+                fd,
                 end_reader,
                 reader_ended,
                 _rd: rd,
