@@ -239,11 +239,9 @@ check(Key, _Check, V) ->
 
 %% @doc The number of C-node links per peer. `auto' is one per two
 %% schedulers, at least 1 and at most 2. On a node with two schedulers one
-%% link did as well as two or a little better (bench/run.sh sweep, five
-%% alternated rounds: sends at 20,000 writers 299k against 284k a second
-%% on average, casts at 10,000 169k against 161k, calls level), with one
-%% identity, socket and hidden connection per peer instead of two; a
-%% bigger node keeps the two links it had before (more were never
+%% link did as well as two or a little better, with one identity, socket
+%% and hidden connection per peer instead of two (doc/performance.md,
+%% "Ideas kept"); a bigger node keeps two links (more were never
 %% measured).
 -spec links() -> pos_integer().
 links() ->

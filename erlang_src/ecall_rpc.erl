@@ -11,8 +11,8 @@
 -export([cast/4, call/5, call/6, urgent/1, closed_loop/0, returned/0, loops/0]).
 
 %% Urgency. Wins: closed-loop calls faster per call for one caller and for
-%% 8, and a probe's call under load (doc/performance.md; switched off with
-%% the `urgent' setting).
+%% 8, and a probe's call under load (doc/performance.md, "Which write-path
+%% mechanisms earn their place"; switched off with the `urgent' setting).
 %%
 %% Process dictionary key: when the process's last call returned
 %% (monotonic, microseconds).
@@ -26,7 +26,8 @@
 -define(LOOP_STARTS, '$ecall_loop_starts').
 %% Closed-loop calls to one peer that may start during one caller's cycle
 %% for its calls to stay urgent: past that, such callers bring each other
-%% company, and gathering pays again (doc/performance.md, pingpong).
+%% company, and gathering pays again (doc/performance.md, "Which write-path
+%% mechanisms earn their place", urgent calls).
 -define(LOOP_COMPANY, 256).
 
 %% A peer's count of closed-loop calls (urgent/1), made when its

@@ -2,11 +2,12 @@
 //!
 //! A request pushed while its link's writer sleeps would wait for a thread
 //! wake-up (a futex wake, then the runtime thread being scheduled) before
-//! it reaches the socket: on this project's 2-core test machine that hop
-//! was about 100 µs of an idle round trip, against about 90 µs for the
-//! whole round trip of a native `!`. So while the writer sleeps it leaves
-//! its [`WriteSide`] (socket, atom cache, buffers) in
-//! `LinkShared::proto` (`Protocol::lend`), and a push that finds it there writes its
+//! it reaches the socket: on two cores that hop is most of an idle round
+//! trip, longer than a whole round trip by native `!` (the figures of
+//! this file are in doc/performance.md, "Which write-path mechanisms earn
+//! their place"). So while the writer sleeps it leaves its [`WriteSide`]
+//! (socket, atom cache, buffers) in `LinkShared::proto`
+//! (`Protocol::lend`), and a push that finds it there writes its
 //! request itself, as a batch of one, with one non-blocking `send` on the
 //! caller's thread ([`LinkShared::write_lone`]). Nothing waits: if the
 //! socket takes only part of the frame, the rest goes to
@@ -18,8 +19,7 @@
 //! an urgent request ([`Element::urgent`]: its caller is in a closed loop,
 //! with few others): the writer would write it alone anyway, since such
 //! requests are not held back for company, and the thread wake-up is most
-//! of what a lone caller's round trip would pay (`bench/run.sh pingpong`:
-//! one caller 0.20-0.22 ms per call with the wake-up, 0.06-0.08 without).
+//! of what a lone caller's round trip would pay.
 //! With flushes (below) an urgent request goes alone only on a link quiet
 //! for [`URGENT_GAP`](super::tuning::URGENT_GAP): closer together, urgent requests come from several
 //! callers at once, each alone would be a `send` on each node, and a flush
@@ -41,13 +41,12 @@
 //! has a flush run soon. Pushes meanwhile wake nobody; the flush takes a
 //! batch from each of the link's shards and writes them with one
 //! non-blocking `send` on its own thread (a scheduler, on the BEAM). A
-//! thread wake-up costs the writer more than the write: on two cores, 64
-//! pairs of processes exchanging by sends took 0.26-0.29 ms a round trip
-//! with flushes on the schedulers, 0.49 ms with the writer woken
-//! (`bench/run.sh pingpong`). The writer takes over when it is woken: by
-//! a flush that finds a load that is its own (a sealed batch or
-//! [`GATHER_BYTES`](super::GATHER_BYTES) in a shard, whose messages may go
-//! in fragments; TLS; a rest that a write left), by a tick, or by a rest
+//! thread wake-up costs the writer more than the write, and closed loops
+//! of many pairs of processes pay it on nearly every request. The writer
+//! takes over when it is woken: by a flush that finds a load that is its
+//! own (a sealed batch or [`GATHER_BYTES`](super::GATHER_BYTES) in a
+//! shard, whose messages may go in fragments; TLS; a rest that a write
+//! left), by a tick, or by a rest
 //! the socket did not take. Order: a flush writes what it took under the
 //! lock of the side; a lone write needs its own shard empty (an earlier
 //! request of its caller's, pushed while a flush was asked for, may still

@@ -1,14 +1,14 @@
-//! Every tuning number of the write path, in one place, each with the
-//! measurement that set its value, or "not measured" and the reason for
+//! Every tuning number of the write path, in one place, each with why it
+//! has its value: what was measured, or "not measured" and the reason for
 //! it. The mechanisms they tune are described in `link/mod.rs`
-//! (gathering), `link/lent_side.rs` (lone writes, flushes) and `link/pacing.rs`
-//! (when to gather). Measurements are from `bench/run.sh` on a 2-core
-//! machine.
+//! (gathering), `link/lent_side.rs` (lone writes, flushes) and
+//! `link/pacing.rs` (when to gather); the measurements' figures are in
+//! doc/performance.md, "Which write-path mechanisms earn their place".
 //!
 //! The two numbers of the Erlang side (what makes a call urgent) are
 //! defined in `ecall_rpc.erl`, beside the code that reads them on
-//! every call, with their measurements: `?CLOSED_LOOP_US` (2 ms) and
-//! `?LOOP_COMPANY` (256). The settings' defaults are defined once, in
+//! every call, each with why it has its value: `?CLOSED_LOOP_US` and
+//! `?LOOP_COMPANY`. The settings' defaults are defined once, in
 //! `ecall_config.erl`, and handed to the crate in `PeerConfig`.
 //!
 //! The docs quote several of these numbers; `tests/tuning_docs.rs` fails
@@ -41,16 +41,18 @@ pub const GATHER_AFTER: u64 = 4;
 /// A writer woken this soon after it went to sleep takes its link for busy
 /// and gathers before its next pass. Without it a steady stream (a request
 /// every few tens of µs) kept the writer in passes of one to three
-/// requests, each followed by a sleep and a wake-up: on the paced call
-/// load, 104,000 sleeps and batches of 15 per 2 M calls; with it, 7,000
-/// sleeps and batches of 80-90. A link with a request every 200 µs or more
-/// (5,000 per second) still gets each one written at once.
+/// requests, each followed by a sleep and a wake-up: measured on the paced
+/// call load, it cut the writer's sleeps more than tenfold and made its
+/// batches several times bigger. A link whose requests come further apart
+/// than this still gets each one written at once.
 pub const BUSY_SLEEP: std::time::Duration = std::time::Duration::from_micros(200);
 
 // --- Lone writes and flushes: a request on a quiet link written by its caller ---
-// Wins (lone writes): an idle call's p99 89 % lower, 8 closed-loop callers
-// 57 % faster per call. (Flushes, `link/lent_side.rs`: 64 closed-loop callers
-// 69 % faster per call, 64 pairs exchanging by sends 127 % faster.)
+// Wins: a lone write saves an idle call, or a small closed loop's, the
+// writer thread's wake-up, most of its round trip on two cores; a flush
+// (`link/lent_side.rs`) saves it for closed loops of many callers on a link
+// in use. Both measured by switching each off (doc/performance.md, "Which
+// write-path mechanisms earn their place").
 
 /// The largest request written alone; larger ones always queue (a single
 /// `send` of more would likely be partial anyway). The NIF's inline
