@@ -113,12 +113,11 @@ fn push_many_dirty<'a>(
     many(env, &peer, dests, msg, room, usize::MAX)
 }
 
-/// The most targets `push_many/4` encodes on a normal scheduler. For
-/// 4,096 pids of the peer the whole push took 0.2-0.3 ms here, 0.08-0.15
-/// of it the list through the VM (`bench/run.sh micro`), and the call reports
-/// its share of a 1 ms timeslice at 0.1 µs a target. Longer lists go on a
+/// The most targets `push_many/4` encodes on a normal scheduler: a list
+/// this long holds the scheduler for well within its 1 ms timeslice,
+/// whose share the call reports at 0.1 µs a target. Longer lists go on a
 /// dirty scheduler, whose round trip is dear: every node of a fan-out
-/// pays it (doc/performance.md, "Fan-out").
+/// pays it (doc/performance.md, "Fan-out", has the figures).
 const MANY_NORMAL: usize = 4096;
 
 fn many<'a>(

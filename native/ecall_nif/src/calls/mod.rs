@@ -12,7 +12,8 @@
 //! call, cost the caller's node a monitor and a demonitor (two signals to
 //! the watcher), an entry in the VM's table of aliases, a look-up there
 //! for each copy of the alias the receiver decoded, and the alias's
-//! handling when the reply arrived (`bench/run.sh profile 20000 call`).
+//! handling when the reply arrived (doc/performance.md, "Ideas kept",
+//! calls answered by number).
 //!
 //! A call that gives up (`call_cancel/1`) or fails is taken out here
 //! first: a reply that comes later finds nothing and is dropped, so no

@@ -8,8 +8,8 @@
 //! the VM), and so is a local pid's ([`atom_memo`]); another node's pid or port
 //! is cached by hash and checked against a copy of it ([`remote`]). The
 //! bytes go straight into a per-thread buffer that the shard copies from,
-//! instead of a fresh refc binary per push. `bench/run.sh micro` has the
-//! figures.
+//! instead of a fresh refc binary per push. The figures are in
+//! doc/performance.md (the run of record, and "Ideas kept").
 //!
 //! What: plain external format, no version byte (what a shard splices into
 //! a batch). Integers that fit 64 bits, floats, atoms, binaries, tuples,
@@ -60,11 +60,11 @@ use ecall_dist::Element;
 /// bytes (or that holds a binary, a tuple or a map that would take it past
 /// them), and says `large`: the caller then has it encoded and pushed
 /// on a dirty scheduler (`encode_large/1`, `push_encoded/4`). This bounds
-/// the time one push holds a normal scheduler, whatever the term:
-/// `bench/run.sh micro` measures how soon a push gives up a list of a
-/// million integers (61 µs here) and a map of 8,000 pairs, all queued
-/// before the encode starts (250 µs); without the bound, the list would
-/// hold the scheduler for its whole encode.
+/// the time one push holds a normal scheduler, whatever the term: a push
+/// gives up a list of a million integers, or a map of thousands of pairs,
+/// in a small part of a millisecond (doc/performance.md, "Ideas kept", the
+/// NIF's own encoder), where without the bound the list would hold the
+/// scheduler for its whole encode.
 pub const INLINE_MAX: usize = 16 * 1024;
 
 // Any request encoded on a normal scheduler may be written alone by its

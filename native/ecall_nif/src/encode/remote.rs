@@ -14,9 +14,8 @@ const REMOTE_COPIES: usize = 4 * REMOTE_SLOTS;
 
 /// Cached encodings of pids and ports of other nodes: the destination of
 /// most sends (`ecall:send(Pid, Msg)` with `Pid` on the peer), which
-/// `enif_term_to_binary` took 0.18-0.21 µs to write each time (a loop of
-/// `ecall_nif:encoded_size/1` of `{send, Pid, 1}`: 274-300 ns with a
-/// remote pid against 93-97 ns with a memoized local one).
+/// `enif_term_to_binary` would write each time at a cost of about twice a
+/// whole small encode (doc/performance.md, "Ideas kept", the memo).
 ///
 /// Such a term lives on a heap, and its word is an address that changes
 /// when the heap is collected, so unlike a local pid its word cannot be

@@ -504,9 +504,10 @@ impl Encoder {
 /// not, that one and the rest queued. The pairs go out in the map's own
 /// order, sorted for a small map, as `term_to_binary` writes them: the
 /// peer sorts a small map's keys as it decodes it, and sorted keys cost it
-/// a check instead of a sort (written in reverse, the blast of
-/// `bench/run.sh micro` ran at 298k against 452k msg/s). False if `t` could
-/// not be iterated (nothing written then). `size`: its number of pairs.
+/// a check instead of a sort (written in reverse, a blast of small maps
+/// ran much slower: doc/performance.md, "Ideas kept", the NIF's own
+/// encoder). False if `t` could not be iterated (nothing written then).
+/// `size`: its number of pairs.
 fn map(
     env: Env<'_>,
     t: Term<'_>,

@@ -22,13 +22,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use two_way::{TwoWayBytes, TwoWayTable};
 
 /// Entries of the memo per thread (a two-way set-associative table,
-/// [`two_way::TwoWayTable`]: see there for why). 32 KiB: small
-/// enough to stay in a core's caches between pushes. The first version
-/// had 4,096 entries of 48 bytes, each pointing at its bytes elsewhere on
-/// the heap, and looked every subterm up: under load (20,000 writers,
-/// calls) the table fell out of the caches and a push spent 2.4 µs of CPU
-/// in the encoder, mostly waiting on those loads (perf annotate: half the
-/// samples on one load).
+/// [`two_way::TwoWayTable`]: see there for why), each [`Entry`] with its
+/// encoding inline: small enough to stay in a core's caches between
+/// pushes. A bigger table whose entries point at their bytes elsewhere on
+/// the heap falls out of the caches under load, and the encoder then
+/// spends most of its time waiting on those loads (doc/performance.md,
+/// "Ideas dropped", a bigger memo).
 const MEMO_SLOTS: usize = 1024;
 /// The longest encoding an [`Entry`] holds. Longer ones (atoms as text of
 /// more than 16 bytes) are not kept in the table's entries but in
@@ -53,12 +52,12 @@ pub struct AtomMemo {
 }
 
 /// Encodings of atoms longer than [`ENTRY_MAX`] bytes: atoms as text (past
-/// the first 200 atoms, which have ids) of more than 16 bytes, such as
-/// Elixir's module names (`'Elixir.MyApp.Orders.Created'`). They used to
-/// go through `enif_term_to_binary` on every encode: 10 of 24 bytes took
-/// 1,148-1,365 ns against 107 for 10 of 9 bytes, and take 138-163 ns kept
-/// here (`bench/run.sh micro`, "atoms past the ids"). By term word (an
-/// atom's text never changes), in an arena of at most [`LONG_BYTES`].
+/// the atoms with ids, [`fixed_atom_ids::IDS`]) too long for an entry,
+/// such as Elixir's module names (`'Elixir.MyApp.Orders.Created'`).
+/// Without it each would go through `enif_term_to_binary` on every
+/// encode, several times what a kept one costs (doc/performance.md,
+/// "Ideas kept", the memo). By term word (an atom's text never changes),
+/// in an arena of at most [`LONG_BYTES`].
 type Long = TwoWayBytes<LONG_SLOTS, LONG_BYTES>;
 
 /// One memoized atom, or local pid (or, in the walker's table of other
@@ -101,7 +100,7 @@ impl Entry {
 /// term, so like an atom its word names it for the life of the VM (a
 /// process that reuses the word reuses the number and serial too, so the
 /// same encoding), and its encoding is memoized with the atoms': a pid
-/// costs `enif_term_to_binary` about 0.5 µs here, most of a small push.
+/// costs `enif_term_to_binary` most of what a small push costs.
 /// But that encoding names this node and its creation, which a restart of
 /// distribution changes: every C-node start and every peer opened (which
 /// a restarted distribution goes through before anything is pushed to the

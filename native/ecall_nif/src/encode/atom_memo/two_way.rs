@@ -8,15 +8,13 @@
 //!
 //! Why two ways: each key may live in one of the two entries of its set,
 //! so two hot keys that fall in the same set both stay, and only a third
-//! one replaces the one kept longer ago. The table it replaces was
-//! direct-mapped: two atoms of one slot that a payload held replaced each
-//! other on every push, and each miss went to the VM's
-//! `enif_term_to_binary` and to the atom id table's lock. Which atoms
-//! share a slot depends on the order the VM made them in, so a payload's
-//! cost was a matter of luck: `bench/run.sh micro` encodes every pair of
-//! 30 sets of 15 atoms, and with the direct-mapped table 2 sets in 30 had
-//! a pair that took 3-5 times the median pair (366-658 ns against 85-121),
-//! in two runs; with two ways none did (slowest 187-271 ns).
+//! one replaces the one kept longer ago. In a direct-mapped table two
+//! atoms of one slot that a payload held would replace each other on
+//! every push, and each miss would go to the VM's `enif_term_to_binary`
+//! and to the atom id table's lock. Which atoms share a slot depends on
+//! the order the VM made them in, so a payload's cost would be a matter of
+//! luck: a few payloads in many would cost several times the others
+//! (doc/performance.md, "Ideas kept", the memo, has the figures).
 //!
 //! [`TwoWayBytes`] keeps byte strings of any length by key the same way, in
 //! an arena: the encodings of atoms too long for the table's entries.
