@@ -104,8 +104,9 @@ overflow_drop(_Peer) -> erlang:nif_error(nif_not_loaded).
 peer_stats(_Peer) -> erlang:nif_error(nif_not_loaded).
 
 %% Encodes {send, To, Msg} and queues it. `large': nothing queued, its
-%% encoding passed 16 KiB; encode it with encode_large/1 and push that
-%% with push_encoded/4.
+%% encoding passed the inline bound (INLINE_MAX, native/ecall_nif's
+%% encode/mod.rs); encode it with encode_large/1 and push that with
+%% push_encoded/4.
 %% `Urgent': its caller waits for the answer before its next request, so
 %% a busy link's writer does not hold it back for company.
 -spec send(peer(), pid() | atom() | reference(), term(), boolean()) ->
@@ -122,9 +123,9 @@ push(_Peer, _Request, _Room, _Urgent) -> erlang:nif_error(nif_not_loaded).
 
 %% Encodes {send_many, Dests, Msg} and queues it: `Dests', a list of
 %% pids, aliases and registered names of the peer, in one call into the
-%% VM. `large' (nothing queued) for more than 4,096 targets or a message
-%% whose encoding passes 16 KiB: push it with push_many_dirty/4. `Room'
-%% and the other results as for push/4.
+%% VM. `large' (nothing queued) for more targets than MANY_NORMAL
+%% (push.rs) or a message whose encoding passes INLINE_MAX: push it with
+%% push_many_dirty/4. `Room' and the other results as for push/4.
 -spec push_many(peer(), [pid() | reference() | atom()], term(), room() | false) ->
           ok | closed | large | {full, non_neg_integer()}.
 push_many(_Peer, _Dests, _Msg, _Room) -> erlang:nif_error(nif_not_loaded).

@@ -77,7 +77,8 @@ push({_, Peer} = State, {send_many, Dests, Msg}, _Urgent) ->
 push(State, Request, Urgent) ->
     push_term(State, Request, Urgent).
 
-%% A message whose encoding passes 16 KiB (or a binary of ?LARGE bytes),
+%% A message whose encoding passes the NIF's inline bound (INLINE_MAX,
+%% native/ecall_nif's encode/mod.rs), or a binary of ?LARGE bytes,
 %% encoded once by encode_large/1, on a dirty scheduler and into memory of
 %% the NIF's, not a binary of the caller's (see ecall_nif). From ?DIRECT
 %% bytes on it goes straight to its target, a pid, a registered name or
@@ -138,7 +139,7 @@ push_term({_, Peer} = State, Request0, Urgent) ->
                       end
               end).
 
-%% A request whose encoding passes what the NIF encodes inline (16 KiB),
+%% A request whose encoding passes what the NIF encodes inline (INLINE_MAX),
 %% encoded on a dirty scheduler. A cast's or call's large arguments: the
 %% whole request. A call's reply: the reply alone, and from ?DIRECT bytes
 %% on as a binary, `{reply, Id, {external, Encoded}}': the receiver on the

@@ -4,9 +4,10 @@
 %% shortest failing sequence when a check fails.
 %%
 %% Commands: `send' from one of three sender processes (small terms, terms
-%% over 16 KiB, and terms over 64 KiB that go out in fragments),
-%% `send_many' to two targets, `cast', `call' (functions that return,
-%% raise, exit, throw, and sleep past the timeout), `disconnect' and
+%% past the NIF's inline bound (INLINE_MAX, native/ecall_nif's
+%% encode/mod.rs), and terms bigger than a fragment, which go out in
+%% fragments), `send_many' to two targets, `cast', `call' (functions that
+%% return, raise, exit, throw, and sleep past the timeout), `disconnect' and
 %% `connect', closing one link's socket, SIGSTOP and SIGCONT of the peer
 %% with pauses shorter and longer than `stall_timeout' in between,
 %% switching `overflow' and `max_queue_bytes', and restarting the peer.

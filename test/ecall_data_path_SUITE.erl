@@ -438,7 +438,8 @@ random_leaf() ->
         9 -> make_ref()
     end.
 
-%% Only the first 200 atoms a node's encoder meets get ids; later ones go
+%% Only the first atoms a node's encoder meets get ids (IDS,
+%% native/ecall_dist's wire/fixed_atom_ids.rs); later ones go
 %% as text (and through the link's own atom cache), mixed with ids in one
 %% message, and arrive all the same. Some are longer than the encoder's
 %% table entries (text of more than 16 bytes, kept apart), and each atom is
@@ -458,7 +459,8 @@ atoms_past_the_ids_go_as_text(Config) ->
     Sent = via_links(B, Sent, fun() -> [ecall:send(Mirror, M) || M <- Sent] end),
     ?assertEqual([Term, {ok, Term}], mirrored([])).
 
-%% A request whose encoding would pass 16 KiB is not encoded on the
+%% A request whose encoding would pass the NIF's inline bound (INLINE_MAX,
+%% native/ecall_nif's encode/mod.rs) is not encoded on the
 %% caller's scheduler: the NIF gives up (encoded_size/1 says `large') and the
 %% transport pushes it by term_to_iovec from a dirty scheduler. Big lists,
 %% maps and binaries inside tuples, between small messages, as sends and as
@@ -482,7 +484,8 @@ large_terms_go_by_iovec(Config) ->
     ?assertEqual(Sent, mirrored([])),
     ?assertEqual({ok, length(List)}, ecall:call(B, erlang, length, [List])).
 
-%% A message whose encoding reaches 256 KiB goes straight to its target (a
+%% A message whose encoding reaches ecall_transport_nif's ?DIRECT bytes
+%% goes straight to its target (a
 %% pid, or a name registered on the peer), which decodes it itself, not
 %% through the peer's receivers: they replay only the smaller ones and one
 %% fence per big one. One caller's small, medium and big messages, in
@@ -497,8 +500,8 @@ big_messages_go_straight_in_order(Config) ->
     ?assert(iolist_size(term_to_iovec(Big(0))) >= 262144),
     %% In pairs, small then big, to the pid and to the name in turn (one
     %% process: order holds across both).
-    %% A medium one too, past what the NIF encodes inline (16 KiB) but
-    %% below 256 KiB: relayed by the receivers.
+    %% A medium one too, past what the NIF encodes inline (INLINE_MAX) but
+    %% below ecall_transport_nif's ?DIRECT: relayed by the receivers.
     Medium = fun(I) -> {medium, I, lists:seq(1, 10000)} end,
     ?assertEqual(large, ecall_nif:encoded_size(Medium(0))),
     ?assert(iolist_size(term_to_iovec(Medium(0))) < 262144),
@@ -544,8 +547,9 @@ big_messages_go_straight_in_order(Config) ->
     #{receivers := #{requests := AR1}} = ecall:stats(),
     ?assertEqual(1, BP1 - BP0),
     ?assertEqual(1, AR1 - AR0),
-    %% A medium result (past what a push encodes inline, short of 256 KiB)
-    %% goes back as {reply, Id, Result} around its own encoding.
+    %% A medium result (past what a push encodes inline, short of
+    %% ecall_transport_nif's ?DIRECT) goes back as {reply, Id, Result}
+    %% around its own encoding.
     Reply = Medium(8),
     ?assertEqual({ok, Reply}, ecall:call(B, ecall_test_nodes, echo, [Reply])),
     {ok, #{pushed := BP2}} = erpc:call(B, ecall, stats, [node()]),
@@ -558,7 +562,7 @@ mirror_hashes(Owner) ->
     end.
 
 %% How many of `Msgs' go straight to their target, each after a fence
-%% (ecall_transport_nif: an encoding of 256 KiB or more).
+%% (ecall_transport_nif: an encoding of ?DIRECT bytes or more).
 direct_count(Msgs) ->
     length([M || M <- Msgs, iolist_size(term_to_iovec(M)) >= 262144]).
 

@@ -115,7 +115,8 @@ a_long_list_of_every_kind(Config) ->
     #{receivers := #{dead_letters := D0}} = erpc:call(B, ecall, stats, []),
     Some = lists:sublist(Pids, 20),
     ok = ecall:send_many(Some ++ [Alias, {ecall_fanout_long, B}, {nobody_here, B}], mixed),
-    %% A message past 16 KiB: its list is encoded on a dirty scheduler.
+    %% A message past the NIF's inline bound (INLINE_MAX, native/ecall_nif's
+    %% encode/mod.rs): its list is encoded on a dirty scheduler.
     Big = {big, binary:copy(<<"b">>, 20000)},
     ok = ecall:send_many(Some, Big),
     [?assertEqual([mixed, Big], collect(T)) || T <- Some],

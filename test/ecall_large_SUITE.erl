@@ -1,5 +1,5 @@
 %% Big messages on the receiving node. A message whose encoding reaches
-%% 256 KiB goes straight to its target, which decodes it as it does one
+%% ecall_transport_nif's ?DIRECT bytes goes straight to its target, which decodes it as it does one
 %% sent with `!': terms of tens of MB hold up node B no more than `!'
 %% does, and leave nothing in its receiver workers. A big message whose
 %% fence fails is left to B's receiver, which relays it in order.

@@ -254,7 +254,8 @@ stalled_peer_is_reaped(_Config) ->
 %% and is never reaped; nothing is lost.
 %%
 %% The stall timeout is 3 s here, six stops long: a link is reaped only if
-%% the peer took less than a piece (256 KiB) in 3 s, so through four run
+%% the peer took less than a piece (STALL_PIECE, native/ecall_dist's
+%% net/stall_write.rs) in 3 s, so through four run
 %% windows in a row. And the stops are measured, from before the SIGSTOP
 %% to after the SIGCONT (os:cmd/1 forks a shell, which a loaded machine
 %% can make slow): a run in which one lasted half the timeout or more did
