@@ -1,8 +1,11 @@
 //! The numbers the docs quote, against their definitions: the constants
 //! of `link/tuning.rs` (`LONE_MAX` standing for the NIF's inline encoding
-//! bound, which equals it), the handshake cap of `net/pending.rs`, and the
-//! defines of `ecall_rpc.erl` and `ecall_conn_sup.erl` they quote. A
-//! change to either side without the other fails here, as
+//! bound, which equals it), the handshake cap of `net/pending.rs`, the
+//! fragment size and the fixed atom ids of `wire/`, the stall watchdog's
+//! piece (`net/stall_write.rs`) and the NIF's `MANY_NORMAL` (read from
+//! their source, which this crate's tests cannot import), and the defines
+//! of `ecall_rpc.erl`, `ecall_conn_sup.erl` and `ecall_transport_nif.erl`
+//! they quote. A change to either side without the other fails here, as
 //! `configuration_doc_matches_spec` does for the settings.
 
 use ecall_dist::internals::tuning::*;
@@ -27,6 +30,34 @@ fn erl_define(path: &str, name: &str) -> u64 {
     rest[..rest.find(')').expect("a closing parenthesis")]
         .parse()
         .unwrap_or_else(|e| panic!("{path}: ?{name}: {e}"))
+}
+
+/// The value of `const Name: usize = Value;` in a Rust source, `Value`
+/// integer literals multiplied (`16 * 1024`), for a constant of a crate
+/// these tests cannot import or of a private module.
+fn rust_const(path: &str, name: &str) -> u64 {
+    let src = text(path);
+    let start = format!("const {name}: usize = ");
+    let at = src
+        .find(&start)
+        .unwrap_or_else(|| panic!("{path}: no {start}"));
+    let rest = &src[at + start.len()..];
+    rest[..rest.find(';').expect("a semicolon")]
+        .split('*')
+        .map(|factor| {
+            factor
+                .trim()
+                .replace('_', "")
+                .parse::<u64>()
+                .unwrap_or_else(|e| panic!("{path}: {name}: {factor:?}: {e}"))
+        })
+        .product()
+}
+
+/// `bytes` as the docs write it: "64 KiB".
+fn kib(bytes: u64) -> String {
+    assert_eq!(bytes % 1024, 0, "{bytes} is not a whole number of KiB");
+    format!("{} KiB", bytes / 1024)
 }
 
 /// Fails with every quote of `want` that `path` lacks.
@@ -88,7 +119,10 @@ fn settings_and_api_docs_quote_the_gathering_wait() {
     );
     quotes(
         "erlang_src/ecall_rpc.erl",
-        &[format!("waiting up to {wait} for more to come")],
+        &[
+            format!("waiting up to {wait} for more to come"),
+            format!("to {wait} waiting for company"),
+        ],
     );
 }
 
@@ -147,5 +181,110 @@ fn operations_quotes_the_handshake_cap_and_the_closed_peers_kept() {
             format!("while {MAX_PENDING_HANDSHAKES} handshakes were under way"),
             format!("for the last {} peers that closed", thousands(last_max)),
         ],
+    );
+}
+
+#[test]
+fn docs_quote_the_send_many_bound() {
+    let many = thousands(rust_const("native/ecall_nif/src/push.rs", "MANY_NORMAL"));
+    quotes(
+        "doc/behaviour.md",
+        &[format!(
+            "on the caller's scheduler for up to {many} targets"
+        )],
+    );
+    quotes(
+        "doc/performance.md",
+        &[
+            format!("For {many} pids of one peer the whole push took"),
+            format!("Lists of more than {many} targets, or with a message"),
+        ],
+    );
+}
+
+#[test]
+fn docs_quote_the_large_and_direct_bounds() {
+    let nif = "erlang_src/ecall_transport_nif.erl";
+    let large = kib(erl_define(nif, "LARGE"));
+    let direct = kib(erl_define(nif, "DIRECT"));
+    quotes(
+        "README.md",
+        &[format!(
+            "One of {direct} or more (a send, or a call's result)"
+        )],
+    );
+    quotes(
+        "CHANGELOG.md",
+        &[format!(
+            "a message of {direct} or more goes straight to its target"
+        )],
+    );
+    quotes(
+        "doc/architecture.md",
+        &[format!(
+            "A message whose encoding reaches {direct} skips the receiver"
+        )],
+    );
+    quotes(
+        "doc/behaviour.md",
+        &[
+            format!("and a binary message of {large} or more"),
+            format!("encoding reaches {direct} goes back as that encoding"),
+            format!("reaches {direct}, sent to a pid, a registered name"),
+        ],
+    );
+    quotes(
+        "doc/performance.md",
+        &[
+            format!("and a binary of {large} or more, is encoded"),
+            format!("A message of {direct} or more goes straight"),
+        ],
+    );
+}
+
+#[test]
+fn docs_quote_the_fragment_size_and_the_fixed_atom_ids() {
+    use ecall_dist::wire::{fixed_atom_ids::IDS, fragment::FRAGMENT};
+    let fragment = kib(FRAGMENT as u64);
+    quotes(
+        "doc/behaviour.md",
+        &[format!(
+            "any frame over {fragment} with a single message goes out in \
+             distribution fragments, one {fragment} fragment per writer pass"
+        )],
+    );
+    quotes(
+        "doc/performance.md",
+        &[
+            format!("batches over {fragment} go in fragments"),
+            format!("The first {IDS} atoms a node's encoder meets"),
+        ],
+    );
+    quotes(
+        "doc/architecture.md",
+        &[format!("the first {IDS} atoms met, each with a fixed id")],
+    );
+}
+
+#[test]
+fn docs_quote_the_stall_watchdogs_piece() {
+    let piece = kib(rust_const(
+        "native/ecall_dist/src/net/stall_write.rs",
+        "STALL_PIECE",
+    ));
+    quotes(
+        "README.md",
+        &[format!("(30 s per {piece}) is closed and reconnects")],
+    );
+    quotes(
+        "doc/behaviour.md",
+        &[
+            format!("every {piece} of it must be taken by the socket"),
+            format!("a floor on throughput ({piece} per `stall_timeout`"),
+        ],
+    );
+    quotes(
+        "doc/operations.md",
+        &[format!("longer than 30 s per {piece} (raise it)")],
     );
 }

@@ -37,7 +37,7 @@
 //! its own (on the BEAM, by a process, after those already waiting to run,
 //! whose pushes go in the same write), which writes what the link's shards
 //! hold with one non-blocking `send`, or wakes the writer when the load is
-//! its own (a full batch, 64 KiB in a shard, TLS, a write's rest). The
+//! its own (a full batch, [`GATHER_BYTES`] in a shard, TLS, a write's rest). The
 //! writer stays asleep meanwhile; pushes wake nobody until the flush is
 //! done. On a busy link (the
 //! last pass wrote [`GATHER_AFTER`] requests or more, or a push woke the

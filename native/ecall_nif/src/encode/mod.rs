@@ -21,13 +21,13 @@
 //!
 //! Atoms as id references: an atom gets a process-wide id the first time
 //! the encoder meets it (`ecall_dist::wire::fixed_atom_ids`, the encode-time atom ids:
-//! the first 200 atoms), and is written as `ATOM_CACHE_REF id` from then
+//! the first `IDS` atoms met), and is written as `ATOM_CACHE_REF id` from then
 //! on, a reference into the distribution atom cache of the connection
 //! (`ecall_dist::wire::conn_atom_cache`), whose slot `id` every connection declares
 //! for that atom. So the link writer puts a header in front of the batch
 //! instead of passing over its bytes. The node atom in a pid, port or
 //! reference is rewritten the same way. An element that keeps some atom as
-//! text (past the 200, or inside a fun) says so (`Encoded::text`), and the
+//! text (past those, or inside a fun) says so (`Encoded::text`), and the
 //! writer passes over its bytes (`ecall_dist::wire::conn_atom_cache::OutCache::encode`).
 //!
 //! Depth costs no stack: the walk ([`walk`]) keeps the terms still to
