@@ -55,7 +55,8 @@ refresh_target() ->
 
 %% @doc Emits `Event' with `telemetry:execute/3', or does nothing when
 %% telemetry is not there. A handler that crashes is telemetry's business
-%% (it detaches it); never the emitting process's.
+%% (it detaches it); never the emitting process's: an exception that
+%% comes out of telemetry anyway stops here.
 -spec execute(event(), measurements(), metadata()) -> ok.
 execute(Event, Measurements, Metadata) ->
     case target() of
@@ -72,6 +73,8 @@ execute(Event, Measurements, Metadata) ->
                     %% Unloaded since it was checked: check again, and
                     %% never take an ecall process down for it.
                     _ = refresh(),
+                    ok;
+                _:_ ->
                     ok
             end
     end.

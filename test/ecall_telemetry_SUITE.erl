@@ -20,7 +20,8 @@
          reap_and_close_count_drops/1, overflow_drops_are_events/1,
          periodic_stats/1, absent_telemetry_is_harmless/1, bad_arguments/1,
          discovery_connects_on_its_own/1, connect_gives_up_at_connect_timeout/1,
-         last_stats_keeps_the_last_1000_peers/1, crashing_handler_is_harmless/1]).
+         last_stats_keeps_the_last_1000_peers/1, crashing_handler_is_harmless/1,
+         exception_through_telemetry_is_harmless/1]).
 %% A telemetry handler that crashes.
 -export([crash/4]).
 %% logger handler: forwards ecall's Erlang-side events to the test process.
@@ -43,7 +44,8 @@ all() ->
     [connection_links_stats_and_info, link_down_and_back, reap_and_close_count_drops,
      overflow_drops_are_events, periodic_stats, absent_telemetry_is_harmless, bad_arguments,
      discovery_connects_on_its_own, connect_gives_up_at_connect_timeout,
-     last_stats_keeps_the_last_1000_peers, crashing_handler_is_harmless].
+     last_stats_keeps_the_last_1000_peers, crashing_handler_is_harmless,
+     exception_through_telemetry_is_harmless].
 
 init_per_suite(Config) ->
     ok = load_stand_in(),
@@ -66,7 +68,9 @@ end_per_suite(_Config) ->
 %% table ?HANDLERS, when a case made one) as telemetry 1.x does: each in
 %% the emitting process, and one that fails (raises, exits or throws) is
 %% detached and never reaches the emitter. That catch is telemetry's, not
-%% ecall's: ecall's docs rely on it.
+%% ecall's: ecall's docs rely on it. A handler attached with an id
+%% `{raw, _}' runs outside that catch: what a telemetry that let an
+%% exception through would do to the emitter.
 load_stand_in() ->
     Src = "-module(telemetry).\n"
           "-export([execute/3, attach/4, detach/1]).\n"
@@ -78,7 +82,8 @@ load_stand_in() ->
           "    Handlers = try ets:lookup(" ++ atom_to_list(?HANDLERS) ++ ", Event)\n"
           "               catch error:badarg -> [] end,\n"
           "    lists:foreach(\n"
-          "      fun({_, Id, Fun, Config}) ->\n"
+          "      fun({_, {raw, _}, Fun, Config}) -> Fun(Event, Measurements, Metadata, Config);\n"
+          "         ({_, Id, Fun, Config}) ->\n"
           "          try Fun(Event, Measurements, Metadata, Config)\n"
           "          catch _:_ -> detach(Id)\n"
           "          end\n"
@@ -644,6 +649,34 @@ crashing_handler_is_harmless(_Config) ->
     ?assertEqual([], [P || P <- Before, not is_process_alive(P)]),
     ets:delete(?HANDLERS),
     peer:stop(Peer).
+
+%% An exception that comes out of telemetry:execute/3 itself (a handler
+%% telemetry did not catch) stops at ecall's emit: the connection process
+%% that emits link and connection events connects, carries a call and
+%% closes as without it.
+exception_through_telemetry_is_harmless(_Config) ->
+    Self = self(),
+    ?HANDLERS = ets:new(?HANDLERS, [named_table, public, bag]),
+    Events = [[ecall, link, up], [ecall, connection, up], [ecall, connection, down],
+              [ecall, connection, close]],
+    _ = [ok = telemetry:attach({raw, E}, E, fun ?MODULE:crash/4, {Self, error}) || E <- Events],
+    {Peer, C} = peer_node(),
+    try
+        ?assertEqual(ok, ecall:connect(C)),
+        Conn = whereis(ecall_conn:name(C)),
+        ok = crashed([ecall, link, up], Conn),
+        ?assertEqual({ok, C}, ecall:call(C, ecall_test_nodes, whoami, [], ?WAIT)),
+        ?assertEqual(Conn, whereis(ecall_conn:name(C))),
+        Ref = monitor(process, Conn),
+        ok = ecall:disconnect(C),
+        receive {'DOWN', Ref, process, Conn, Why} -> ?assertEqual(normal, Why)
+        after ?WAIT -> ct:fail(connection_process_lives_on)
+        end,
+        ?assertMatch({ok, #{state := closed, reason := normal}}, ecall:last_stats(C))
+    after
+        ets:delete(?HANDLERS),
+        peer:stop(Peer)
+    end.
 
 %% The handler: says where it ran, then fails.
 crash(Event, _Measurements, _Metadata, {Owner, Class}) ->
