@@ -366,7 +366,7 @@ mod tests {
     /// not a time: this runtime has one thread, the writer runs when this
     /// task yields).
     async fn writer_asleep(peer: &Peer) {
-        let link = &peer.core().links[0];
+        let link = &peer.state().links[0];
         while !(link.proto.sleeping() && link.proto.lent_is(|_| true)) {
             tokio::task::yield_now().await;
         }
@@ -395,11 +395,11 @@ mod tests {
         let ls = peer.link_stats(0).unwrap();
         assert_eq!((load(&ls.lone), load(&ls.lone_partial)), (1, 1));
         assert!(
-            peer.core().shards[0].is_empty(),
+            peer.state().shards[0].is_empty(),
             "written alone, not queued"
         );
         // The whole frame is the writer's now, woken for it (it has not run).
-        let link = &peer.core().links[0];
+        let link = &peer.state().links[0];
         assert!(link
             .proto
             .lent_is(|s| s.pending_requests == 1 && s.pending.len() > SMALL.len()));
@@ -435,7 +435,7 @@ mod tests {
         let ls = peer.link_stats(0).unwrap();
         assert_eq!((load(&ls.flushes), load(&ls.lone_partial)), (1, 1));
         // The rest is the writer's, woken for it (it has not run yet).
-        let link = &peer.core().links[0];
+        let link = &peer.state().links[0];
         assert!(link.proto.lent_is(
             |s| (s.pending_requests, s.pending_batches) == (3, 1) && !s.pending.is_empty()
         ));
