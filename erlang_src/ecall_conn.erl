@@ -23,7 +23,7 @@
 -behaviour(gen_server).
 
 -export([connect/1, move_to_nif/0, hello/2]).
--export([start_link/1, name/1, await/1, info/1, stop/1, stop/2, transport/0]).
+-export([start_link/2, name/1, await/1, info/1, stop/1, stop/2, transport/0]).
 -export([init/1, handle_continue/2, handle_call/3, handle_cast/2, handle_info/2, terminate/2]).
 
 -include_lib("kernel/include/logger.hrl").
@@ -84,12 +84,33 @@ connect(Node) ->
 %% The connection process answers every waiter within `connect_timeout'
 %% (it stops then, and its terminate answers `{error, timeout}'), so no
 %% second timer here.
+%% The caller is the new process's first waiter from its start: a
+%% connection that fails at once (a peer not there, or of another version)
+%% answers it before it ends, where a call made after the start could find
+%% it gone already (`noproc', not the reason).
 -spec open(node(), pos_integer()) -> ok | {error, term()}.
 open(Node, Tries) ->
-    case ecall_conn_sup:start_conn(Node) of
-        {ok, Pid} -> await(Pid);
+    Tag = make_ref(),
+    case ecall_conn_sup:start_conn(Node, {self(), Tag}) of
+        {ok, Pid} -> answer(Pid, Tag);
         {error, {already_started, Pid}} -> join(Node, Pid, Tries);
         {error, Reason} -> {error, Reason}
+    end.
+
+%% The answer of connection `Pid' to its first waiter (`Tag'), or the
+%% reason it ended without one. It answers before it ends, so an answer
+%% is in the mailbox before the `'DOWN''.
+-spec answer(pid(), reference()) -> ok | {error, term()}.
+answer(Pid, Tag) ->
+    Mon = monitor(process, Pid),
+    receive
+        {Tag, Reply} ->
+            demonitor(Mon, [flush]),
+            Reply;
+        {'DOWN', Mon, process, Pid, Why} ->
+            receive {Tag, Reply} -> Reply
+            after 0 -> {error, reason(Why)}
+            end
     end.
 
 %% The connection process to `Node' that is there already: its outcome,
@@ -180,9 +201,11 @@ hello(From, Version) ->
             #{version => Mine}
     end.
 
--spec start_link(node()) -> {ok, pid()} | {error, term()}.
-start_link(Node) ->
-    gen_server:start_link({local, name(Node)}, ?MODULE, Node, []).
+%% `Waiter' waits for the connection from the start, as if it had called
+%% await/1 (see open/2).
+-spec start_link(node(), gen_server:from()) -> {ok, pid()} | {error, term()}.
+start_link(Node, Waiter) ->
+    gen_server:start_link({local, name(Node)}, ?MODULE, {Node, Waiter}, []).
 
 %% @doc Waits until every link is up. No timeout here: the connection
 %% process answers every waiter within `connect_timeout' (it stops then,
@@ -217,10 +240,11 @@ stop(Pid, Why) ->
     catch exit:_ -> ok
     end.
 
--spec init(node()) -> {ok, #st{}, {continue, open}}.
-init(Node) ->
+-spec init({node(), gen_server:from()}) -> {ok, #st{}, {continue, open}}.
+init({Node, Waiter}) ->
     process_flag(trap_exit, true),
-    {ok, #st{node = Node, transport = transport(), started = erlang:monotonic_time()},
+    {ok, #st{node = Node, transport = transport(), started = erlang:monotonic_time(),
+             waiting = [Waiter]},
      {continue, open}}.
 
 -spec handle_continue(open, #st{}) -> {noreply, #st{}} | {stop, term(), #st{}}.

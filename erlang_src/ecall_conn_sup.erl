@@ -3,7 +3,7 @@
 -module(ecall_conn_sup).
 -behaviour(supervisor).
 
--export([start_link/0, init/1, start_conn/1, conns/0, infos/0, counters/0, closed_drops/0,
+-export([start_link/0, init/1, start_conn/2, conns/0, infos/0, counters/0, closed_drops/0,
          add_closed_drops/1, keep_last/2, last/1, last_all/0]).
 
 %% The index of the node-wide connection counter, read by name with
@@ -35,9 +35,11 @@ init([]) ->
              restart => temporary, shutdown => 5000},
     {ok, {#{strategy => simple_one_for_one, intensity => 100, period => 10}, [Conn]}}.
 
--spec start_conn(node()) -> {ok, pid()} | {error, term()}.
-start_conn(Node) ->
-    supervisor:start_child(?MODULE, [Node]).
+%% @doc Starts the connection to `Node', `Waiter' its first waiter (see
+%% ecall_conn:start_link/2).
+-spec start_conn(node(), gen_server:from()) -> {ok, pid()} | {error, term()}.
+start_conn(Node, Waiter) ->
+    supervisor:start_child(?MODULE, [Node, Waiter]).
 
 -spec conns() -> [pid()].
 conns() ->
