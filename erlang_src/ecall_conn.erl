@@ -28,6 +28,12 @@
 
 -include_lib("kernel/include/logger.hrl").
 
+%% The caller of connect/1 that started the process, waiting from its
+%% start (open/2), or a caller of await/1.
+-type first_waiter() :: {first, pid(), reference()}.
+-type waiter() :: first_waiter() | gen_server:from().
+-export_type([first_waiter/0]).
+
 %% How long closing a connection waits for the peer to replay what was
 %% written before it (drain/2); below the 5 s shutdown of ecall_conn_sup.
 -define(DRAIN_TIMEOUT, 3000).
@@ -45,7 +51,7 @@
     %% The links that are up.
     up = #{} :: #{non_neg_integer() => true},
     published = false :: boolean(),
-    waiting = [] :: [gen_server:from()],
+    waiting = [] :: [waiter()],
     down_logged = #{} :: #{non_neg_integer() => true},
     %% Messages nobody expects: the first is logged, all are counted.
     unexpected = 0 :: non_neg_integer()
@@ -91,7 +97,7 @@ connect(Node) ->
 -spec open(node(), pos_integer()) -> ok | {error, term()}.
 open(Node, Tries) ->
     Tag = make_ref(),
-    case ecall_conn_sup:start_conn(Node, {self(), Tag}) of
+    case ecall_conn_sup:start_conn(Node, {first, self(), Tag}) of
         {ok, Pid} -> answer(Pid, Tag);
         {error, {already_started, Pid}} -> join(Node, Pid, Tries);
         {error, Reason} -> {error, Reason}
@@ -203,7 +209,7 @@ hello(From, Version) ->
 
 %% `Waiter' waits for the connection from the start, as if it had called
 %% await/1 (see open/2).
--spec start_link(node(), gen_server:from()) -> {ok, pid()} | {error, term()}.
+-spec start_link(node(), first_waiter()) -> {ok, pid()} | {error, term()}.
 start_link(Node, Waiter) ->
     gen_server:start_link({local, name(Node)}, ?MODULE, {Node, Waiter}, []).
 
@@ -240,7 +246,7 @@ stop(Pid, Why) ->
     catch exit:_ -> ok
     end.
 
--spec init({node(), gen_server:from()}) -> {ok, #st{}, {continue, open}}.
+-spec init({node(), first_waiter()}) -> {ok, #st{}, {continue, open}}.
 init({Node, Waiter}) ->
     process_flag(trap_exit, true),
     {ok, #st{node = Node, transport = transport(), started = erlang:monotonic_time(),
@@ -401,17 +407,24 @@ maybe_publish(#st{published = false, links = L, up = Up, node = Node, peer = Pee
     ecall_event:execute([ecall, connection, up],
                             #{duration => Now - St#st.started, links => L},
                             #{peer => Node, transport => T}),
-    [gen_server:reply(From, ok) || From <- St#st.waiting],
+    [reply(From, ok) || From <- St#st.waiting],
     St#st{published = true, waiting = [], up_at = Now};
 maybe_publish(St) ->
     St.
+
+-spec reply(waiter(), ok | {error, term()}) -> ok.
+reply({first, Pid, Tag}, Reply) ->
+    Pid ! {Tag, Reply},
+    ok;
+reply(From, Reply) ->
+    gen_server:reply(From, Reply).
 
 -spec terminate(term(), #st{}) -> ok.
 terminate(Reason, #st{node = Node, peer = Peer, published = P, waiting = W,
                       links = L} = St) ->
     Why = reason(Reason),
     T0 = erlang:monotonic_time(),
-    [gen_server:reply(From, {error, Why}) || From <- W],
+    [reply(From, {error, Why}) || From <- W],
     %% `down' pairs with `up'; a connection that never came up `failed'.
     Meta = #{peer => Node, transport => St#st.transport, reason => Why},
     case P of

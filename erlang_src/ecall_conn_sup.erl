@@ -37,7 +37,7 @@ init([]) ->
 
 %% @doc Starts the connection to `Node', `Waiter' its first waiter (see
 %% ecall_conn:start_link/2).
--spec start_conn(node(), gen_server:from()) -> {ok, pid()} | {error, term()}.
+-spec start_conn(node(), ecall_conn:first_waiter()) -> {ok, pid()} | {error, term()}.
 start_conn(Node, Waiter) ->
     supervisor:start_child(?MODULE, [Node, Waiter]).
 
