@@ -1,11 +1,12 @@
 //! The numbers the docs quote, against their definitions: the constants
 //! of `link/tuning.rs` (`LONE_MAX` standing for the NIF's inline encoding
 //! bound, which equals it), the handshake cap of `net/pending.rs`, the
-//! fragment size and the fixed atom ids of `wire/`, the stall watchdog's
-//! piece (`net/stall_write.rs`) and the NIF's `MANY_NORMAL` (read from
-//! their source, which this crate's tests cannot import), and the defines
-//! of `ecall_rpc.erl`, `ecall_conn_sup.erl` and `ecall_transport_nif.erl`
-//! they quote. A change to either side without the other fails here, as
+//! fragment size and the fixed atom ids of `wire/`, the incoming frame
+//! bound (`net/inbound.rs`), the stall watchdog's piece
+//! (`net/stall_write.rs`) and the NIF's `MANY_NORMAL` (read from their
+//! source, which this crate's tests cannot import), and the defines of
+//! `ecall_rpc.erl`, `ecall_conn_sup.erl` and `ecall_transport_nif.erl`
+//! and the default `stall_timeout` of `ecall_config.erl` they quote. A change to either side without the other fails here, as
 //! `configuration_doc_matches_spec` does for the settings.
 
 use ecall_dist::internals::tuning::*;
@@ -268,23 +269,63 @@ fn docs_quote_the_fragment_size_and_the_fixed_atom_ids() {
 
 #[test]
 fn docs_quote_the_stall_watchdogs_piece() {
-    let piece = kib(rust_const(
-        "native/ecall_dist/src/net/stall_write.rs",
-        "STALL_PIECE",
-    ));
+    let piece = rust_const("native/ecall_dist/src/net/stall_write.rs", "STALL_PIECE");
+    let stall_ms = config_default("stall_timeout");
+    assert_eq!(
+        stall_ms % 1000,
+        0,
+        "the default stall_timeout is whole seconds"
+    );
+    let secs = stall_ms / 1000;
+    // The floor on throughput, in KB/s with one decimal.
+    let floor = format!("{:.1}", piece as f64 / secs as f64 / 1000.0);
+    let piece = kib(piece);
     quotes(
         "README.md",
-        &[format!("(30 s per {piece}) is closed and reconnects")],
+        &[format!("({secs} s per {piece}) is closed and reconnects")],
     );
     quotes(
         "doc/behaviour.md",
         &[
             format!("every {piece} of it must be taken by the socket"),
             format!("a floor on throughput ({piece} per `stall_timeout`"),
+            format!("about {floor} KB/s at the default {secs} s"),
         ],
     );
     quotes(
         "doc/operations.md",
-        &[format!("longer than 30 s per {piece} (raise it)")],
+        &[
+            format!("| `stall_timeout` | {stall_ms} ms |"),
+            format!("longer than {secs} s per {piece} (raise it)"),
+        ],
+    );
+}
+
+/// The default of `Key` in `ecall_config:spec/0`: the integer after
+/// `Key => {Type, `.
+fn config_default(key: &str) -> u64 {
+    let path = "erlang_src/ecall_config.erl";
+    let src = text(path);
+    let start = format!("{key} => {{");
+    let at = src
+        .find(&start)
+        .unwrap_or_else(|| panic!("{path}: no {start}"));
+    let rest = &src[at + start.len()..];
+    let rest = &rest[rest.find(", ").expect("a type, then the default") + 2..];
+    rest[..rest.find(',').expect("a comma after the default")]
+        .parse()
+        .unwrap_or_else(|e| panic!("{path}: {key}'s default: {e}"))
+}
+
+#[test]
+fn behaviour_quotes_the_incoming_frame_bound() {
+    use ecall_dist::internals::inbound::MAX_INCOMING_FRAME;
+    assert_eq!(MAX_INCOMING_FRAME % (1 << 20), 0, "not whole MiB");
+    let mib = MAX_INCOMING_FRAME >> 20;
+    quotes(
+        "doc/behaviour.md",
+        &[format!(
+            "A frame over {mib} MiB is refused before it is buffered"
+        )],
     );
 }
