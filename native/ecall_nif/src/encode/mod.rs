@@ -13,7 +13,7 @@
 //!
 //! What: plain external format, no version byte (what a shard splices into
 //! a batch). Integers that fit 64 bits, floats, atoms, binaries, tuples,
-//! lists (improper ones too) and maps are written here ([`write`]); any
+//! lists (improper ones too) and maps are written here ([`write`](mod@write)); any
 //! other subterm (pids, ports, references, funs, bigger integers,
 //! bitstrings) and every atom the memo has not seen yet is written by
 //! `enif_term_to_binary` on its own, so every term encodes, and decodes to
@@ -38,7 +38,7 @@
 //! (`encode_large/1`).
 //!
 //! Tests: [`atom_memo`] (with `atom_memo::two_way`, the table it is built
-//! on), [`dests`], [`front`] and [`write`] never call into the VM, and are
+//! on), [`dests`], [`front`] and [`write`](mod@write) never call into the VM, and are
 //! unit tested without it (`pure_tests.rs`, a test target of their own: a test
 //! binary of the NIF library could not link the VM's `enif_*` symbols).
 //! The walk and [`remote`] are tested through Common Test
