@@ -28,8 +28,9 @@
 
 -include_lib("kernel/include/logger.hrl").
 
-%% The caller of connect/1 that started the process, waiting from its
-%% start (open/2), or a caller of await/1.
+%% Who waits for the connection to come up: the caller of connect/1 that
+%% started the process, waiting from its start (open/2, answered by
+%% message to its tag), or a caller of await/1 (a gen_server call).
 -type first_waiter() :: {first, pid(), reference()}.
 -type waiter() :: first_waiter() | gen_server:from().
 -export_type([first_waiter/0]).

@@ -6,7 +6,8 @@
 //! (`net/stall_write.rs`) and the NIF's `MANY_NORMAL` (read from their
 //! source, which this crate's tests cannot import), and the defines of
 //! `ecall_rpc.erl`, `ecall_conn_sup.erl` and `ecall_transport_nif.erl`
-//! and the default `stall_timeout` of `ecall_config.erl` they quote. A change to either side without the other fails here, as
+//! and the default `stall_timeout` of `ecall_config.erl` they quote. A
+//! change to either side without the other fails here, as
 //! `configuration_doc_matches_spec` does for the settings.
 
 use ecall_dist::internals::tuning::*;
@@ -20,14 +21,18 @@ fn text(path: &str) -> String {
     raw.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
+/// What follows the first `start` in `path` (as `text` gives it).
+fn after(path: &str, start: &str) -> String {
+    let src = text(path);
+    let at = src
+        .find(start)
+        .unwrap_or_else(|| panic!("{path}: no {start}"));
+    src[at + start.len()..].to_string()
+}
+
 /// The value of `-define(Name, Value).` in an Erlang source.
 fn erl_define(path: &str, name: &str) -> u64 {
-    let src = text(path);
-    let start = format!("-define({name}, ");
-    let at = src
-        .find(&start)
-        .unwrap_or_else(|| panic!("{path}: no {start}"));
-    let rest = &src[at + start.len()..];
+    let rest = after(path, &format!("-define({name}, "));
     rest[..rest.find(')').expect("a closing parenthesis")]
         .parse()
         .unwrap_or_else(|e| panic!("{path}: ?{name}: {e}"))
@@ -37,12 +42,7 @@ fn erl_define(path: &str, name: &str) -> u64 {
 /// integer literals multiplied (`16 * 1024`), for a constant of a crate
 /// these tests cannot import or of a private module.
 fn rust_const(path: &str, name: &str) -> u64 {
-    let src = text(path);
-    let start = format!("const {name}: usize = ");
-    let at = src
-        .find(&start)
-        .unwrap_or_else(|| panic!("{path}: no {start}"));
-    let rest = &src[at + start.len()..];
+    let rest = after(path, &format!("const {name}: usize = "));
     rest[..rest.find(';').expect("a semicolon")]
         .split('*')
         .map(|factor| {
@@ -305,12 +305,7 @@ fn docs_quote_the_stall_watchdogs_piece() {
 /// `Key => {Type, `.
 fn config_default(key: &str) -> u64 {
     let path = "erlang_src/ecall_config.erl";
-    let src = text(path);
-    let start = format!("{key} => {{");
-    let at = src
-        .find(&start)
-        .unwrap_or_else(|| panic!("{path}: no {start}"));
-    let rest = &src[at + start.len()..];
+    let rest = after(path, &format!("{key} => {{"));
     let rest = &rest[rest.find(", ").expect("a type, then the default") + 2..];
     rest[..rest.find(',').expect("a comma after the default")]
         .parse()

@@ -24,8 +24,9 @@
 //! calls: see [`crate::net::inbound`]) and hands answers to the writer. The writer
 //! takes one batch from each of its shards per pass and writes them with one
 //! vectored write, the atom cache applied if the connection negotiated it
-//! ([`frame_out`](crate::wire::frame::frame_out): a batch whose atoms the encoder made id references goes
-//! out as it is, behind a header; others are rewritten).
+//! ([`frame_out`](crate::wire::frame::frame_out): a batch whose atoms the
+//! encoder made id references goes out as it is, behind a header; others
+//! are rewritten).
 //! A single message larger than [`FRAGMENT`](crate::wire::fragment::FRAGMENT) goes
 //! out one fragment per pass, so that other shards are not held up behind
 //! it. When nothing is queued the writer sleeps; a push wakes it only then
@@ -58,10 +59,10 @@
 //! # Stall reap
 //!
 //! Every socket write has a deadline (`stall_timeout`) per bounded piece
-//! ([`STALL_PIECE`]); a write that does not make
-//! that much progress in time reaps the link: the socket is closed, what
-//! the link's shards hold is dropped and counted, its bytes go back to the
-//! budget (waking callers waiting for room), and the link reconnects.
+//! ([`STALL_PIECE`]); a write that does not make that much progress in time
+//! reaps the link: the socket is closed, what the link's shards hold is
+//! dropped and counted, its bytes go back to the budget (waking callers
+//! waiting for room), and the link reconnects.
 //!
 //! # Reconnect
 //!

@@ -13,11 +13,12 @@
 //!
 //! What: plain external format, no version byte (what a shard splices into
 //! a batch). Integers that fit 64 bits, floats, atoms, binaries, tuples,
-//! lists (improper ones too) and maps are written here ([`write`](mod@write)); any
-//! other subterm (pids, ports, references, funs, bigger integers,
-//! bitstrings) and every atom the memo has not seen yet is written by
-//! `enif_term_to_binary` on its own, so every term encodes, and decodes to
-//! an equal term (`ecall_data_path_SUITE:every_term_kind_arrives_equal`).
+//! lists (improper ones too) and maps are written here
+//! ([`write`](mod@write)); any other subterm (pids, ports, references,
+//! funs, bigger integers, bitstrings) and every atom the memo has not seen
+//! yet is written by `enif_term_to_binary` on its own, so every term
+//! encodes, and decodes to an equal term
+//! (`ecall_data_path_SUITE:every_term_kind_arrives_equal`).
 //!
 //! Atoms as id references: an atom gets a process-wide id the first time
 //! the encoder meets it (`ecall_dist::wire::fixed_atom_ids`, the encode-time atom ids:
@@ -38,11 +39,11 @@
 //! (`encode_large/1`).
 //!
 //! Tests: [`atom_memo`] (with `atom_memo::two_way`, the table it is built
-//! on), [`dests`], [`front`] and [`write`](mod@write) never call into the VM, and are
-//! unit tested without it (`pure_tests.rs`, a test target of their own: a test
-//! binary of the NIF library could not link the VM's `enif_*` symbols).
-//! The walk and [`remote`] are tested through Common Test
-//! (`ecall_data_path_SUITE`: every kind of term, through `encode/1`).
+//! on), [`dests`], [`front`] and [`write`](mod@write) never call into the
+//! VM, and are unit tested without it (`pure_tests.rs`, a test target of
+//! their own: a test binary of the NIF library could not link the VM's
+//! `enif_*` symbols). The walk and [`remote`] are tested through Common
+//! Test (`ecall_data_path_SUITE`: every kind of term, through `encode/1`).
 
 mod atom_memo;
 mod dests;
