@@ -2,7 +2,7 @@
 -module(ecall_app).
 -behaviour(application).
 
--export([start/2, stop/1]).
+-export([start/2, prep_stop/1, stop/1]).
 
 -include_lib("kernel/include/logger.hrl").
 
@@ -17,6 +17,7 @@ start(_Type, _Args) ->
             %% telemetry may have come with a release upgrade or been
             %% loaded since the last start: check again.
             _ = ecall_event:refresh(),
+            ok = ecall_conn:started(),
             ecall_sup:start_link();
         {error, Why} = Error ->
             ?LOG_ERROR("ecall: configuration refused, ecall not started: ~0p~ts. "
@@ -49,6 +50,15 @@ command_line() ->
 -spec allowed(ecall_config:error()) -> string().
 allowed({bad_config, Key, _}) -> " (allowed: " ++ ecall_config:allowed(Key) ++ ")";
 allowed({unknown_config_key, _}) -> "".
+
+%% Before the supervision tree stops, while the receivers still run:
+%% every peer writes out what it holds for this node and closes its
+%% connection (ecall_conn:stopping/0), so that an orderly stop loses
+%% nothing that was sent through ecall.
+-spec prep_stop(term()) -> term().
+prep_stop(State) ->
+    ok = ecall_conn:stopping(),
+    State.
 
 -spec stop(term()) -> ok.
 stop(_State) ->

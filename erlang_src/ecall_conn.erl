@@ -22,8 +22,8 @@
 -module(ecall_conn).
 -behaviour(gen_server).
 
--export([connect/1, move_to_nif/0, hello/2]).
--export([start_link/2, name/1, await/1, info/1, stop/1, stop/2, transport/0]).
+-export([connect/1, move_to_nif/0, hello/2, stopping/0, peer_stopping/1, started/0]).
+-export([start_link/2, name/1, await/1, info/1, stop/1, stop/2, transport/0, close_timeout/0]).
 -export([init/1, handle_continue/2, handle_call/3, handle_cast/2, handle_info/2, terminate/2]).
 
 -include_lib("kernel/include/logger.hrl").
@@ -35,9 +35,20 @@
 -type waiter() :: first_waiter() | gen_server:from().
 -export_type([first_waiter/0]).
 
-%% How long closing a connection waits for the peer to replay what was
-%% written before it (drain/2); below the 5 s shutdown of ecall_conn_sup.
+%% How long closing a connection lets the transport write out what it
+%% holds (write_out/3), then how long it waits for the peer to replay what
+%% was written (drain/4). Together, with the fence's margin, below
+%% ?CLOSE_TIMEOUT.
+-define(WRITE_OUT_TIMEOUT, 2000).
 -define(DRAIN_TIMEOUT, 3000).
+%% How long stop/2 waits for the close, and ecall_conn_sup's shutdown of a
+%% connection.
+-define(CLOSE_TIMEOUT, 8000).
+%% How long a stopping node waits for its peers to close their connections
+%% to it (stopping/0), with a margin.
+-define(STOP_TIMEOUT, 9000).
+%% Set while this node's ecall stops (stopping/0).
+-define(STOPPING, {ecall, stopping}).
 
 -record(st, {
     node :: node(),
@@ -198,14 +209,52 @@ move(Pid) ->
 %% links have nowhere to write; it is said once, at notice. This function
 %% and the `version' key of its answer stay as they are in every release,
 %% so that any two releases can tell each other apart.
--spec hello(node(), pos_integer()) -> #{version := pos_integer(), receivers => [binary()]}.
+%% While this node's ecall stops (stopping/0) it gives no names either,
+%% and says `stopping'.
+-spec hello(node(), pos_integer()) ->
+          #{version := pos_integer(), receivers => [binary()], stopping => true}.
 hello(From, Version) ->
     case ecall_request:version() of
         Version ->
-            #{version => Version, receivers => ecall_receiver_sup:names()};
+            case persistent_term:get(?STOPPING, false) of
+                true -> #{version => Version, stopping => true};
+                false -> #{version => Version, receivers => ecall_receiver_sup:names()}
+            end;
         Mine ->
             ecall_route:plain(From, {version, Version, Mine}),
             #{version => Mine}
+    end.
+
+%% @doc This node's ecall is stopping in order (ecall_app:prep_stop/1,
+%% for `application:stop(ecall)', `init:stop/0' or a release restart):
+%% every connected node is told (peer_stopping/1 there), and each closes
+%% its connection to this node after writing out what it holds, and after
+%% this node's receivers have replayed it. Returns when they all have, or
+%% after ?STOP_TIMEOUT. New connections to this node are refused
+%% meanwhile (hello/2), until ecall starts again (started/0).
+-spec stopping() -> ok.
+stopping() ->
+    persistent_term:put(?STOPPING, true),
+    _ = erpc:multicall(nodes(), ?MODULE, peer_stopping, [node()], ?STOP_TIMEOUT),
+    ok.
+
+%% @doc ecall starts on this node: connections to it are taken again
+%% (see stopping/0).
+-spec started() -> ok.
+started() ->
+    _ = persistent_term:erase(?STOPPING),
+    ok.
+
+%% @doc `Node''s ecall is stopping in order (called over plain distribution
+%% by stopping/0 there): the connection to it, if any, closes after
+%% writing out what it holds, and returns once `Node''s receivers have
+%% replayed it. Sends after that go by `!' (after the close: per-caller
+%% order), as to a node without ecall.
+-spec peer_stopping(node()) -> ok.
+peer_stopping(Node) ->
+    case whereis(name(Node)) of
+        undefined -> ok;
+        Pid -> stop(Pid, peer_stopping)
     end.
 
 %% `Waiter' waits for the connection from the start, as if it had called
@@ -234,16 +283,17 @@ info(Pid) ->
 stop(Pid) ->
     stop(Pid, normal).
 
-%% @doc Closes the connection with `Why' (see terminate/2). With
-%% `transport_change' the transport drops nothing it holds (ecall_proxy's
-%% close/2): the caller reopens the connection on the other transport.
--spec stop(pid(), normal | transport_change) -> ok.
+%% @doc Closes the connection with `Why' (see terminate/2): the transport
+%% writes out what it holds first (write_out/3). With `transport_change'
+%% the caller reopens the connection on the other transport; with
+%% `peer_stopping' the peer's ecall is stopping (peer_stopping/1).
+-spec stop(pid(), normal | transport_change | peer_stopping) -> ok.
 stop(Pid, Why) ->
     Reason = case Why of
                  normal -> normal;
                  _ -> {shutdown, Why}
              end,
-    try gen_server:stop(Pid, Reason, 5000)
+    try gen_server:stop(Pid, Reason, ?CLOSE_TIMEOUT)
     catch exit:_ -> ok
     end.
 
@@ -285,6 +335,8 @@ open(Transport, Node, Timeout) ->
                 {ok, State, Links} -> {ok, {Mod, State, ecall_rpc:loops()}, Links};
                 {error, _} = E -> E
             end;
+        #{version := Mine, stopping := true} ->
+            {error, peer_stopping};
         #{version := Theirs} ->
             ecall_route:plain(Node, {version, Theirs, Mine}),
             {error, {version, Theirs}}
@@ -439,8 +491,14 @@ terminate(Reason, #st{node = Node, peer = Peer, published = P, waiting = W,
     %% cannot overtake what the transport wrote. Replacing and erasing a
     %% persistent term costs a scan of the processes; once per close.
     _ = P andalso ecall_route:closing(Node, self()),
+    %% What the transport holds goes out first, unless the node is gone.
+    Stopped = case P andalso drains(Why) of
+                  true -> write_out(Peer, L, erlang:monotonic_time(millisecond) + ?WRITE_OUT_TIMEOUT);
+                  false -> []
+              end,
     Dropped = close(Peer, Why),
-    _ = P andalso drain(Node, L),
+    Deadline = erlang:monotonic_time(millisecond) + ?DRAIN_TIMEOUT,
+    _ = P andalso drain(Node, lists:seq(0, L - 1) -- Stopped, L > 0, Deadline),
     %% Counted after the drain: a link's last pass (a message it finishes
     %% in fragments) may still lose requests after the close.
     Drops = closed(Node, Peer, Why, Dropped, {St#st.transport, L}),
@@ -457,25 +515,52 @@ terminate(Reason, #st{node = Node, peer = Peer, published = P, waiting = W,
                                     Meta)
     end.
 
-%% After the close: waits until every link has stopped writing (its last
-%% pass done, its socket shut down), then until the peer has replayed what
-%% came before: it waits for the links' connections to end there (a node's
-%% messages are delivered before its nodedown) and for each receiver worker
-%% to answer a system message (behind every batch in its mailbox). Bounded:
-%% a peer that does not answer in time, or is gone, has no order to keep.
--spec drain(node(), non_neg_integer()) -> ok.
-drain(Node, Links) ->
-    Deadline = erlang:monotonic_time(millisecond) + ?DRAIN_TIMEOUT,
-    _ = [receive {ecall_link, K, stopped} -> ok
-         after max(0, Deadline - erlang:monotonic_time(millisecond)) -> ok
-         end || K <- lists:seq(0, Links - 1)],
+%% Whether a close writes out what the transport holds before it stops
+%% (ecall_transport:drain/1): always, unless the node is down (nothing can
+%% reach it) or the transport broke.
+%% @doc How long a connection may take to close (stop/2, and
+%% ecall_conn_sup's shutdown of it).
+-spec close_timeout() -> pos_integer().
+close_timeout() ->
+    ?CLOSE_TIMEOUT.
+
+-spec drains(term()) -> boolean().
+drains(nodedown) -> false;
+drains({transport_down, _}) -> false;
+drains(_) -> true.
+
+%% Has the transport write out what it holds (ecall_transport:drain/1):
+%% the links (0-based) that have written everything and stopped by
+%% `Deadline'. What the others still hold, close/2 drops and counts.
+-spec write_out(ecall_transport:t(), non_neg_integer(), integer()) -> [non_neg_integer()].
+write_out({Mod, State, _Loops}, Links, Deadline) ->
+    ok = Mod:drain(State),
+    [K || K <- lists:seq(0, Links - 1), stopped(K, Deadline)].
+
+-spec stopped(non_neg_integer(), integer()) -> boolean().
+stopped(K, Deadline) ->
+    receive {ecall_link, K, stopped} -> true
+    after max(0, Deadline - erlang:monotonic_time(millisecond)) -> false
+    end.
+
+%% After the close: waits until every link (of `Links', those not known
+%% to have stopped) has stopped writing (its last pass done, its socket
+%% shut down), then until the peer has replayed what came before: it
+%% waits for the links' connections to end there (a node's messages are
+%% delivered before its nodedown) and for each receiver worker to answer
+%% a system message (behind every batch in its mailbox). Bounded by
+%% `Deadline': a peer that does not answer in time, or is gone, has no
+%% order to keep.
+-spec drain(node(), [non_neg_integer()], boolean(), integer()) -> ok.
+drain(Node, Links, HasLinks, Deadline) ->
+    _ = [stopped(K, Deadline) || K <- Links],
     Left = max(1, Deadline - erlang:monotonic_time(millisecond)),
     %% The C-node connections to wait for on the peer: this node's
     %% identities, when the transport had links (the pure-Erlang one has
     %% none: its batches came on the native connection, before the fence).
-    Ids = case Links of
-              0 -> [];
-              _ -> ecall_cnode:nodes()
+    Ids = case HasLinks of
+              false -> [];
+              true -> ecall_cnode:nodes()
           end,
     _ = (catch erpc:call(Node, ecall_receiver_sup, fence, [Ids, Left], Left + 500)),
     ok.

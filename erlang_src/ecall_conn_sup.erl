@@ -32,7 +32,7 @@ init([]) ->
     %% Requests dropped when connections closed (see ecall_conn).
     persistent_term:put({ecall, conn_counters}, counters:new(?COUNTERS, [write_concurrency])),
     Conn = #{id => ecall_conn, start => {ecall_conn, start_link, []},
-             restart => temporary, shutdown => 5000},
+             restart => temporary, shutdown => ecall_conn:close_timeout()},
     {ok, {#{strategy => simple_one_for_one, intensity => 100, period => 10}, [Conn]}}.
 
 %% @doc Starts the connection to `Node', `Waiter' its first waiter (see

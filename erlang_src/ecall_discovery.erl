@@ -59,6 +59,9 @@ connect(Node) ->
         {error, Reason} when Reason =:= normal; Reason =:= transport_change ->
             ?LOG_INFO("ecall: discovery's connect to ~p ended: the connection was closed (~p) "
                       "before it was up", [Node, Reason]);
+        {error, peer_stopping} ->
+            %% Its ecall stops in order; it joins again when it starts.
+            ok;
         {error, {version, _}} ->
             %% Said once, at notice, by the connection (ecall_route:plain/2).
             ok;

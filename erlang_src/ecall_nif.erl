@@ -9,11 +9,11 @@
 
 -export([load_error/0, log_target/2, log_off/0]).
 -export([cnode_start/4, cnode_info/1,
-         peer_open/6, peer_close/1, peer_stats/1, overflow_drop/1,
+         peer_open/6, peer_drain/1, peer_close/1, peer_stats/1, overflow_drop/1,
          send/4, push/4, push_many/4, push_many_dirty/4, encode_large/1, push_encoded/4,
          caller_link/1, wait_room/3,
          peer_flusher/2, flush/2]).
--export([call_wait/2, call_cancel/1, call_reply/2, calls_fail/3]).
+-export([call_wait/2, call_cancel/1, call_reply/2, calls_fail/3, calls_waiting/1]).
 -export([encode/1, encoded_size/1, encoded_request/2]).
 
 -on_load(init/0).
@@ -93,6 +93,12 @@ cnode_info(_CNode) -> erlang:nif_error(nif_not_loaded).
 
 -spec peer_open(cnode(), binary(), binary(), [binary()], pid(), map()) -> {ok, peer()}.
 peer_open(_CNode, _Node, _Cookie, _Receivers, _Owner, _Opts) -> erlang:nif_error(nif_not_loaded).
+
+%% @doc Refuses new pushes (they answer `closed') and has the links write
+%% what the peer's shards hold, then stop (`{ecall_link, K, stopped}');
+%% peer_close/1 ends it, dropping what is left.
+-spec peer_drain(peer()) -> ok.
+peer_drain(_Peer) -> erlang:nif_error(nif_not_loaded).
 
 -spec peer_close(peer()) -> ok.
 peer_close(_Peer) -> erlang:nif_error(nif_not_loaded).
@@ -223,3 +229,8 @@ call_reply(_Id, _Reply) -> erlang:nif_error(nif_not_loaded).
 %% each caller gets `{Ref, {badrpc, Reason}}'. Returns how many.
 -spec calls_fail(peer(), non_neg_integer() | all, term()) -> non_neg_integer().
 calls_fail(_Peer, _Link, _Reason) -> erlang:nif_error(nif_not_loaded).
+
+%% @doc How many calls still wait on `Peer' (the entries of callers that
+%% died are dropped).
+-spec calls_waiting(peer()) -> non_neg_integer().
+calls_waiting(_Peer) -> erlang:nif_error(nif_not_loaded).

@@ -18,7 +18,7 @@
 -module(ecall_proxy).
 -behaviour(ecall_transport).
 
--export([open/2, push/3, call/6, cancel/2, stats/1, close/2]).
+-export([open/2, push/3, call/6, cancel/2, stats/1, drain/1, close/2]).
 -export([pick/1, init/4]).
 
 %% A transport change (see close/2): how long the proxies may take to send
@@ -83,14 +83,20 @@ pick(#pool{proxies = P}) ->
 %% count (what their mailboxes held just before). Processes monitoring them
 %% see `Why'.
 %%
-%% `transport_change' (the node moves this peer to the NIF transport) drops
-%% nothing: each proxy sends what its mailbox holds before the request to
+%% `transport_change' (the node moves this peer to the NIF transport) and
+%% `peer_stopping' (the peer's ecall stops in order) drop nothing: each proxy sends what its mailbox holds before the request to
 %% stop, answers, and lingers for ?LINGER_MS (see linger/3). Returns once
 %% every proxy has answered (or after ?DRAIN_TIMEOUT; what the late ones
 %% still hold is then dropped and counted), so that the connection's fence
 %% comes after their batches.
+%% No links: the proxies' batches travel on the node's own connection, and
+%% close/2 retires them in order where it drops nothing.
+-spec drain(pool()) -> ok.
+drain(_Pool) ->
+    ok.
+
 -spec close(pool(), term()) -> non_neg_integer().
-close(#pool{proxies = P}, transport_change) ->
+close(#pool{proxies = P}, Why) when Why =:= transport_change; Why =:= peer_stopping ->
     Ref = make_ref(),
     Pids = tuple_to_list(P),
     _ = [begin unlink(Pid), Pid ! {retire, self(), Ref} end || Pid <- Pids],

@@ -30,6 +30,13 @@ start_link(I) ->
 -spec init(pid(), pos_integer()) -> no_return().
 init(Parent, I) ->
     true = register(ecall_receiver_sup:name(I), self()),
+    %% The casts and calls it spawns inherit its group leader: the node's
+    %% `user', as erpc's run under their caller's, not ecall's, which
+    %% would have them killed when ecall stops on this node.
+    _ = case whereis(user) of
+            undefined -> ok;
+            User -> group_leader(User, self())
+        end,
     proc_lib:init_ack(Parent, {ok, self()}),
     loop(#state{parent = Parent, counters = ecall_receiver_sup:counters(), index = I}).
 

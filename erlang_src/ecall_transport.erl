@@ -62,6 +62,13 @@
 %% Counters, as `ecall:stats/1' returns them.
 -callback stats(State :: term()) -> map().
 
+%% Starts an orderly close: from now on push/3 and call/6 answer `closed',
+%% and the transport writes out what it holds. The owner is told
+%% `{ecall_link, K, stopped}' for each of its links once that link has
+%% written everything and stopped (a transport without links has nothing
+%% to wait for). close/2 follows, and drops only what was not written.
+-callback drain(State :: term()) -> ok.
+
 %% Stops the transport; what it holds is dropped. Returns how many
 %% requests that was. Callers waiting on replies see `Why'.
 -callback close(State :: term(), Why :: term()) -> Dropped :: non_neg_integer().

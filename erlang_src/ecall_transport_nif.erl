@@ -10,12 +10,14 @@
 -module(ecall_transport_nif).
 -behaviour(ecall_transport).
 
--export([open/2, push/3, call/6, cancel/2, stats/1, close/2]).
+-export([open/2, push/3, call/6, cancel/2, stats/1, drain/1, close/2]).
 -export([link_down/3, caller_link/1]).
 
 %% For the peer's flusher (see flusher/2); flush_loop/2 is called by its
 %% module name, so that a flusher survives code upgrades.
 -export([flusher/2, flush_loop/2]).
+%% Calls that outlive a close in order (see close/2).
+-export([calls_watch/2]).
 
 %% Binary messages from this size on take the large-message path
 %% (send_large/3): encoded and copied into a batch of their own on a dirty
@@ -257,6 +259,27 @@ flush_loop(Peer, Owner) ->
             ok
     end.
 
+%% The calls of a peer closed in order (close/2): they fail with
+%% `noconnection' if `Node' goes down; the watch ends then, or once none
+%% is left (looked at every second).
+-spec calls_watch(node(), ecall_nif:peer()) -> ok.
+calls_watch(Node, Peer) ->
+    true = erlang:monitor_node(Node, true),
+    calls_watch_loop(Node, Peer).
+
+-spec calls_watch_loop(node(), ecall_nif:peer()) -> ok.
+calls_watch_loop(Node, Peer) ->
+    receive
+        {nodedown, Node} ->
+            _ = ecall_nif:calls_fail(Peer, all, noconnection),
+            ok
+    after 1000 ->
+        case ecall_nif:calls_waiting(Peer) of
+            0 -> ok;
+            _ -> calls_watch_loop(Node, Peer)
+        end
+    end.
+
 %% @doc The link (0-based) that carries the calling process's requests.
 -spec caller_link(state()) -> non_neg_integer().
 caller_link({_, Peer}) ->
@@ -268,12 +291,24 @@ caller_link({_, Peer}) ->
 stats({_, Peer}) ->
     (ecall_nif:peer_stats(Peer))#{transport => nif}.
 
+%% Pushes answer `closed' from now on; each link writes what its shards
+%% hold, then stops and says so (`{ecall_link, K, stopped}').
+-spec drain(state()) -> ok.
+drain({_, Peer}) ->
+    ecall_nif:peer_drain(Peer).
+
+%% Callers waiting on replies fail here, once nothing more can be queued;
+%% unless the peer is stopping in order (`peer_stopping'): their requests
+%% have been replayed there, and their replies come back on the peer's
+%% way to this node. They then wait as erpc's would: until the reply,
+%% their timeout, or `nodedown' (calls_watch/2).
 -spec close(state(), term()) -> non_neg_integer().
-close({_, Peer}, Why) ->
-    %% Callers waiting on replies fail here, once nothing more can be
-    %% queued.
+close({Node, Peer}, Why) ->
     ok = ecall_nif:peer_close(Peer),
-    _ = ecall_nif:calls_fail(Peer, all, Why),
+    _ = case Why of
+            peer_stopping -> proc_lib:spawn(?MODULE, calls_watch, [Node, Peer]);
+            _ -> ecall_nif:calls_fail(Peer, all, Why)
+        end,
     %% What the close dropped, and what its links dropped before (failed
     %% writes, reaps): the peer's counters go with it.
     #{closed_drops := Closed, dropped := Lost} = ecall_nif:peer_stats(Peer),

@@ -13,6 +13,8 @@
 //!   budget. Past it, a push is refused with [`Push::Full`]; the caller may
 //!   then wait for room ([`Peer::wait_room`]), and is woken in arrival order
 //!   as writes free room.
+//! - [`Peer::drain`] refuses new pushes and has the links write what is
+//!   queued, then stop: an orderly close loses nothing.
 //! - [`Peer::close`] stops the links, drops what is queued (counted in
 //!   `dropped`) and releases every caller waiting for room.
 
@@ -164,6 +166,12 @@ impl Peer {
         self.state.budget.queued()
     }
 
+    /// Refuses new pushes and lets the links write what is queued, then
+    /// stop (see [`PeerState::drain`]); [`Peer::close`] ends the drain.
+    pub fn drain(&self) {
+        self.state.drain();
+    }
+
     /// Stops the links, drops what is queued and releases every waiter.
     pub fn close(&self) {
         self.state.close();
@@ -272,7 +280,9 @@ impl Peer {
         lone: Option<Element<'_>>,
         push: impl FnOnce(&Shard, &dyn Fn(Backlog) -> bool) -> Option<bool>,
     ) -> Push {
-        if self.is_closed() {
+        if self.state.refuses() {
+            // Closed, or draining: a lone write must not reach a link that
+            // is about to stop, and the shards take nothing either.
             self.state.release(reserved);
             return Push::Closed;
         }

@@ -1,4 +1,4 @@
-//! A peer's life: `peer_open/6` and `peer_close/1`, its flusher
+//! A peer's life: `peer_open/6`, `peer_drain/1` and `peer_close/1`, its flusher
 //! (`peer_flusher/2`, `flush/2`), and waiting for room in its byte budget
 //! (`wait_room/3`, which hands out a [`RoomRes`]).
 
@@ -76,6 +76,14 @@ fn peer_open(
             flusher: Default::default(),
         }),
     ))
+}
+
+/// Drains the peer: pushes are refused (`closed`), each link writes what
+/// its shards hold and then stops (`{ecall_link, K, stopped}`).
+#[rustler::nif]
+fn peer_drain(peer: ResourceArc<PeerRes>) -> Atom {
+    peer.peer.drain();
+    atoms::ok()
 }
 
 /// Closes the peer: links stop, queued requests are dropped and counted.

@@ -7,6 +7,9 @@
 //!
 //! - A link reaped as stalled gives back what its shards hold
 //!   ([`PeerState::drop_link_queue`]); other links' shards are untouched.
+//! - [`PeerState::drain`] refuses new pushes and lets each link write what
+//!   its shards hold, then stop; [`PeerState::close`] after it drops only
+//!   what no link could write.
 //! - [`PeerState::close`] stops the links, drops what is queued (counted in
 //!   `dropped`) and releases every caller waiting for room.
 
@@ -82,10 +85,16 @@ pub(crate) struct PeerState {
     /// The bytes queued, bounded, and the callers waiting for room.
     pub(crate) budget: Budget,
     pub(crate) cancel: CancellationToken,
+    /// Cancelled by [`PeerState::drain`], after every shard is shut: wakes
+    /// the links, which write what their shards hold and then stop.
+    pub(crate) drain: CancellationToken,
     /// Set by [`PeerState::close`] before the token is cancelled: the push path
     /// reads this plain flag (one atomic load) instead of the token, whose
     /// check costs more.
     pub(crate) closed: AtomicBool,
+    /// Set by [`PeerState::drain`] and [`PeerState::close`]: the push path
+    /// takes nothing more (one atomic load, as for `closed`).
+    refusing: AtomicBool,
     /// Creation of the peer at the first connection (0 until then).
     creation: AtomicU32,
     /// Counters.
@@ -111,7 +120,9 @@ impl PeerState {
             shards,
             links,
             cancel: CancellationToken::new(),
+            drain: CancellationToken::new(),
             closed: AtomicBool::new(false),
+            refusing: AtomicBool::new(false),
             creation: AtomicU32::new(0),
             stats: PeerStats::default(),
         }
@@ -135,6 +146,39 @@ impl PeerState {
     /// Whether `Peer::close` was called.
     pub(crate) fn is_closed(&self) -> bool {
         self.closed.load(Ordering::Acquire)
+    }
+
+    /// Whether [`PeerState::drain`] was called.
+    pub(crate) fn is_draining(&self) -> bool {
+        self.drain.is_cancelled()
+    }
+
+    /// Whether the push path takes nothing more: the peer drains or is
+    /// closed.
+    pub(crate) fn refuses(&self) -> bool {
+        self.refusing.load(Ordering::Acquire)
+    }
+
+    /// Whether the shards of link `k` hold nothing. Once the peer drains,
+    /// an empty link stays empty.
+    pub(crate) fn link_is_empty(&self, k: usize) -> bool {
+        self.shards_of_link(k).all(|s| self.shards[s].is_empty())
+    }
+
+    /// Refuses every later push (`Push::Closed`: its caller takes another
+    /// path) and wakes the links, which write what their shards hold, then
+    /// stop (their last event, `LinkEvents::stopped`), as at a close but
+    /// with nothing dropped. A link that is down reconnects to write what
+    /// it holds, if it holds anything. [`PeerState::close`] ends it all,
+    /// dropping what is left: the owner bounds the drain.
+    pub(crate) fn drain(&self) {
+        // Every shard first, under its lock: once a link sees the token,
+        // an empty shard of its own stays empty.
+        self.refusing.store(true, Ordering::Release);
+        for s in self.shards.iter() {
+            s.shut();
+        }
+        self.drain.cancel();
     }
 
     /// Gives `bytes` back to the budget (written by a link, or set aside by
@@ -172,6 +216,7 @@ impl PeerState {
 
     /// Stops the links, drops what is queued and releases every waiter.
     pub(crate) fn close(&self) {
+        self.refusing.store(true, Ordering::Release);
         if self.closed.swap(true, Ordering::AcqRel) {
             return;
         }

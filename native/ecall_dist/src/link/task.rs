@@ -12,7 +12,8 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 /// Runs link `k` of `peer` under identity `id` until the peer closes (or
-/// is dropped) or the peer node turns out to have restarted; then says so
+/// is dropped), it has drained, or the peer node turns out to have
+/// restarted; then says so
 /// ([`LinkEvents::stopped`]).
 pub(crate) async fn link_task(
     peer: Arc<PeerState>,
@@ -33,7 +34,7 @@ async fn run_link(peer: Arc<PeerState>, k: usize, id: Arc<Identity>, events: Arc
     drop(peer);
     loop {
         let Some(peer) = weak.upgrade() else { return };
-        if peer.is_closed() {
+        if peer.is_closed() || drained(&peer, k) {
             return;
         }
         let attempt = tokio::time::timeout(
@@ -42,6 +43,9 @@ async fn run_link(peer: Arc<PeerState>, k: usize, id: Arc<Identity>, events: Arc
         );
         let result = tokio::select! {
             _ = cancel.cancelled() => return,
+            // A drain with nothing for this link ends an attempt; with
+            // something, the attempt goes on, to write it.
+            _ = drain_idle(&peer, k) => return,
             r = attempt => r,
         };
         let result = result.map(|r| r.and_then(|c| peer.same_incarnation(c.creation).map(|_| c)));
@@ -87,7 +91,7 @@ async fn run_link(peer: Arc<PeerState>, k: usize, id: Arc<Identity>, events: Arc
             Ok(Err(e)) => LinkDown::from_attempt(e),
             Err(_) => LinkDown::HandshakeTimeout,
         };
-        if peer.is_closed() {
+        if peer.is_closed() || drained(&peer, k) {
             return;
         }
         peer.links[k]
@@ -97,11 +101,31 @@ async fn run_link(peer: Arc<PeerState>, k: usize, id: Arc<Identity>, events: Arc
         // The owner logs the event (one line per event, ecall_conn).
         tracing::debug!(peer = peer.node(), link = k + 1, %reason, "link down");
         events.down(k, &reason, unconfirmed);
+        // A drain that starts during the backoff ends it: the link tries
+        // at once to write what it holds (once: a drain under way does
+        // not shorten the backoffs after).
+        let (drain, draining) = (peer.drain.clone(), peer.is_draining());
         drop(peer);
         tokio::select! {
             _ = cancel.cancelled() => return,
+            _ = drain.cancelled(), if !draining => {}
             _ = tokio::time::sleep(backoff.wait()) => {}
         }
+    }
+}
+
+/// Whether the peer drains and link `k` has nothing left to write (then
+/// it never will: `PeerState::drain`).
+fn drained(peer: &PeerState, k: usize) -> bool {
+    peer.is_draining() && peer.link_is_empty(k)
+}
+
+/// Returns once the peer drains with nothing for link `k`; never if the
+/// link has something to write.
+async fn drain_idle(peer: &PeerState, k: usize) {
+    peer.drain.cancelled().await;
+    if !peer.link_is_empty(k) {
+        std::future::pending::<()>().await;
     }
 }
 

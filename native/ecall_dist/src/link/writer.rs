@@ -134,6 +134,11 @@ impl LinkWriter {
             if peer.is_closed() {
                 return LinkDown::Closed;
             }
+            // Drained: everything its shards held is written (they take
+            // nothing more), and the messages in fragments are done.
+            if peer.is_draining() && self.inflight.is_empty() && peer.link_is_empty(self.k) {
+                return LinkDown::Closed;
+            }
             if reader.is_finished() {
                 return reader_end(reader.await);
             }
@@ -144,6 +149,7 @@ impl LinkWriter {
             }
             if pacing.take_gather()
                 && peer.config.gather
+                && !peer.is_draining()
                 && self.inflight.is_empty()
                 && may_gather(&peer, link, &mine)
             {
@@ -208,6 +214,7 @@ impl LinkWriter {
         let woke = tokio::select! {
             _ = link.proto.wake.notified() => Woke::Push,
             _ = peer.cancel.cancelled() => Woke::Push,
+            _ = peer.drain.cancelled() => Woke::Push,
             ctl = ctl_rx.recv() => Woke::Ctl(ctl),
             r = &mut *reader => Woke::Reader(reader_end(r)),
             _ = tokio::time::sleep_until(until) => Woke::Timer,
@@ -783,6 +790,38 @@ pub(super) mod tests {
         assert_eq!(peer.queued_bytes(), 0);
         assert_eq!(got as u64, load(&ls.bytes));
         assert!(got > big.len(), "{got} bytes");
+    }
+
+    /// A drain (an orderly close): pushes are refused from then on, the
+    /// writer writes everything its shards held, whole, shuts its socket
+    /// down and stops as at a close; nothing is dropped, nothing is
+    /// unconfirmed, and the budget ends empty.
+    #[tokio::test]
+    async fn a_drain_writes_everything_queued_then_stops() {
+        let peer = peer(2, false);
+        let (stream, mut theirs) = connection().await;
+        let run = Running::start(&peer, stream);
+        let big = binary(4 * FRAGMENT, 1);
+        for _ in 0..100 {
+            assert_eq!(peer.push(0, &SMALL, 0), Push::Queued);
+            assert_eq!(peer.push(1, &SMALL, 0), Push::Queued);
+        }
+        assert_eq!(peer.push_alone(1, &[&big], 0), Push::Queued);
+        peer.drain();
+        assert_eq!(peer.push(0, &SMALL, 0), Push::Closed);
+        assert_eq!(peer.push_alone(1, &[&big], 0), Push::Closed);
+        // Everything, up to the writer's shutdown.
+        let got = read_to_end(&mut theirs).await;
+        drop(theirs);
+        let (why, unconfirmed) = run.task.await.unwrap();
+        assert_eq!((why, unconfirmed), (LinkDown::Closed, 0));
+        let ls = peer.link_stats(0).unwrap();
+        assert_eq!(load(&ls.requests), 201);
+        assert_eq!(load(&ls.dropped) + load(&peer.stats().dropped), 0);
+        assert_eq!(got.len() as u64, load(&ls.bytes));
+        assert!(got.len() > big.len() + 200 * SMALL.len());
+        assert_eq!(peer.queued_bytes(), 0);
+        assert!(peer.state().shards.iter().all(|s| s.is_empty()));
     }
 
     /// The connection fails (the peer resets it) while the writer is in

@@ -74,9 +74,10 @@ struct Inner {
     /// One spent buffer kept for reuse so that a steady stream of small
     /// batches does not allocate a fresh one each time.
     spare: Vec<u8>,
-    /// Set by [`Shard::close`]: pushes are refused from then on. Checked
-    /// under the lock, so that no push lands after the close emptied the
-    /// shard (it would never be written, nor counted).
+    /// Set by [`Shard::close`] and [`Shard::shut`]: pushes are refused
+    /// from then on. Checked under the lock, so that no push lands after
+    /// the close emptied the shard (it would never be written, nor
+    /// counted), nor after a drain found it empty.
     closed: bool,
 }
 
@@ -325,6 +326,13 @@ impl Shard {
         let mut g = self.lock();
         g.closed = true;
         Self::clear_locked(&mut g, self.header.len())
+    }
+
+    /// Refuses every later push (they return `None`) and keeps what is
+    /// queued, for the writer to take: a drain (`PeerState::drain`). Once
+    /// shut, a shard found empty stays empty.
+    pub fn shut(&self) {
+        self.lock().closed = true;
     }
 
     fn clear_locked(g: &mut Inner, header_len: usize) -> (u64, u64) {

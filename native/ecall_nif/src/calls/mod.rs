@@ -1,5 +1,5 @@
 //! Calls waiting for their replies (`call_wait/2`, `call_reply/2`,
-//! `call_cancel/1`, `calls_fail/3`).
+//! `call_cancel/1`, `calls_fail/3`, `calls_waiting/1`).
 //!
 //! A call through the NIF transport goes out as `{call, From, Id, M, F, A}`:
 //! `From` is this node and `Id` a number that stands for the waiting caller
@@ -126,4 +126,14 @@ fn calls_fail<'a>(
     let msg = (atoms::badrpc(), reason).encode(env);
     let taken = TABLE.take_all(|w| w.peer == key && (link.is_none() || link == Some(w.link)));
     Ok(taken.iter().filter(|w| deliver(env, w, msg)).count())
+}
+
+/// The calls still waiting on `peer` whose callers are alive (the entries
+/// of callers that died are dropped here): a peer closed in order keeps
+/// its calls until they are answered or the node goes down
+/// (ecall_transport_nif), and this says when none is left.
+#[rustler::nif(schedule = "DirtyCpu")]
+fn calls_waiting(env: Env<'_>, peer: ResourceArc<PeerRes>) -> usize {
+    let key = peer_key(&peer);
+    TABLE.count_alive(|w| w.peer == key, |w| env.is_process_alive(w.pid))
 }

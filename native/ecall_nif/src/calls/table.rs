@@ -88,6 +88,22 @@ impl<W> Table<W> {
         taken
     }
 
+    /// Counts the entries that `which` picks, after dropping those of
+    /// them whose caller is gone (`alive` false), shard by shard.
+    pub(super) fn count_alive(
+        &self,
+        which: impl Fn(&W) -> bool,
+        alive: impl Fn(&W) -> bool,
+    ) -> usize {
+        let mut n = 0;
+        for s in &self.shards {
+            let mut s = s.lock().unwrap_or_else(|p| p.into_inner());
+            s.calls.retain(|_, w| !which(w) || alive(w));
+            n += s.calls.values().filter(|w| which(w)).count();
+        }
+        n
+    }
+
     /// Entries waiting now (a gauge).
     #[cfg(test)]
     fn len(&self) -> usize {
@@ -117,6 +133,21 @@ mod tests {
 
     /// (caller, peer, link): what the NIF keeps, less the pid's type.
     type W = (u32, usize, usize);
+
+    /// The count of a peer's calls: only that peer's, and the entries of
+    /// its callers that are gone are dropped (others' are kept).
+    #[test]
+    fn count_alive_counts_a_peers_live_callers_and_drops_the_dead() {
+        let t: Table<W> = Table::new(1);
+        let dead = t.insert((1, 7, 0), |_| true);
+        let live = t.insert((2, 7, 1), |_| true);
+        let other = t.insert((1, 8, 0), |_| true);
+        assert_eq!(t.count_alive(|w| w.1 == 7, |w| w.0 != 1), 1);
+        assert!(t.take(dead).is_none());
+        assert!(t.take(live).is_some());
+        assert!(t.take(other).is_some(), "another peer's entry is kept");
+        assert_eq!(t.count_alive(|w| w.1 == 7, |_| true), 0);
+    }
 
     /// An entry is taken once: by its reply or by its cancel, and what
     /// comes second finds nothing (a reply after a cancel is dropped, and
