@@ -392,27 +392,19 @@ handle_info({ecall_link, K, up}, #st{up = Up, down_logged = DL} = St0) ->
     end,
     St = St0#st{up = Up#{K => true}, down_logged = maps:remove(K, DL)},
     {noreply, maybe_publish(St)};
-handle_info({ecall_link, K, {down, Reason, Unconfirmed}}, #st{up = Up, down_logged = DL} = St) ->
+handle_info({ecall_link, K, {down, Reason}}, #st{up = Up, down_logged = DL} = St) ->
     %% Telemetry hears of every failure (`retry': a reconnect attempt
-    %% failed), the log of the first of a streak only. `unconfirmed':
-    %% requests possibly lost with the connection (the Rust side logs them).
+    %% failed), the log of the first of a streak only. Nothing is lost
+    %% with the connection: what the link wrote and the peer did not
+    %% acknowledge goes again on the next one, and calls waiting on it go
+    %% on waiting.
     Meta = #{peer => St#st.node, link => K + 1, reason => Reason, retry => maps:is_key(K, DL)},
-    Measurements = #{unconfirmed => Unconfirmed},
-    ecall_event:execute([ecall, link, down], Measurements, Meta),
-    _ = Reason =:= stalled andalso
-        ecall_event:execute([ecall, link, reap], Measurements, Meta),
+    ecall_event:execute([ecall, link, down], #{}, Meta),
+    _ = Reason =:= stalled andalso ecall_event:execute([ecall, link, reap], #{}, Meta),
     case maps:is_key(K, DL) of
-        false -> log_down(K, St#st.node, Reason, Unconfirmed);
+        false -> log_down(K, St#st.node, Reason);
         true -> ok
     end,
-    %% Link events are the NIF transport's: the calls waiting on the link
-    %% fail.
-    ok = case St#st.peer of
-             {ecall_transport_nif, State, _} ->
-                 ecall_transport_nif:link_down(State, K, {link_down, Reason});
-             _ ->
-                 ok
-         end,
     {noreply, St#st{up = maps:remove(K, Up), down_logged = DL#{K => true}}};
 handle_info({ecall_link, _K, {alive, OurNode}}, #st{node = Node} = St) ->
     %% The peer still holds our previous connection under that name (it has
@@ -435,16 +427,15 @@ handle_info(Info, St) ->
     {noreply, unexpected({info, Info}, St)}.
 
 %% The one line of a link going down. The peer closing the connection
-%% with nothing lost (an orderly shutdown of its node, whose nodedown
-%% follows) is a notice; anything else, or a loss, a warning.
--spec log_down(non_neg_integer(), node(), term(), non_neg_integer()) -> ok.
-log_down(K, Node, peer_closed, 0) ->
+%% (its node stopping, or a receiver there resuming the stream) is a
+%% notice; anything else a warning. Either way nothing is lost: the link
+%% writes again, on its next connection, what the peer did not
+%% acknowledge.
+-spec log_down(non_neg_integer(), node(), term()) -> ok.
+log_down(K, Node, peer_closed) ->
     ?LOG_NOTICE("ecall: link ~b to ~p down: peer_closed", [K + 1, Node]);
-log_down(K, Node, Reason, 0) ->
-    ?LOG_WARNING("ecall: link ~b to ~p down: ~p", [K + 1, Node, Reason]);
-log_down(K, Node, Reason, Unconfirmed) ->
-    ?LOG_WARNING("ecall: link ~b to ~p down: ~p; ~b requests possibly lost with the "
-                 "connection (unconfirmed)", [K + 1, Node, Reason, Unconfirmed]).
+log_down(K, Node, Reason) ->
+    ?LOG_WARNING("ecall: link ~b to ~p down: ~p", [K + 1, Node, Reason]).
 
 -spec unexpected(term(), #st{}) -> #st{}.
 unexpected(What, #st{unexpected = N, node = Node} = St) ->
@@ -506,11 +497,12 @@ terminate(Reason, #st{node = Node, peer = Peer, published = P, waiting = W,
     case Drops of
         none ->
             ok;
-        {Queued, Lost} ->
+        {Queued, Lost, Unconfirmed} ->
             %% After the drain: `duration' is how long sends by `!' to
             %% this node waited for the close (ecall_route:native/3).
             ecall_event:execute([ecall, connection, close],
                                     #{closed_drops => Queued, dropped => Lost,
+                                      unconfirmed => Unconfirmed,
                                       duration => erlang:monotonic_time() - T0},
                                     Meta)
     end.
@@ -575,21 +567,25 @@ close({Mod, State, _Loops}, Why) ->
 %% What a close dropped is logged (one line, always: a close is rare) and
 %% added to the node's count (`closed_drops' in ecall:stats/0), and the
 %% peer's last stats are kept (ecall:last_stats/1): its live counters go
-%% with it. Returns what was queued at the close and what the links lost
-%% (reaps, failed writes, their last pass), or `none' without a transport.
+%% with it. Returns what was queued at the close, what the links lost (a
+%% message sent straight to its target whose write failed), and what was
+%% written and not acknowledged (the peer may or may not have processed
+%% it), or `none' without a transport.
 -spec closed(node(), ecall_transport:t() | undefined, term(), non_neg_integer() | none,
              {nif | erlang, non_neg_integer()}) ->
-          {non_neg_integer(), non_neg_integer()} | none.
+          {non_neg_integer(), non_neg_integer(), non_neg_integer()} | none.
 closed(_Node, undefined, _Why, _Dropped, _Path) ->
     none;
 closed(Node, {Mod, State, _Loops}, Why, Dropped, {Transport, Links}) ->
     Stats = Mod:stats(State),
     %% The NIF transport counts what the close found queued apart from
     %% what its links lost; the proxies lose nothing on the way.
-    {Queued, Lost} = case Stats of
-                         #{closed_drops := C, dropped := D} -> {C, D};
-                         _ -> {Dropped, 0}
-                     end,
+    {Queued, Lost, Unconfirmed} = case Stats of
+                                      #{closed_drops := C, dropped := D, unconfirmed := U} ->
+                                          {C, D, U};
+                                      _ ->
+                                          {Dropped, 0, 0}
+                                  end,
     ecall_conn_sup:add_closed_drops(Queued + Lost),
     ok = ecall_conn_sup:keep_last(Node, Stats#{state => closed, reason => Why,
                                                closed_drops => Queued,
@@ -597,9 +593,10 @@ closed(Node, {Mod, State, _Loops}, Why, Dropped, {Transport, Links}) ->
     %% Shown by OTP's default logger configuration, as the connection's up
     %% line is: which transport a peer's traffic takes is visible.
     ?LOG_NOTICE("ecall: connection to ~p closed (~0p; ~p transport, ~b links): ~b queued "
-                "requests dropped, ~b lost on its links (ecall:last_stats(~p))",
-                [Node, Why, Transport, Links, Queued, Lost, Node]),
-    {Queued, Lost}.
+                "requests dropped, ~b lost on its links, ~b written and not acknowledged "
+                "(ecall:last_stats(~p))",
+                [Node, Why, Transport, Links, Queued, Lost, Unconfirmed, Node]),
+    {Queued, Lost, Unconfirmed}.
 
 -spec reason(term()) -> term().
 reason({shutdown, R}) -> R;

@@ -98,10 +98,13 @@ counters(S) ->
            #{transport := erlang} ->
                [line("  queued ~b requests", [G(queued)])];
            _ ->
-               [line("  queued ~b bytes, pushed ~b, full ~b, overflow waits ~b, overflow drops ~b",
-                     [G(queued_bytes), G(pushed), G(full), G(overflow_waits), G(overflow_drops)]),
-                line("  dropped ~b, unconfirmed ~b, stalls ~b, connects ~b, disconnects ~b",
-                     [G(dropped), G(unconfirmed), G(stalls), G(connects), G(disconnects)])]
+               [line("  queued ~b bytes (~b written, not yet acknowledged), pushed ~b, full ~b, "
+                     "overflow waits ~b, overflow drops ~b",
+                     [G(queued_bytes), G(retained_bytes), G(pushed), G(full), G(overflow_waits),
+                      G(overflow_drops)]),
+                line("  dropped ~b, replayed ~b, stalls ~b, connects ~b, disconnects ~b",
+                     [G(dropped), G(replayed_requests), G(stalls), G(connects),
+                      G(disconnects)])]
        end].
 
 -spec link_line(map()) -> string().
@@ -111,9 +114,9 @@ link_line(L) ->
              1 -> "up";
              _ -> "down"
          end,
-    line("  link ~b: ~s, batches ~b, requests ~b, writes ~b, dropped ~b, unconfirmed ~b, "
+    line("  link ~b: ~s, batches ~b, requests ~b, writes ~b, dropped ~b, replayed ~b, "
          "stalls ~b, connects ~b, disconnects ~b",
-         [G(link), Up, G(batches), G(requests), G(writes), G(dropped), G(unconfirmed),
+         [G(link), Up, G(batches), G(requests), G(writes), G(dropped), G(replayed_requests),
           G(stalls), G(connects), G(disconnects)]).
 
 %% One line of text, with its newline.

@@ -8,4 +8,7 @@
 -define(DEAD_LETTERS, 4).
 -define(SPAWN_FAILED, 5).
 -define(LATE_REPLIES, 6).
--define(COUNTERS, 6).
+-define(DUPLICATES, 7).
+-define(RESUMES, 8).
+-define(ACKS, 9).
+-define(COUNTERS, 9).

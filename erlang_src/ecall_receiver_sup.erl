@@ -42,17 +42,24 @@ counters() ->
 %% @doc The pool's counters, by name (ecall:stats/0, ecall_telemetry):
 %% batches received, requests in them, malformed elements and messages,
 %% sends to a name not registered (`dead_letters'), casts and calls that
-%% could not be spawned (`spawn_failed'), and replies to calls of this node
-%% that came after their caller gave up (`late_replies').
+%% could not be spawned (`spawn_failed'), replies to calls of this node
+%% that came after their caller gave up (`late_replies'), batches a peer
+%% wrote again that were processed already (`duplicates'), gaps that
+%% closed a link so that its peer writes again what was lost on the way
+%% (`resumes'), and acknowledgements sent (`acks'; see ecall_receiver).
 -spec counts() -> #{batches := non_neg_integer(), requests := non_neg_integer(),
                     malformed := non_neg_integer(), dead_letters := non_neg_integer(),
-                    spawn_failed := non_neg_integer(), late_replies := non_neg_integer()}.
+                    spawn_failed := non_neg_integer(), late_replies := non_neg_integer(),
+                    duplicates := non_neg_integer(), resumes := non_neg_integer(),
+                    acks := non_neg_integer()}.
 counts() ->
     C = counters(),
     #{batches => counters:get(C, ?BATCHES), requests => counters:get(C, ?REQUESTS),
       malformed => counters:get(C, ?MALFORMED), dead_letters => counters:get(C, ?DEAD_LETTERS),
       spawn_failed => counters:get(C, ?SPAWN_FAILED),
-      late_replies => counters:get(C, ?LATE_REPLIES)}.
+      late_replies => counters:get(C, ?LATE_REPLIES),
+      duplicates => counters:get(C, ?DUPLICATES), resumes => counters:get(C, ?RESUMES),
+      acks => counters:get(C, ?ACKS)}.
 
 %% @doc Returns once everything that the C-node connections `Links' (a
 %% peer's identities, closing) delivered to this node has been replayed:

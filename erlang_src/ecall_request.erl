@@ -2,9 +2,10 @@
 %% The requests of ecall: every kind, how it is built, its wire form, and
 %% how the receiving node replays it. This module is their one home.
 %%
-%% A `{batch, Requests}' message carries a list of these to a receiver
-%% worker of the peer (ecall_receiver), which replays them in order with
-%% replay/2. Both transports carry the same terms: the pure-Erlang one as
+%% A batch message carries a list of these to a receiver worker of the
+%% peer (ecall_receiver), which replays them in order with replay/2,3:
+%% `{batch, Node, Stream, Requests}' from a C-node link (numbered, see
+%% ecall_receiver), `{batch, Requests}' from the pure-Erlang transport. Both transports carry the same terms: the pure-Erlang one as
 %% built here, the NIF one encoded by the NIF, which writes `{send, Dest,
 %% Msg}' and `{send_many, Dests, Msg}' as it encodes (native/ecall_nif/src/
 %% push.rs) and the front of a big request around a message it encoded on
@@ -22,13 +23,13 @@
 
 -export([version/0]).
 -export([send/2, send_many/2, cast/3, call/5, call_alias/4, reply/2, wire/2]).
--export([replay/2, reply/4, run_call/5, run_call/6, run_cast/3]).
+-export([replay/2, replay/3, reply/4, run_call/5, run_call/6, run_cast/3]).
 
 -include("ecall_receiver.hrl").
 
 %% The version of the requests below. Peers of another version do not
 %% exchange requests (see ecall_conn).
--define(VERSION, 1).
+-define(VERSION, 2).
 
 %% One element of a `{batch, Requests}' message.
 %% - `send': `Dest ! Msg'; `send_many': `Msg' to each of `Dests', in order.
@@ -59,7 +60,10 @@
                %% A big reply to a call answered by id: the other forms, in
                %% external format, decoded by the caller.
                | {external, binary()}.
--export_type([request/0, dest/0, reply/0]).
+%% Where replay/3 counts the requests of a batch done: slot `I' of an
+%% atomics array.
+-type progress() :: none | {atomics:atomics_ref(), pos_integer()}.
+-export_type([request/0, dest/0, reply/0, progress/0]).
 
 %% @doc The version of the requests this node sends and replays.
 -spec version() -> pos_integer().
@@ -107,50 +111,66 @@ wire(Request, _Urgent) -> Request.
 %% answered `{badrpc, system_limit}'.
 -spec replay(term(), counters:counters_ref()) -> ok.
 replay(Requests, C) ->
-    replay(Requests, C, 0).
+    replay(Requests, C, 0, none).
 
--spec replay(term(), counters:counters_ref(), non_neg_integer()) -> ok.
-replay([{send, To, Msg} | Rest], C, N) when is_pid(To); is_reference(To); is_atom(To) ->
+%% @doc replay/2, adding 1 to slot `I' of atomics `Done' as each request
+%% has been replayed (or skipped, malformed): a receiver killed in the
+%% middle of a batch leaves its successor the number of requests of it
+%% that are done (ecall_receiver).
+-spec replay(term(), counters:counters_ref(), progress()) -> ok.
+replay(Requests, C, Progress) ->
+    replay(Requests, C, 0, Progress).
+
+-spec replay(term(), counters:counters_ref(), non_neg_integer(), progress()) -> ok.
+replay([{send, To, Msg} | Rest], C, N, P) when is_pid(To); is_reference(To); is_atom(To) ->
     deliver(To, Msg, C),
-    replay(Rest, C, N + 1);
-replay([{send_many, Dests, Msg} | Rest], C, N) when is_list(Dests) ->
+    next(Rest, C, N + 1, P);
+replay([{send_many, Dests, Msg} | Rest], C, N, P) when is_list(Dests) ->
     %% One message to many local targets, in the order given; this worker
     %% replays the caller's other requests too, so each target gets the
     %% caller's messages in order. Targets that are not a pid, an alias or
     %% a name (or an improper tail) are counted malformed, the others still
     %% served.
     send_each(Dests, Msg, C),
-    replay(Rest, C, N + 1);
-replay([{cast, M, F, A} | Rest], C, N) when is_atom(M), is_atom(F), is_list(A) ->
+    next(Rest, C, N + 1, P);
+replay([{cast, M, F, A} | Rest], C, N, P) when is_atom(M), is_atom(F), is_list(A) ->
     _ = spawn_or_count(C, ?MODULE, run_cast, [M, F, A]),
-    replay(Rest, C, N + 1);
-replay([{call, From, Id, M, F, A} | Rest], C, N)
+    next(Rest, C, N + 1, P);
+replay([{call, From, Id, M, F, A} | Rest], C, N, P)
   when is_atom(From), is_integer(Id), is_atom(M), is_atom(F), is_list(A) ->
     call_by_id(C, From, Id, M, F, A, false),
-    replay(Rest, C, N + 1);
-replay([{call, From, Id, M, F, A, urgent} | Rest], C, N)
+    next(Rest, C, N + 1, P);
+replay([{call, From, Id, M, F, A, urgent} | Rest], C, N, P)
   when is_atom(From), is_integer(Id), is_atom(M), is_atom(F), is_list(A) ->
     call_by_id(C, From, Id, M, F, A, true),
-    replay(Rest, C, N + 1);
-replay([{reply, Id, Reply} | Rest], C, N) when is_integer(Id) ->
+    next(Rest, C, N + 1, P);
+replay([{reply, Id, Reply} | Rest], C, N, P) when is_integer(Id) ->
     hand_reply(Id, Reply, C),
-    replay(Rest, C, N + 1);
-replay([{call, Alias, M, F, A} | Rest], C, N)
+    next(Rest, C, N + 1, P);
+replay([{call, Alias, M, F, A} | Rest], C, N, P)
   when is_reference(Alias), is_atom(M), is_atom(F), is_list(A) ->
     call_by_alias(C, Alias, M, F, A, false),
-    replay(Rest, C, N + 1);
-replay([{call, Alias, M, F, A, urgent} | Rest], C, N)
+    next(Rest, C, N + 1, P);
+replay([{call, Alias, M, F, A, urgent} | Rest], C, N, P)
   when is_reference(Alias), is_atom(M), is_atom(F), is_list(A) ->
     call_by_alias(C, Alias, M, F, A, true),
-    replay(Rest, C, N + 1);
-replay([], C, N) ->
+    next(Rest, C, N + 1, P);
+replay([], C, N, _P) ->
     counters:add(C, ?REQUESTS, N);
-replay([_Bad | Rest], C, N) ->
+replay([_Bad | Rest], C, N, P) ->
     counters:add(C, ?MALFORMED, 1),
-    replay(Rest, C, N);
-replay(_Improper, C, N) ->
+    next(Rest, C, N, P);
+replay(_Improper, C, N, _P) ->
     counters:add(C, ?MALFORMED, 1),
     counters:add(C, ?REQUESTS, N).
+
+%% One request of the batch done.
+-spec next(term(), counters:counters_ref(), non_neg_integer(), progress()) -> ok.
+next(Rest, C, N, none) ->
+    replay(Rest, C, N, none);
+next(Rest, C, N, {Done, I} = P) ->
+    atomics:add(Done, I, 1),
+    replay(Rest, C, N, P).
 
 %% `To ! Msg'; a name not registered here is counted (a dead letter),
 %% where `!' would raise.

@@ -17,6 +17,10 @@ init([]) ->
     %% The values of the settings in force (refused ones keep the last
     %% good value), owned here so that they live as long as ecall.
     ok = ecall_config:keep_good(),
+    %% The receivers' streams (ecall_receiver): they must outlive the
+    %% workers and their supervisor, or a restart would take batches
+    %% processed before it for new ones.
+    ok = ecall_receiver:streams_init(),
     Children = [
         #{id => ecall_log, start => {ecall_log, start_link, []}},
         #{id => ecall_receiver_sup, type => supervisor,

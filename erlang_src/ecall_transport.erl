@@ -30,7 +30,7 @@
 
 %% Opens the transport to `Node', whose receiver pool has the names given.
 %% The calling process is the owner: it gets the transport's events (for
-%% the NIF, `{ecall_link, K, up | {down, Reason, Unconfirmed} | {alive,
+%% the NIF, `{ecall_link, K, up | {down, Reason} | {alive,
 %% Node} | stopped}') and it is linked to whatever processes the transport
 %% starts. `Links' is how many `up' events to wait for before publishing
 %% (0: usable at once).

@@ -11,7 +11,7 @@
 -behaviour(ecall_transport).
 
 -export([open/2, push/3, call/6, cancel/2, stats/1, drain/1, close/2]).
--export([link_down/3, caller_link/1]).
+-export([caller_link/1]).
 
 %% For the peer's flusher (see flusher/2); flush_loop/2 is called by its
 %% module name, so that a flusher survives code upgrades.
@@ -184,14 +184,6 @@ call({_, Peer} = State, Ref, M, F, A, Urgent) ->
 -spec cancel(state(), non_neg_integer()) -> boolean().
 cancel(_State, Id) ->
     ecall_nif:call_cancel(Id).
-
-%% @doc Link `K' went down (`Why': `{link_down, Reason}'): the calls
-%% waiting on it fail. Called by the connection process on the link's
-%% `down' event.
--spec link_down(state(), non_neg_integer(), term()) -> ok.
-link_down({_, Peer}, K, Why) ->
-    _ = ecall_nif:calls_fail(Peer, K, Why),
-    ok.
 
 %% Pushes the request, with `false' or with the room set aside for it.
 -type pusher() :: fun((ecall_nif:room() | false) -> ok | closed | {full, non_neg_integer()}).

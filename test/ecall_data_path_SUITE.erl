@@ -216,7 +216,7 @@ link_loss_reported(B, Conn) ->
     [Id1 | _] = ecall:identities(),
     T0 = erlang:monotonic_time(millisecond),
     ok = erpc:call(B, ecall_test_nodes, drop_connection, [Id1]),
-    Down = receive {trace, Conn, 'receive', {ecall_link, 0, {down, R, _}}} -> R
+    Down = receive {trace, Conn, 'receive', {ecall_link, 0, {down, R}}} -> R
            after 5000 -> ct:fail(no_down_event)
            end,
     T1 = erlang:monotonic_time(millisecond),
@@ -534,7 +534,7 @@ big_messages_go_straight_in_order(Config) ->
     Result = Big(7),
     ?assertEqual({ok, Result}, ecall:call(B, ecall_test_nodes, echo, [Result])),
     Replayed = receive
-                   {trace, _, 'receive', {batch, [{reply, _, {external, Encoded}}]}} ->
+                   {trace, _, 'receive', {batch, _, _, [{reply, _, {external, Encoded}}]}} ->
                        byte_size(Encoded)
                after 5000 ->
                    ct:fail(no_encoded_reply)

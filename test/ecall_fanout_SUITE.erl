@@ -258,7 +258,7 @@ trace_requests(Owner) ->
 
 traced_requests(Ref, Acc) ->
     receive
-        {trace, _, 'receive', {batch, Rs}} -> traced_requests(Ref, lists:reverse(Rs, Acc));
+        {trace, _, 'receive', {batch, _, _, Rs}} -> traced_requests(Ref, lists:reverse(Rs, Acc));
         {trace, _, 'receive', _} -> traced_requests(Ref, Acc);
         {trace_delivered, all, Ref} -> lists:reverse(Acc)
     end.

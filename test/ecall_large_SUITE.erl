@@ -313,7 +313,7 @@ rx_tracer_start(Owner, Marker) ->
 
 rx_tracer(Owner, Marker) ->
     receive
-        {trace, _, 'receive', {batch, Requests}} ->
+        {trace, _, 'receive', {batch, _, _, Requests}} ->
             _ = [Owner ! {rx_received, self()} || {send, _, M} <- Requests, M =:= Marker],
             rx_tracer(Owner, Marker);
         {trace, _, 'receive', _} ->

@@ -13,7 +13,7 @@
          full_budget_blocks_without_loss/1,
          stalled_peer_is_reaped/1, slow_peer_is_not_reaped/1,
          stall_timeout_zero_never_reaps/1, overload_stays_within_budget/1,
-         drop_when_the_budget_is_full/1, a_sender_let_in_by_a_reap_queues_for_the_reconnect/1,
+         drop_when_the_budget_is_full/1, a_reap_loses_nothing_and_a_waiting_sender_waits/1,
          casts_and_calls_wait_for_room_under_block/1]).
 %% Run on peers.
 -export([count_fills/1]).
@@ -29,7 +29,7 @@ all() ->
      full_budget_blocks_without_loss,
      stalled_peer_is_reaped, slow_peer_is_not_reaped, stall_timeout_zero_never_reaps,
      overload_stays_within_budget, drop_when_the_budget_is_full,
-     a_sender_let_in_by_a_reap_queues_for_the_reconnect,
+     a_reap_loses_nothing_and_a_waiting_sender_waits,
      casts_and_calls_wait_for_room_under_block].
 
 init_per_suite(Config) ->
@@ -186,9 +186,9 @@ start_stall_peer(StallMs) ->
     {Peer, C, erpc:call(C, os, getpid, [])}.
 
 %% A peer whose OS process is stopped (SIGSTOP) stops draining: the link
-%% is reaped as stalled, not before the stall timeout, what it held is
-%% dropped and counted, the budget keeps only what was pushed after the
-%% reap, and the reap is reported.
+%% is reaped as stalled, not before the stall timeout, and the reap is
+%% reported; it loses nothing: the budget holds every push, to go again
+%% once the peer runs.
 %%
 %% Nothing here depends on how fast this machine runs the sends: on a slow
 %% machine the reap can come while the loop still pushes (a stall counts
@@ -215,7 +215,7 @@ stalled_peer_is_reaped(_Config) ->
         Pushes = 300,
         [ecall:send(Sink, Chunk) || _ <- lists:seq(1, Pushes)],
         {Why, T1} = receive
-                        {trace_ts, Conn, 'receive', {ecall_link, _, {down, W, _}}, T} -> {W, T}
+                        {trace_ts, Conn, 'receive', {ecall_link, _, {down, W}}, T} -> {W, T}
                     after 60000 -> ct:fail(not_reaped)
                     end,
         Ms = erlang:convert_time_unit(T1 - T0, native, millisecond),
@@ -230,18 +230,13 @@ stalled_peer_is_reaped(_Config) ->
         #{pushed := Pushes, requests := Written, dropped := Dropped,
           queued_bytes := Queued, stalls := Stalls} = Stats,
         ?assert(Stalls >= 1),
-        %% A stall means a frame was stuck in the socket: at least that
-        %% one is lost.
-        ?assert(Dropped > 0),
-        %% Every push is written, dropped or still queued, and the budget
-        %% holds exactly the queued ones: none of the dropped ones.
-        Left = Pushes - Written - Dropped,
-        ?assert(Left >= 0),
-        case Left of
-            0 -> ?assertEqual(0, Queued);
-            _ -> ?assertEqual(0, Queued rem Left),
-                 ?assert(Queued div Left >= 100000 andalso Queued div Left < 100100)
-        end
+        %% The reap loses nothing: what was written waits for the peer's
+        %% acknowledgement, the rest for the next connection, and the
+        %% budget holds every push.
+        ?assertEqual(0, Dropped),
+        ?assert(Written =< Pushes),
+        ?assertEqual(0, Queued rem Pushes),
+        ?assert(Queued div Pushes >= 100000 andalso Queued div Pushes < 100100)
     after
         erlang:trace(Conn, false, ['receive', monotonic_timestamp]),
         os:cmd("kill -CONT " ++ OsPid)
@@ -347,7 +342,7 @@ stall_timeout_zero_never_reaps(_Config) ->
         %% A bound, not a pause: with a deadline of 1 s or less the link
         %% would be reaped within it.
         receive
-            {trace, Conn, 'receive', {ecall_link, _, {down, Why, _}}} -> ct:fail({link_down, Why})
+            {trace, Conn, 'receive', {ecall_link, _, {down, Why}}} -> ct:fail({link_down, Why})
         after 2000 -> ok
         end,
         %% The writer is still stuck: what the socket buffers could not
@@ -374,20 +369,16 @@ stall_timeout_zero_never_reaps(_Config) ->
     peer:stop(Peer).
 
 %% A sender waiting for room under `overflow => block' when its link is
-%% reaped is let in by the reap (which gives back the bytes of the write
-%% that stalled and of what the link held): it is not held until the
-%% reconnect, and what it sends next is queued for the reconnect, not
-%% dropped and not sent by `!'. The peer is stopped (SIGSTOP) with a 1 MB
-%% budget and a 2 s stall timeout; one sender (one shard, one link) sends
-%% 100 KB messages until it waits for room and the reap of its link
-%% (`stalled') lets it in, while the peer is still stopped (a wait that the
-%% link's writer ends is stepped past). Every push of the sender is counted, and once
-%% the peer runs again exactly the messages queued after the reap arrive,
-%% after what arrived before them, each once: the three it sent after the
-%% reap, and the one it waited with unless the reap dropped it (the room
-%% of the stalled write wakes the sender a moment before the link's queue
-%% is dropped, and its push can land in that queue: counted as dropped).
-a_sender_let_in_by_a_reap_queues_for_the_reconnect(_Config) ->
+%% reaped stays waiting: the reap frees nothing, since it loses nothing
+%% (what the link wrote waits for the peer's acknowledgement, the rest for
+%% the next connection). The peer is stopped (SIGSTOP) with a 1 MB budget
+%% and a 2 s stall timeout; one sender (one shard, one link) sends 100 KB
+%% messages until it waits for room, and the link is reaped (`stalled':
+%% the peer acknowledged nothing for 2 s) while it waits. Once the peer
+%% runs again, the link reconnects and writes again what it kept, the
+%% peer acknowledges, the sender is let in, and every message arrives
+%% once, in order: none dropped, none sent by `!'.
+a_reap_loses_nothing_and_a_waiting_sender_waits(_Config) ->
     ok = application:set_env(ecall, max_queue_bytes, 1000000),
     {Peer, C, OsPid} = try start_stall_peer(2000)
                        after application:unset_env(ecall, max_queue_bytes)
@@ -401,70 +392,46 @@ a_sender_let_in_by_a_reap_queues_for_the_reconnect(_Config) ->
     1 = erlang:trace(Sender, true, [call, 'receive']),
     1 = erlang:trace(Conn, true, ['receive']),
     "" = os:cmd("kill -STOP " ++ OsPid),
-    {Blocked, InQueue} =
-        try
-            K = let_in_by_the_reap(Sender, C, 1),
-            %% Sent once the reap has dropped what the link held.
+    K = try
+            K0 = step_until_blocked(Sender, 1),
             receive
-                {trace, Conn, 'receive', {ecall_link, _, {down, Why, _}}} ->
+                {trace, Conn, 'receive', {ecall_link, _, {down, Why}}} ->
                     ?assertEqual(stalled, Why)
             after 30000 -> ct:fail(not_reaped)
             end,
-            [step(Sender, I) || I <- lists:seq(K + 1, K + 3)],
-            {ok, #{pushed := Pushed, queued_bytes := Queued}} = ecall:stats(C),
-            ct:pal("waited at message ~b; ~b pushed, ~b bytes queued after the reap",
-                   [K, Pushed, Queued]),
-            ?assertEqual(K + 3, Pushed),
-            %% Each message takes 100 KB and a few bytes.
-            N = Queued div byte_size(Payload),
-            ?assert(N =:= 3 orelse N =:= 4),
-            {K, N}
+            receive
+                {trace, Sender, 'receive', {ecall_room, _, _} = Let} -> ct:fail({let_in, Let})
+            after 0 -> ok
+            end,
+            {ok, #{dropped := 0, pushed := Pushed}} = ecall:stats(C),
+            ?assertEqual(K0 - 1, Pushed),
+            K0
         after
-            erlang:trace_pattern({ecall_nif, wait_room, 3}, false, [local]),
-            erlang:trace(Sender, false, [call, 'receive']),
-            erlang:trace(Conn, false, ['receive']),
             os:cmd("kill -CONT " ++ OsPid)
         end,
+    receive {sent, Sender, K} -> ok after 30000 -> ct:fail({send_stuck, K}) end,
+    erlang:trace_pattern({ecall_nif, wait_room, 3}, false, [local]),
+    erlang:trace(Sender, false, [call, 'receive']),
+    erlang:trace(Conn, false, ['receive']),
+    [step(Sender, I) || I <- lists:seq(K + 1, K + 3)],
     Sender ! {report, Self},
     Got = receive {seq_log, Collector, L} -> L after 30000 -> ct:fail(no_log) end,
-    ct:pal("~b of the messages from ~b on queued after the reap; arrived: ~w",
-           [InQueue, Blocked, Got]),
-    ?assertEqual(lists:usort(Got), Got),
-    ?assertEqual(lists:seq(Blocked + 4 - InQueue, Blocked + 3), [I || I <- Got, I >= Blocked]),
+    {ok, #{dropped := 0, replayed := Replayed}} = ecall:stats(C),
+    ct:pal("waited at message ~b; ~b batches written again; arrived: ~w", [K, Replayed, Got]),
+    ?assertEqual(lists:seq(1, K + 3), Got),
     flush_traces(),
     peer:stop(Peer).
 
-%% Steps the sender until it waits for room and is let in by the reap of
-%% its link, while the peer is stopped; the message it waited with. A wait
-%% that ends before any stall is stepped past: the link's writer still
-%% ran, and the budget was full only until it took its next batch (on a
-%% loaded machine the sender can outrun it). The reap counts its stall
-%% before it gives the room back, so the count read once the sender is let
-%% in tells which it was.
-let_in_by_the_reap(Sender, C, I) ->
-    K = step_until_blocked(Sender, I),
-    receive
-        {trace, Sender, 'receive', {ecall_room, _, Room}} -> ?assertNotEqual(false, Room)
-    after 30000 -> ct:fail({sender_not_let_in, K})
-    end,
-    receive {sent, Sender, K} -> ok after 30000 -> ct:fail({send_stuck, K}) end,
-    case ecall:stats(C) of
-        {ok, #{stalls := 0}} -> let_in_by_the_reap(Sender, C, K + 1);
-        {ok, #{stalls := 1}} -> K
-    end.
-
 %% `overflow => block' (the default) holds casts and calls too, not only
 %% sends. The peer is stopped (SIGSTOP; 1 MB budget, 1 s stall timeout)
-%% and a process casts 100 KB arguments until its link is reaped: from
-%% then on nothing drains its queue (the link cannot reconnect to a
-%% stopped peer), so room comes only once the peer runs again (a wait
-%% before that could end as soon as the link's writer took its next
-%% batch). It casts on until a cast waits for room (traced: the NIF
-%% answers `wait'), and then a call, from a process whose link is the
-%% other one (up: the call goes on the links, not by erpc), waits too,
-%% behind it. Once the peer runs again the cast returns `ok' and the call
-%% its value, neither {error, overload}, and every cast made after the
-%% reap runs there.
+%% and a process casts 100 KB arguments until a cast waits for room
+%% (traced: the NIF answers `wait'): what was written waits for the
+%% stopped peer's acknowledgement, so room comes only once it runs again,
+%% and the reap of the link (it acknowledged nothing for 1 s) frees none.
+%% Then a call, from a process whose link is the other one (up: the call
+%% goes on the links, not by erpc), waits too, behind it. Once the peer
+%% runs again the cast returns `ok' and the call its value, neither
+%% {error, overload}, and every cast runs there.
 casts_and_calls_wait_for_room_under_block(_Config) ->
     ok = application:set_env(ecall, max_queue_bytes, 1000000),
     {Peer, C, OsPid} = try start_stall_peer(1000)
@@ -484,9 +451,14 @@ casts_and_calls_wait_for_room_under_block(_Config) ->
     "" = os:cmd("kill -STOP " ++ OsPid),
     {First, Cast} =
         try
-            R = cast_until_reaped(Caster, Conn, 1),
             [1 = erlang:trace(P, true, [call]) || P <- [Caster, Caller]],
-            K = cast_until_waiting(Caster, R),
+            K = cast_until_waiting(Caster, 1),
+            receive
+                {trace, Conn, 'receive', {ecall_link, _, {down, Why}}} ->
+                    ?assertEqual(stalled, Why)
+            after 30000 -> ct:fail(not_reaped)
+            end,
+            R = 1,
             Caller ! {call, K},
             receive
                 {trace, Caller, return_from, {ecall_nif, wait_room, 3}, wait} -> ok;
@@ -508,8 +480,7 @@ casts_and_calls_wait_for_room_under_block(_Config) ->
     %% Each cast's process on C sent its number.
     After = lists:seq(First, Cast),
     ok = ecall_test_nodes:await(casts_run, fun() -> After -- seq_log_now(Collector) =:= [] end),
-    ct:pal("casts ~b to ~b made after the reap; the cast and the call waited at ~b",
-           [First, Cast, Cast]),
+    ct:pal("casts ~b to ~b run; the cast and the call waited at ~b", [First, Cast, Cast]),
     {ok, #{overflow_waits := Waits}} = ecall:stats(C),
     ?assert(Waits >= 2),
     flush_traces(),
@@ -544,25 +515,6 @@ request_loop(Owner, C, Collector, Payload) ->
             Owner ! {done, self(), call, ecall:call(C, ecall_test_nodes, echo, [{echoed, I}])}
     end,
     request_loop(Owner, C, Collector, Payload).
-
-%% Makes the caster cast 1, 2, ... until the connection process (traced)
-%% hears that a link was reaped; the number of the next cast, the first
-%% one made after the reap dropped what the link held. A cast that returns
-%% anything but `ok' fails the case.
-cast_until_reaped(Caster, Conn, I) when I =< 10000 ->
-    Caster ! {cast, I},
-    receive
-        {done, Caster, {cast, I}, ok} -> ok;
-        {done, Caster, {cast, I}, Other} -> ct:fail({cast_refused, I, Other})
-    after 30000 -> ct:fail({cast_stuck, I})
-    end,
-    receive
-        {trace, Conn, 'receive', {ecall_link, _, {down, Why, _}}} ->
-            ?assertEqual(stalled, Why),
-            I + 1
-    after 0 ->
-        cast_until_reaped(Caster, Conn, I + 1)
-    end.
 
 %% Makes the caster cast I, I + 1, ... until its cast waits for room;
 %% that cast's number. A cast that returns anything but `ok' fails the

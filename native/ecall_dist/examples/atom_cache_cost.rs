@@ -49,12 +49,12 @@ fn main() {
     let req = request();
     let body = element_body(&req).unwrap();
     for per_batch in [1usize, 8, 40, 128] {
-        let header = BatchHeader::new("a_ecall_1@vm", 1, "ecall_rx_1");
+        let header = BatchHeader::new("a_ecall_1@vm", 1, "ecall_rx_1", 1, 0);
         let mut frame = header.as_bytes().to_vec();
         for _ in 0..per_batch {
             frame.extend_from_slice(body);
         }
-        BatchHeader::seal(&mut frame, header.as_bytes().len(), per_batch as u32);
+        BatchHeader::seal(&mut frame, header.as_bytes().len(), per_batch as u32, 1);
         let mut cache = OutCache::default();
         let mut out = Vec::new();
         let requests: usize = std::env::var("ATOM_CACHE_COST_REQUESTS")

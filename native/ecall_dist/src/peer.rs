@@ -172,6 +172,12 @@ impl Peer {
         self.state.drain();
     }
 
+    /// Element bytes written and waiting for the peer's acknowledgement (a
+    /// gauge; they are part of [`Peer::queued_bytes`]).
+    pub fn retained_bytes(&self) -> usize {
+        self.state.shards.iter().map(|s| s.retained_bytes()).sum()
+    }
+
     /// Stops the links, drops what is queued and releases every waiter.
     pub fn close(&self) {
         self.state.close();
@@ -321,9 +327,8 @@ impl Peer {
                 &st.cached_atoms,
                 flushes,
             ) {
-                // Written, not queued: its room goes back, waking whoever
-                // the reservation made wait meanwhile.
-                self.state.release(len);
+                // Written, and kept until acknowledged: its room goes
+                // back then.
                 st.pushed.fetch_add(1, Ordering::Relaxed);
                 return Push::Queued;
             }

@@ -23,15 +23,18 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 fn expected_kind(name: &str) -> &'static str {
-    ["answer", "ignore", "close"]
+    ["answer", "ack", "ignore", "close"]
         .into_iter()
         .find(|k| name.starts_with(k))
-        .unwrap_or_else(|| panic!("{name}: the name must start with answer-, ignore- or close-"))
+        .unwrap_or_else(|| {
+            panic!("{name}: the name must start with answer-, ack-, ignore- or close-")
+        })
 }
 
 fn kind(v: &Verdict) -> &'static str {
     match v {
         Verdict::Answer(_) => "answer",
+        Verdict::Ack { .. } => "ack",
         Verdict::Ignore => "ignore",
         Verdict::Close(_) => "close",
     }

@@ -197,7 +197,7 @@ async fn encode_time_atom_ids_reach_erl() {
 async fn spliced_payload_is_what_binary_to_term_reads() {
     use ecall_dist::internals::shard::{Element, Shard};
     use ecall_dist::wire::etf::BatchHeader;
-    let header = BatchHeader::new("a_ecall_1@h", 3, "ecall_rx_1");
+    let header = BatchHeader::new("a_ecall_1@h", 3, "ecall_rx_1", 5, 0);
     let shard = Shard::new(
         &header,
         BatchCaps {
@@ -240,8 +240,13 @@ async fn spliced_payload_is_what_binary_to_term_reads() {
     );
     let at = 5 + cur.position() as usize;
     let payload = &bytes[at..];
+    let mut stream = 5u64.to_be_bytes().to_vec();
+    stream.extend_from_slice(&0u32.to_be_bytes());
+    stream.extend_from_slice(&1u64.to_be_bytes());
     let expect = Term::from(Tuple::from(vec![
         atom("batch"),
+        atom("a_ecall_1@h"),
+        Term::from(eetf::Binary::from(stream)),
         Term::from(eetf::List::from(terms.to_vec())),
     ]));
     assert_eq!(Term::decode(std::io::Cursor::new(payload)).unwrap(), expect);
@@ -253,7 +258,10 @@ async fn spliced_payload_is_what_binary_to_term_reads() {
         "Bin = binary:decode_hex(<<\"{hex}\">>), io:format(\"~w~n\", [binary_to_term(Bin)]), erlang:halt()."
     );
     let mut erl = Erl::start(&epmd, COOKIE, &[], &eval);
-    assert_eq!(erl.line().await, "{batch,[one,{two,2}]}");
+    assert_eq!(
+        erl.line().await,
+        "{batch,a_ecall_1@h,<<0,0,0,0,0,0,0,5,0,0,0,0,0,0,0,0,0,0,0,1>>,[one,{two,2}]}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -308,17 +316,19 @@ async fn idle_link_survives_past_net_ticktime() {
     peer.close();
 }
 
-/// A link that the peer drops reports it and reconnects; what was queued
-/// meanwhile is delivered after.
+/// A link that the peer drops reports it and reconnects; the batch it had
+/// written and the peer had not acknowledged goes again, first, under its
+/// number, and what was queued meanwhile after it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn link_loss_is_reported_and_reconnects() {
     let epmd = Epmd::start().await;
     let id = identity(&epmd, COOKIE, Duration::from_secs(15)).await;
     // Prints the first batch, drops our connection, prints the next one.
     let eval = "register(sink, self()), io:format(\"ready~n\"), \
-                receive {batch, L1} -> io:format(\"~w~n\", [L1]) end, \
+                receive {batch, _, _, L1} -> io:format(\"~w~n\", [L1]) end, \
                 [N] = nodes(hidden), true = erlang:disconnect_node(N), io:format(\"dropped~n\"), \
-                receive {batch, L2} -> io:format(\"~w~n\", [L2]) end, erlang:halt().";
+                receive {batch, _, <<_:96, 1:64>>, R} -> io:format(\"again ~w~n\", [R]) end, \
+                receive {batch, _, <<_:96, 2:64>>, L2} -> io:format(\"~w~n\", [L2]) end, erlang:halt().";
     let mut erl = Erl::start(&epmd, COOKIE, &[], eval);
     assert_eq!(erl.line().await, "ready");
     let (peer, mut events) = open_peer(&id, &erl.node, COOKIE, "sink");
@@ -339,6 +349,7 @@ async fn link_loss_is_reported_and_reconnects() {
     }
     peer.push(0, element_body(&encode(&atom("second"))).unwrap(), 0);
     assert!(matches!(next_event(&mut events).await, Event::Up));
+    assert_eq!(erl.line().await, "again [first]");
     assert_eq!(erl.line().await, "[second]");
     peer.close();
 }
@@ -359,7 +370,7 @@ async fn restarted_peer_stops_the_link() {
     // The node halts after its batch; wait for the OS process to be gone.
     erl.exited().await;
     let eval = "register(sink, self()), io:format(\"ready~n\"), \
-                receive M -> io:format(\"~w~n\", [M]) end, \
+                receive {batch, _, <<_:96, S:64>>, L} -> io:format(\"~w ~w~n\", [S, L]) end, \
                 erlang:halt().";
     let mut again = Erl::start_named(&epmd, &name, eval);
     assert_eq!(again.line().await, "ready");
@@ -383,7 +394,9 @@ async fn restarted_peer_stops_the_link() {
         }
     }
     probe.push(0, element_body(&encode(&atom("probe"))).unwrap(), 0);
-    assert_eq!(again.line().await, "{batch,[probe]}");
+    // Batch 1 of the new peer: nothing of the old one (`first`, written
+    // and never acknowledged, and `second`) went to the new incarnation.
+    assert_eq!(again.line().await, "1 [probe]");
     probe.close();
 }
 

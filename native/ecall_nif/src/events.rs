@@ -29,10 +29,10 @@ impl LinkEvents for Events {
     fn up(&self, link: usize) {
         self.tell(link, |env| atoms::up().encode(env));
     }
-    fn down(&self, link: usize, reason: &LinkDown, unconfirmed: u64) {
+    fn down(&self, link: usize, reason: &LinkDown) {
         let reason = reason.clone();
         self.tell(link, move |env| {
-            (atoms::down(), down_reason(env, &reason), unconfirmed).encode(env)
+            (atoms::down(), down_reason(env, &reason)).encode(env)
         });
     }
     fn alive(&self, link: usize, node: &str) {
@@ -45,13 +45,12 @@ impl LinkEvents for Events {
 }
 
 /// The Erlang term of a link-down reason, as sent in
-/// `{ecall_link, K, {down, Reason, Unconfirmed}}` (`Unconfirmed`: requests
-/// possibly lost with the connection, see `LinkEvents::down`):
+/// `{ecall_link, K, {down, Reason}}` (what the link wrote and the peer did
+/// not acknowledge goes again on the next connection):
 ///
 /// ```text
 /// Reason = closed              % the peer was closed (peer_close/1)
-///        | stalled             % a write missed stall_timeout; the link's
-///                              % queue was dropped
+///        | stalled             % a write missed stall_timeout
 ///        | restarted           % the peer node has a new creation; the
 ///                              % link stopped for good
 ///        | alive               % the peer still holds our previous
@@ -63,7 +62,7 @@ impl LinkEvents for Events {
 ///        | {write, Posix}      % writing the socket failed
 ///        | {connect, Posix}    % the TCP connection to the peer failed
 ///        | {malformed, frame_too_large | unknown_frame_kind
-///                    | bad_distribution_header | bad_term}
+///                    | bad_distribution_header | bad_term | bad_ack}
 ///        | {epmd, binary()}    % the peer's epmd failed (text)
 ///        | {handshake, binary()}  % the handshake failed (text; a wrong
 ///                                 % cookie shows up here)
@@ -108,13 +107,15 @@ fn peer_stats<'a>(env: Env<'a>, peer: ResourceArc<PeerRes>) -> NifResult<Term<'a
         .collect();
     // The counters every link keeps; a peer's total is their sum.
     type Counter = fn(&LinkStats) -> &AtomicU64;
-    let counters: [(Atom, Counter); 20] = [
+    let counters: [(Atom, Counter); 22] = [
         (atoms::batches(), |l| &l.batches),
         (atoms::requests(), |l| &l.requests),
         (atoms::bytes(), |l| &l.bytes),
         (atoms::writes(), |l| &l.writes),
         (atoms::dropped(), |l| &l.dropped),
-        (atoms::unconfirmed(), |l| &l.unconfirmed),
+        (atoms::replayed(), |l| &l.replayed),
+        (atoms::replayed_requests(), |l| &l.replayed_requests),
+        (atoms::acks(), |l| &l.acks),
         (atoms::connects(), |l| &l.connects),
         (atoms::disconnects(), |l| &l.disconnects),
         (atoms::stalls(), |l| &l.stalls),
@@ -152,6 +153,9 @@ fn peer_stats<'a>(env: Env<'a>, peer: ResourceArc<PeerRes>) -> NifResult<Term<'a
     totals.extend([
         // Queued when the whole peer closed: no link's doing.
         (atoms::closed_drops(), s.dropped.load(Relaxed)),
+        // Written, not acknowledged when the peer closed.
+        (atoms::unconfirmed(), s.unconfirmed.load(Relaxed)),
+        (atoms::retained_bytes(), p.retained_bytes() as u64),
         (atoms::pushed(), s.pushed.load(Relaxed)),
         (atoms::full(), s.full.load(Relaxed)),
         (atoms::overflow_waits(), s.waits.load(Relaxed)),

@@ -41,7 +41,7 @@ mod atoms {
         ok, error, send, send_many, full, closed, large, wait, retry, direct, reply, reply_external, whole, ecall_link, ecall_cnode, ecall_room,
         up, down, alive, badarg, badrpc, all,
         pushed, batches, requests, bytes, writes, dropped, connects, disconnects,
-        stalls, unconfirmed, cached_atoms, queued_bytes, links_up, overflow_waits, overflow_drops, per_link, link, fragmented, lone, lone_partial, gathers, flushes, flush_handoffs, ecall_flush, urgent, wakes, closed_drops, links, shards, accepted, refused,
+        stalls, unconfirmed, replayed, replayed_requests, acks, retained_bytes, cached_atoms, queued_bytes, links_up, overflow_waits, overflow_drops, per_link, link, fragmented, lone, lone_partial, gathers, flushes, flush_handoffs, ecall_flush, urgent, wakes, closed_drops, links, shards, accepted, refused,
         node, creation, port, inbound_frames, inbound_answered, inbound_ignored, inbound_malformed,
         handshakes_timed_out, handshakes_shed_idle, handshakes_shed_stalled, accept_errors, stopped,
         // Link-down reasons (see `events::down_reason`).

@@ -57,7 +57,6 @@ use super::counted_write::write_with_deadline;
 use super::protocol::Flush;
 use super::tuning::{LONE_GAP_NS, LONE_MAX, URGENT_GAP_NS};
 use super::{LinkDown, LinkShared, LinkStats};
-use crate::net::sent::SentLog;
 use crate::net::stream::LinkWrite;
 use crate::queue::shard::{Element, Shard};
 use crate::wire::conn_atom_cache::OutCache;
@@ -80,17 +79,14 @@ pub(crate) struct WriteSide {
     /// once: the writer writes it before anything else.
     pub(super) pending: Vec<u8>,
     /// The requests that `pending` completes, and their batches: counted
-    /// as written when the writer has written it, as dropped if that fails.
+    /// as written when the writer has written it (they are kept until
+    /// acknowledged either way: `queue/shard.rs`).
     pub(super) pending_requests: u64,
     pub(super) pending_batches: u64,
-    /// What the socket took (`unconfirmed`, when the connection ends).
-    pub(super) sent: SentLog,
-    /// The socket's descriptor, valid while `wr` lives.
-    fd: std::os::fd::RawFd,
 }
 
 impl WriteSide {
-    pub(super) fn new(wr: LinkWrite, fd: std::os::fd::RawFd, atom_cache: bool) -> WriteSide {
+    pub(super) fn new(wr: LinkWrite, atom_cache: bool) -> WriteSide {
         WriteSide {
             wr,
             cache: atom_cache.then(OutCache::default),
@@ -99,26 +95,18 @@ impl WriteSide {
             pending: Vec::new(),
             pending_requests: 0,
             pending_batches: 0,
-            sent: SentLog::default(),
-            fd,
         }
     }
 
-    /// Requests on this connection that the peer may not have received:
-    /// those with bytes the kernel still holds (`None`: it does not say).
-    pub(super) fn unconfirmed(&self) -> Option<u64> {
-        crate::net::sent::unacked(self.fd).map(|n| self.sent.unconfirmed(n))
-    }
-
-    /// Writes `bufs` to the socket with the write deadline, and logs what
-    /// the socket took (see `net/sent.rs`). TLS is flushed with them.
+    /// Writes `bufs` to the socket with the write deadline. TLS is flushed
+    /// with them.
     pub(super) async fn write(
         &mut self,
         ls: &LinkStats,
         bufs: &[&[u8]],
         deadline: Option<Duration>,
     ) -> Result<(), LinkDown> {
-        write_with_deadline(ls, &mut self.wr, bufs, deadline, &mut self.sent).await?;
+        write_with_deadline(ls, &mut self.wr, bufs, deadline).await?;
         self.wr.flushed();
         Ok(())
     }
@@ -129,8 +117,7 @@ impl WriteSide {
         ls: &LinkStats,
         deadline: Option<Duration>,
     ) -> Result<(), LinkDown> {
-        let r =
-            write_with_deadline(ls, &mut self.wr, &[&self.scratch], deadline, &mut self.sent).await;
+        let r = write_with_deadline(ls, &mut self.wr, &[&self.scratch], deadline).await;
         self.trim();
         r?;
         self.wr.flushed();
@@ -144,7 +131,7 @@ impl WriteSide {
         ls: &LinkStats,
         deadline: Option<Duration>,
     ) -> Result<(), LinkDown> {
-        write_with_deadline(ls, &mut self.wr, &[], deadline, &mut self.sent).await?;
+        write_with_deadline(ls, &mut self.wr, &[], deadline).await?;
         self.wr.flushed();
         Ok(())
     }
@@ -172,7 +159,6 @@ impl WriteSide {
             ls.writes.fetch_add(1, Ordering::Relaxed);
             ls.bytes.fetch_add(written as u64, Ordering::Relaxed);
         }
-        self.sent.bytes(written as u64);
         let partial = written < self.scratch.len();
         if partial {
             ls.lone_partial.fetch_add(1, Ordering::Relaxed);
@@ -182,7 +168,6 @@ impl WriteSide {
         } else {
             ls.batches.fetch_add(batches, Ordering::Relaxed);
             ls.requests.fetch_add(requests, Ordering::Relaxed);
-            self.sent.requests(requests);
         }
         // TLS records the socket did not take are the writer's too.
         partial || self.wr.unsent()
@@ -251,7 +236,9 @@ impl LinkShared {
             if !side.takes_lone() {
                 return None;
             }
-            let text = shard.lone_frame(element.bytes, &mut side.plain) || element.text;
+            // Numbered and kept in its shard until acknowledged; `None`
+            // if the shard took a request meanwhile (this one queues).
+            let text = shard.lone_frame(element, &mut side.plain)?;
             side.scratch.clear();
             let hits = crate::wire::frame::frame_out(
                 side.cache.as_mut(),
@@ -263,6 +250,7 @@ impl LinkShared {
             cached_atoms.fetch_add(hits, Ordering::Relaxed);
             // The rest goes with the writer, woken for it.
             let partial = side.try_write_scratch(&self.stats, 1, 1);
+            self.note_written();
             self.stats.lone.fetch_add(1, Ordering::Relaxed);
             self.quiet_since.store(now, Ordering::Relaxed);
             Some(((), partial))
@@ -282,10 +270,11 @@ impl LinkShared {
     /// the socket did not take goes to the writer, woken for it (its room
     /// goes back to the budget at once, as a lone write's does: at most
     /// what the shards held below the thresholds above, and flushes hand
-    /// off while it is pending). Returns the batches it took (written, or
-    /// their rest left to the writer), with their shards: their buffers go
-    /// back to the shards, their room to the budget. None if it wrote
-    /// nothing.
+    /// off while it is pending). The batches it wrote are kept in their
+    /// shards until acknowledged; it returns those it took that have no
+    /// number (direct messages, written, or their rest left to the
+    /// writer), with their shards: their buffers go back to the shards,
+    /// their room to the budget.
     ///
     /// The lock of the side is taken, not tried: besides the writer (which
     /// holds it to park or take back its side), only a lone write that
@@ -330,10 +319,17 @@ impl LinkShared {
             cached_atoms.fetch_add(hits, Ordering::Relaxed);
             let n: u64 = frames.iter().map(|(_, f)| u64::from(f.count)).sum();
             let partial = side.try_write_scratch(&self.stats, frames.len() as u64, n);
+            self.note_written();
             self.stats.flushes.fetch_add(1, Ordering::Relaxed);
             side.trim();
             self.quiet_since.store(clock(), Ordering::Relaxed);
-            Some((frames, partial))
+            // Kept until acknowledged, under the side's lock: a lone write
+            // after this one keeps its batch after these (order of number).
+            let unkept: Vec<(usize, Frame)> = frames
+                .into_iter()
+                .filter_map(|(s, f)| shards[s].retain(f).map(|f| (s, f)))
+                .collect();
+            Some((unkept, partial))
         });
         match flushed {
             Flush::Wrote(frames) => frames,
@@ -375,10 +371,11 @@ mod tests {
     /// A request written alone to a socket that fails (its sending side
     /// shut down under the lent side): the caller's write takes nothing,
     /// leaves the whole frame to the writer and wakes it; the writer's
-    /// write fails, which ends the link and counts the request in
-    /// `dropped`, and not also in `requests`: pushed = written + dropped.
+    /// write fails, which ends the link. The request is kept in its shard
+    /// (numbered, its bytes in the budget), to go again on the next
+    /// connection: not dropped, and not counted as written.
     #[tokio::test]
-    async fn a_lone_write_that_fails_is_the_writers_and_counted_once() {
+    async fn a_lone_write_that_fails_is_kept_for_the_next_connection() {
         let peer = peer(1, false);
         let (stream, _theirs) = connection().await;
         let run = Running::start(&peer, stream);
@@ -395,8 +392,8 @@ mod tests {
         let ls = peer.link_stats(0).unwrap();
         assert_eq!((load(&ls.lone), load(&ls.lone_partial)), (1, 1));
         assert!(
-            peer.state().shards[0].is_empty(),
-            "written alone, not queued"
+            peer.state().shards[0].is_empty() && peer.state().shards[0].has_retained(),
+            "written alone, not queued, and kept"
         );
         // The whole frame is the writer's now, woken for it (it has not run).
         let link = &peer.state().links[0];
@@ -404,15 +401,12 @@ mod tests {
             .proto
             .lent_is(|s| s.pending_requests == 1 && s.pending.len() > SMALL.len()));
         assert_eq!(link.proto.writer(), crate::link::state::Writer::Awake);
-        let (why, _) = run.task.await.unwrap();
+        let why = run.task.await.unwrap();
         assert_eq!(why, LinkDown::Write(std::io::ErrorKind::BrokenPipe));
-        assert_eq!(load(&ls.dropped), 1);
+        assert_eq!(load(&ls.dropped), 0);
         assert_eq!(load(&ls.requests), 0);
-        assert_eq!(
-            load(&peer.stats().pushed),
-            load(&ls.requests) + load(&ls.dropped)
-        );
-        assert_eq!(peer.queued_bytes(), 0);
+        assert_eq!(peer.queued_bytes(), SMALL.len());
+        assert_eq!(peer.retained_bytes(), SMALL.len());
     }
 
     /// A flush the socket takes only in part (three requests of 20 KB,
@@ -420,7 +414,7 @@ mod tests {
     /// writer, woken for it, which writes it before anything queued
     /// after (a request pushed behind the flush): the peer reads the
     /// flush's batch whole, then that request. Each is counted written
-    /// once, and the budget ends empty.
+    /// once, and the budget ends empty once the peer acknowledged them.
     #[tokio::test]
     async fn a_flush_taken_in_part_leaves_the_rest_to_the_writer_first() {
         let peer = peer(1, true);
@@ -440,12 +434,13 @@ mod tests {
             |s| (s.pending_requests, s.pending_batches) == (3, 1) && !s.pending.is_empty()
         ));
         assert_eq!(link.proto.writer(), crate::link::state::Writer::Awake);
-        assert_eq!(peer.queued_bytes(), 0);
+        // Kept until acknowledged.
+        assert_eq!(peer.retained_bytes(), 60_015);
         assert_eq!(peer.push(0, &SMALL, 0), Push::Queued);
         let reading = tokio::spawn(async move { read_to_end(&mut theirs).await });
         writer_asleep(&peer).await;
         run.end_reader().await;
-        let (why, _) = run.task.await.unwrap();
+        let why = run.task.await.unwrap();
         assert_eq!(why, LinkDown::PeerClosed);
         let got = reading.await.unwrap();
         // Two frames (`<len:32> ...`): the flush's batch, then the request.
@@ -466,6 +461,7 @@ mod tests {
         assert!(frames[1].windows(SMALL.len()).any(|w| w == SMALL));
         assert_eq!((load(&ls.requests), load(&ls.batches)), (4, 2));
         assert_eq!(load(&ls.dropped), 0);
+        super::super::writer::tests::ack_all(&peer);
         assert_eq!(peer.queued_bytes(), 0);
     }
 }

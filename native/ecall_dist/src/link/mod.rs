@@ -60,9 +60,20 @@
 //!
 //! Every socket write has a deadline (`stall_timeout`) per bounded piece
 //! ([`STALL_PIECE`]); a write that does not make that much progress in time
-//! reaps the link: the socket is closed, what the link's shards hold is
-//! dropped and counted, its bytes go back to the budget (waking callers
-//! waiting for room), and the link reconnects.
+//! reaps the link: the socket is closed and the link reconnects. So does a
+//! link whose peer acknowledges nothing for `stall_timeout` while written
+//! batches wait for it (a peer that takes the bytes and processes none: its
+//! kernel buffers hold what the budget lets out). What its shards hold
+//! waits, within the budget (callers wait for room under the overflow
+//! policy).
+//!
+//! # Acknowledgements and resume
+//!
+//! Each shard numbers its batches; the peer's receiver processes each
+//! number once, in order, and acknowledges the last one it processed now
+//! and then (a message to `ecall_ack` on this link's node, read by the
+//! reader: `net/inbound.rs`). A written batch stays in its shard, its
+//! bytes in the budget, until acknowledged (`queue/shard.rs`).
 //!
 //! # Reconnect
 //!
@@ -70,12 +81,11 @@
 //! ([`LinkEvents::down`]) and the link tries again after a backoff that
 //! starts at `backoff_min` and doubles up to `backoff_max`; a successful
 //! connection resets it. What the shards hold stays queued meanwhile
-//! (bounded by the byte budget) and goes out once the link is back. A batch
-//! that was being written when the socket died is lost, as it would be with
-//! native distribution, and counted in `dropped`. Requests already on the
-//! socket whose bytes the peer had not acknowledged when the connection
-//! ended are counted in `unconfirmed`: they arrive only if the old
-//! connection gets them through before the peer drops it (`net/sent.rs`).
+//! (bounded by the byte budget); what was written and not acknowledged
+//! goes back to the front of its shard, and the next connection writes it
+//! again first, in order (counted in `replayed`). The receiver drops the
+//! numbers it has seen. Nothing is written again on a live connection, nor
+//! to a peer that restarted (a new creation: the link stops for good).
 //!
 //! # Shutdown
 //!
@@ -92,7 +102,7 @@ use crate::net::stall_write::STALL_PIECE;
 use crate::queue::shard::Backlog;
 use protocol::Protocol;
 use std::io;
-use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 mod backoff;
 mod clock;
@@ -117,10 +127,10 @@ pub(crate) use task::link_task;
 pub trait LinkEvents: Send + Sync + 'static {
     /// Link `link` is connected.
     fn up(&self, link: usize);
-    /// Link `link` lost its connection, or failed to make one.
-    /// `unconfirmed`: requests of that connection possibly lost with it
-    /// (counted in [`LinkStats::unconfirmed`] too; 0 for a failed attempt).
-    fn down(&self, link: usize, reason: &LinkDown, unconfirmed: u64);
+    /// Link `link` lost its connection, or failed to make one. What it
+    /// had written and the peer had not acknowledged goes again on the
+    /// next connection.
+    fn down(&self, link: usize, reason: &LinkDown);
     /// The peer still holds a connection under link `link`'s node name.
     fn alive(&self, link: usize, node: &str);
     /// The task of link `link` has ended (the peer was closed, or the peer
@@ -142,15 +152,16 @@ pub struct LinkStats {
     pub bytes: AtomicU64,
     /// Socket writes (one vectored write may carry several batches).
     pub writes: AtomicU64,
-    /// Requests dropped by this link: lost in a write that failed, or
-    /// queued when the link was reaped as stalled.
+    /// Requests lost by this link: a message sent straight to its target
+    /// (no number, so not kept) whose write failed.
     pub dropped: AtomicU64,
-    /// Requests possibly lost: written to a connection that then ended
-    /// (otherwise than by our close) while the kernel still held some of
-    /// their bytes, unacknowledged by the peer (see `net/sent.rs`). They
-    /// reached the peer only if the old connection got them through before
-    /// the peer dropped it: an upper bound.
-    pub unconfirmed: AtomicU64,
+    /// Batches written again on a new connection: kept, not acknowledged
+    /// when the last one ended.
+    pub replayed: AtomicU64,
+    /// The requests in them.
+    pub replayed_requests: AtomicU64,
+    /// Acknowledgements read from the peer.
+    pub acks: AtomicU64,
     /// Connections made (the first one included).
     pub connects: AtomicU64,
     /// Connections lost or failed.
@@ -183,6 +194,19 @@ pub struct LinkStats {
     pub inbound: InboundStats,
 }
 
+impl LinkShared {
+    /// A write put batches on the connection: if none waited for an
+    /// acknowledgement, they do from now.
+    pub(crate) fn note_written(&self) {
+        let _ = self.unacked_since.compare_exchange(
+            0,
+            clock::clock(),
+            Ordering::AcqRel,
+            Ordering::Relaxed,
+        );
+    }
+}
+
 /// Whether a gathering writer should stop waiting for company: the shard
 /// holds [`GATHER_REQUESTS`] or [`GATHER_BYTES`], or an urgent request.
 pub(crate) fn worth_writing(b: Backlog) -> bool {
@@ -195,11 +219,19 @@ pub(crate) struct LinkShared {
     /// The writer's state, its wake-up and its lent write side: the
     /// sleeping-writer protocol (`link/protocol.rs`).
     pub(crate) proto: Protocol<WriteSide>,
+    /// Told when an acknowledgement lets batches go: a draining writer
+    /// waits for the last one.
+    pub(crate) acked: tokio::sync::Notify,
     /// The link's counters.
     pub(crate) stats: LinkStats,
     /// Since when the link has been quiet (`clock::clock`): set when the
     /// writer goes to sleep and by each lone write.
     pub(crate) quiet_since: AtomicU64,
+    /// Since when the link has waited for an acknowledgement without one
+    /// coming (`clock::clock`; 0: nothing waits): set by the first write
+    /// after none waited, moved on by every acknowledgement that lets
+    /// batches go, 0 once nothing waits.
+    pub(crate) unacked_since: AtomicU64,
 }
 
 /// Why a link went down, or why an attempt to connect it failed: what
@@ -209,7 +241,7 @@ pub enum LinkDown {
     /// We closed it: the peer was closed.
     Closed,
     /// A write missed its deadline: the peer is not draining. What the
-    /// link's shards hold was dropped.
+    /// link's shards hold waits for the next connection.
     Stalled,
     /// The peer node restarted under the same name (a new creation); the
     /// link stopped for good.

@@ -5,8 +5,10 @@
 //! it; neither owns the other. It sits here, under `link`, so that imports
 //! keep running down: the handle names the links, never the reverse.
 //!
-//! - A link reaped as stalled gives back what its shards hold
-//!   ([`PeerState::drop_link_queue`]); other links' shards are untouched.
+//! - The shards are numbered streams of this peer's epoch (a random number
+//!   drawn when it is made): an acknowledgement lets go of what a shard
+//!   kept ([`PeerState::ack`]), a link that ends puts it back to be written
+//!   again ([`PeerState::rewind_link`]).
 //! - [`PeerState::drain`] refuses new pushes and lets each link write what
 //!   its shards hold, then stop; [`PeerState::close`] after it drops only
 //!   what no link could write.
@@ -60,8 +62,12 @@ pub struct PeerConfig {
 pub struct PeerStats {
     /// Requests accepted by `Peer::push`.
     pub pushed: AtomicU64,
-    /// Requests dropped when the peer closed.
+    /// Requests dropped when the peer closed: queued, never written.
     pub dropped: AtomicU64,
+    /// Requests written and not acknowledged when the peer closed: they
+    /// may or may not have been processed (the peer node restarted, or
+    /// went down).
+    pub unconfirmed: AtomicU64,
     /// Pushes refused for want of room.
     pub full: AtomicU64,
     /// Callers that waited for room (`Peer::wait_room`).
@@ -97,6 +103,9 @@ pub(crate) struct PeerState {
     refusing: AtomicBool,
     /// Creation of the peer at the first connection (0 until then).
     creation: AtomicU32,
+    /// This peer's epoch, in every batch's stream: a receiver tells a
+    /// stream of a later opening of the peer from one it has seen.
+    pub(crate) epoch: u64,
     /// Counters.
     pub(crate) stats: PeerStats,
 }
@@ -106,11 +115,13 @@ impl PeerState {
     /// of link `k` come from node `from[k]` (name, creation).
     pub(crate) fn new(config: PeerConfig, from: &[(String, u32)]) -> PeerState {
         let nlinks = from.len();
+        let epoch = new_epoch();
         let shards = (0..config.shards)
             .map(|s| {
                 let (node, creation) = &from[s % nlinks];
                 let to = &config.receivers[s % config.receivers.len()];
-                Shard::new(&BatchHeader::new(node, *creation, to), config.caps)
+                let header = BatchHeader::new(node, *creation, to, epoch, s as u32);
+                Shard::new(&header, config.caps)
             })
             .collect();
         let links = (0..nlinks).map(|_| LinkShared::default()).collect();
@@ -124,6 +135,7 @@ impl PeerState {
             closed: AtomicBool::new(false),
             refusing: AtomicBool::new(false),
             creation: AtomicU32::new(0),
+            epoch,
             stats: PeerStats::default(),
         }
     }
@@ -201,17 +213,57 @@ impl PeerState {
         }
     }
 
-    /// Drops what the shards of link `k` hold (counted in `dropped`) and
-    /// gives its bytes back to the budget, waking callers waiting for room.
-    pub(crate) fn drop_link_queue(&self, k: usize) {
-        let (mut n, mut b) = (0u64, 0usize);
-        for s in self.shards_of_link(k) {
-            let (sn, sb) = self.shards[s].clear();
-            n += sn;
-            b += sb as usize;
+    /// Whether link `k` has nothing left to write and nothing waiting
+    /// for an acknowledgement.
+    pub(crate) fn link_is_done(&self, k: usize) -> bool {
+        self.shards_of_link(k)
+            .all(|s| self.shards[s].is_empty() && !self.shards[s].has_retained())
+    }
+
+    /// The peer's receiver acknowledges batches of shard `shard` up to
+    /// number `seq`, on link `k` (in `epoch`): they are let go and their
+    /// room goes back. An acknowledgement of another epoch (an earlier
+    /// opening of this peer) is ignored; one of a shard that is not link
+    /// `k`'s, or of a number never sent, is malformed (`false`).
+    pub(crate) fn ack(&self, k: usize, epoch: u64, shard: u32, seq: u64) -> bool {
+        if epoch != self.epoch {
+            return true;
         }
-        self.links[k].stats.dropped.fetch_add(n, Ordering::Relaxed);
-        self.release(b);
+        let s = shard as usize;
+        if s >= self.shards.len() || self.link_of_shard(s) != k {
+            return false;
+        }
+        let Some(freed) = self.shards[s].ack(seq) else {
+            return false;
+        };
+        let link = &self.links[k];
+        link.stats.acks.fetch_add(1, Ordering::Relaxed);
+        if freed.requests > 0 {
+            self.release(freed.bytes);
+            // Progress: the stall clock starts again, or stops.
+            let waiting = self
+                .shards_of_link(k)
+                .any(|s| self.shards[s].has_retained());
+            let now = if waiting { super::clock::clock() } else { 0 };
+            link.unacked_since.store(now, Ordering::Release);
+            link.acked.notify_one();
+        }
+        true
+    }
+
+    /// Link `k`'s connection ended: what its shards kept goes back to be
+    /// written again, first, on the next one (counted in `replayed`).
+    pub(crate) fn rewind_link(&self, k: usize) {
+        self.links[k].unacked_since.store(0, Ordering::Release);
+        let ls = &self.links[k].stats;
+        for s in self.shards_of_link(k) {
+            let back = self.shards[s].rewind();
+            if back.requests > 0 {
+                ls.replayed.fetch_add(1, Ordering::Relaxed);
+                ls.replayed_requests
+                    .fetch_add(back.requests, Ordering::Relaxed);
+            }
+        }
     }
 
     /// Stops the links, drops what is queued and releases every waiter.
@@ -222,12 +274,32 @@ impl PeerState {
         }
         self.cancel.cancel();
         for s in self.shards.iter() {
-            let (n, b) = s.close();
-            self.stats.dropped.fetch_add(n, Ordering::Relaxed);
-            self.budget.forget(b as usize);
+            let c = s.close();
+            self.stats
+                .dropped
+                .fetch_add(c.queued.requests, Ordering::Relaxed);
+            self.stats
+                .unconfirmed
+                .fetch_add(c.retained.requests, Ordering::Relaxed);
+            self.budget.forget(c.queued.bytes + c.retained.bytes);
         }
         for f in self.budget.close() {
             f(false);
         }
     }
+}
+
+/// A number that no earlier opening of a peer on this node drew: the time
+/// and a counter, mixed (the receiver only tells epochs apart).
+fn new_epoch() -> u64 {
+    static OPENED: AtomicU64 = AtomicU64::new(0);
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    let mut x = t ^ OPENED
+        .fetch_add(1, Ordering::Relaxed)
+        .wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^ (x >> 31)
 }

@@ -49,8 +49,6 @@ async fn run_link(peer: Arc<PeerState>, k: usize, id: Arc<Identity>, events: Arc
             r = attempt => r,
         };
         let result = result.map(|r| r.and_then(|c| peer.same_incarnation(c.creation).map(|_| c)));
-        // Requests the connection's end left unconfirmed (net/sent.rs).
-        let mut unconfirmed = 0;
         let reason = match result {
             Ok(Err(Error::Restarted)) => {
                 peer.links[k]
@@ -61,7 +59,7 @@ async fn run_link(peer: Arc<PeerState>, k: usize, id: Arc<Identity>, events: Arc
                 // Links are numbered from 1 in logs, as the identities are.
                 // The owner logs the event (one line per event, ecall_conn).
                 tracing::debug!(peer = peer.node(), link = k + 1, %reason, "link stopped");
-                events.down(k, &reason, 0);
+                events.down(k, &reason);
                 return;
             }
             Ok(Ok(conn)) => {
@@ -71,17 +69,12 @@ async fn run_link(peer: Arc<PeerState>, k: usize, id: Arc<Identity>, events: Arc
                 peer.stats.links_up.fetch_add(1, Ordering::Relaxed);
                 ls.up.store(true, Ordering::Relaxed);
                 events.up(k);
-                let ended;
-                (ended, unconfirmed) = connected(&peer, k, &id, conn).await;
+                let ended = connected(&peer, k, &id, conn).await;
                 peer.links[k].stats.up.store(false, Ordering::Relaxed);
                 peer.stats.links_up.fetch_sub(1, Ordering::Relaxed);
-                if ended.is_stalled() {
-                    // A peer that does not drain will not drain what is
-                    // queued either: release it now (counted as dropped)
-                    // instead of holding the budget, and the callers
-                    // waiting for room, until the node is declared down.
-                    peer.drop_link_queue(k);
-                }
+                // What it wrote and the peer did not acknowledge goes
+                // again, first, on the next connection.
+                peer.rewind_link(k);
                 ended
             }
             Ok(Err(Error::Alive)) => {
@@ -100,7 +93,7 @@ async fn run_link(peer: Arc<PeerState>, k: usize, id: Arc<Identity>, events: Arc
             .fetch_add(1, Ordering::Relaxed);
         // The owner logs the event (one line per event, ecall_conn).
         tracing::debug!(peer = peer.node(), link = k + 1, %reason, "link down");
-        events.down(k, &reason, unconfirmed);
+        events.down(k, &reason);
         // A drain that starts during the backoff ends it: the link tries
         // at once to write what it holds (once: a drain under way does
         // not shorten the backoffs after).
@@ -129,27 +122,20 @@ async fn drain_idle(peer: &PeerState, k: usize) {
     }
 }
 
-/// Runs one connected link until it fails or the peer closes; returns why,
-/// and the requests its end left unconfirmed.
-async fn connected(
-    peer: &Arc<PeerState>,
-    k: usize,
-    id: &Identity,
-    conn: Connected,
-) -> (LinkDown, u64) {
-    let fd = conn.stream.raw_fd();
+/// Runs one connected link until it fails or the peer closes; returns why.
+async fn connected(peer: &Arc<PeerState>, k: usize, id: &Identity, conn: Connected) -> LinkDown {
     let (mut rd, wr) = conn.stream.into_split();
     let (ctl_tx, ctl_rx) = tokio::sync::mpsc::channel::<Vec<u8>>(16);
     let reading = Arc::clone(peer);
     let reader = tokio::spawn(async move {
         let stats = &reading.links[k].stats.inbound;
-        LinkDown::from_read(inbound::read_loop(&mut rd, ctl_tx, stats).await)
+        let ack = |epoch, shard, seq| reading.ack(k, epoch, shard, seq);
+        LinkDown::from_read(inbound::read_loop(&mut rd, ctl_tx, stats, &ack).await)
     });
     LinkWriter::new(
         Arc::clone(peer),
         k,
         wr,
-        fd,
         id.tick(),
         conn.atom_cache,
         conn.fragments,

@@ -181,7 +181,12 @@ async fn serve_passive(
 ) -> String {
     let (mut rd, mut wr) = stream.into_split();
     let (tx, mut rx) = tokio::sync::mpsc::channel::<Vec<u8>>(16);
-    let reader = async { inbound::read_loop(&mut rd, tx, stats).await.to_string() };
+    // No link writes on an accepted connection: nothing to acknowledge.
+    let reader = async {
+        inbound::read_loop(&mut rd, tx, stats, &|_, _, _| true)
+            .await
+            .to_string()
+    };
     let writer = async move {
         let mut ticker = tokio::time::interval(tick);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

@@ -1,11 +1,12 @@
 //! What a peer sends us: reading frames, checking them, and answering the
 //! one message a C-node must answer.
 //!
-//! A connected peer sends ticks (empty frames) and, rarely, messages to our
-//! node name. The only one we answer is net_kernel's `is_auth` call, which is
-//! what `net_adm:ping/1` sends. Everything else that is well formed is read,
-//! counted and ignored, so that the peer's writes never block on a full
-//! socket buffer.
+//! A connected peer sends ticks (empty frames), the acknowledgements of its
+//! receivers (`ecall_ack`, handed to the link: `queue/shard.rs`) and,
+//! rarely, other messages to our node name. The only one we answer is
+//! net_kernel's `is_auth` call, which is what `net_adm:ping/1` sends.
+//! Everything else that is well formed is read, counted and ignored, so
+//! that the peer's writes never block on a full socket buffer.
 //!
 //! Everything here is hostile input. The rules, each with its reason:
 //!
@@ -30,7 +31,12 @@
 //!                Payload {'$gen_call', {Pid, Tag}, {is_auth, Node}}
 //! answer       = Control {2, '', Pid}                (SEND)
 //!                Payload {Tag, yes}
+//! ack          = Control {6, From, '', ecall_ack}    (REG_SEND)
+//!                Payload <<Epoch:64, Shard:32, Seq:64>>
 //! ```
+//!
+//! An acknowledgement is checked by the link it came on: a shard that is
+//! not the link's, or a number it never sent, closes the connection.
 
 use crate::wire::conn_atom_cache::{Decoded, InCache};
 use crate::wire::etf;
@@ -62,6 +68,8 @@ pub enum Malformed {
     BadHeader,
     /// Terms that do not parse, or bytes after them.
     BadTerm,
+    /// An acknowledgement of a shard or a number the link never sent.
+    BadAck,
 }
 
 impl Malformed {
@@ -72,6 +80,7 @@ impl Malformed {
             Malformed::UnknownKind => "unknown_frame_kind",
             Malformed::BadHeader => "bad_distribution_header",
             Malformed::BadTerm => "bad_term",
+            Malformed::BadAck => "bad_ack",
         }
     }
 }
@@ -87,6 +96,16 @@ impl std::fmt::Display for Malformed {
 pub enum Verdict {
     /// Send this frame back (a plain pass-through frame, length included).
     Answer(Vec<u8>),
+    /// A receiver's acknowledgement: batches up to number `seq` of stream
+    /// `shard` in epoch `epoch` were processed.
+    Ack {
+        /// The epoch of the peer's opening.
+        epoch: u64,
+        /// The shard.
+        shard: u32,
+        /// The last number processed.
+        seq: u64,
+    },
     /// Well formed, nothing to answer.
     Ignore,
     /// Close the connection.
@@ -164,11 +183,43 @@ impl Inbound {
             [etf::VERSION, etf::DIST_FRAG_CONT, ..] => return Verdict::Ignore,
             _ => return Verdict::Close(Malformed::UnknownKind),
         };
+        if let Some((epoch, shard, seq)) = ack(body) {
+            return Verdict::Ack { epoch, shard, seq };
+        }
         match is_auth(body) {
             Some(answer) => Verdict::Answer(answer),
             None => Verdict::Ignore,
         }
     }
+}
+
+/// If a well-formed plain `body` is a receiver's acknowledgement, what it
+/// says: (epoch, shard, number).
+fn ack(body: &[u8]) -> Option<(u64, u32, u64)> {
+    // Control: 131 {6, From, Unused, ecall_ack}
+    let pos = tuple(body, 1, 4)?;
+    let pos =
+        (body.get(pos..pos + 2)? == [etf::SMALL_INTEGER_EXT, etf::REG_SEND]).then_some(pos + 2)?;
+    let pos = term_walk::term_end(body, pos)?; // From
+    let pos = term_walk::term_end(body, pos)?; // Unused
+    let pos = atom_is(body, pos, "ecall_ack")?;
+    // Payload: 131 <<Epoch:64, Shard:32, Seq:64>>, and nothing after.
+    let head = [
+        etf::VERSION,
+        etf::BINARY_EXT,
+        0,
+        0,
+        0,
+        etf::STREAM_LEN as u8,
+    ];
+    let data = body.get(pos..)?.strip_prefix(&head[..])?;
+    if data.len() != etf::STREAM_LEN {
+        return None;
+    }
+    let epoch = u64::from_be_bytes(data[..8].try_into().ok()?);
+    let shard = u32::from_be_bytes(data[8..12].try_into().ok()?);
+    let seq = u64::from_be_bytes(data[12..].try_into().ok()?);
+    Some((epoch, shard, seq))
 }
 
 /// Whether `body` is one or two terms, each with its version byte, that
@@ -260,12 +311,14 @@ impl std::fmt::Display for ReadEnd {
 }
 
 /// Reads frames until the connection fails or sends something malformed,
-/// handing every answer to the writer through `replies`; counts in `stats`
-/// and returns why it stopped.
+/// handing every answer to the writer through `replies` and every
+/// acknowledgement to `ack` (epoch, shard, number; `false`: malformed);
+/// counts in `stats` and returns why it stopped.
 pub async fn read_loop<R: AsyncRead + Unpin>(
     rd: &mut R,
     replies: tokio::sync::mpsc::Sender<Vec<u8>>,
     stats: &InboundStats,
+    ack: &(dyn Fn(u64, u32, u64) -> bool + Sync),
 ) -> ReadEnd {
     let mut buf = Vec::new();
     let mut inbound = Inbound::default();
@@ -279,6 +332,12 @@ pub async fn read_loop<R: AsyncRead + Unpin>(
                         stats.answered.fetch_add(1, Ordering::Relaxed);
                         if replies.send(reply).await.is_err() {
                             return ReadEnd::WriterGone;
+                        }
+                    }
+                    Verdict::Ack { epoch, shard, seq } => {
+                        if !ack(epoch, shard, seq) {
+                            stats.malformed.fetch_add(1, Ordering::Relaxed);
+                            return ReadEnd::Malformed(Malformed::BadAck);
                         }
                     }
                     Verdict::Ignore => {
@@ -516,7 +575,7 @@ mod tests {
         let stats = InboundStats::default();
         let (tx, _rx) = tokio::sync::mpsc::channel(1);
         let mut input: &[u8] = &[0, 0, 0, 0, 0, 0, 0, 2, 1, 2];
-        let end = read_loop(&mut input, tx, &stats).await;
+        let end = read_loop(&mut input, tx, &stats, &|_, _, _| true).await;
         assert!(
             matches!(end, ReadEnd::Malformed(Malformed::UnknownKind)),
             "{end}"

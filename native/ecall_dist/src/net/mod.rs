@@ -1,5 +1,4 @@
-//! The network: writes with a stall deadline ([`stall_write`]), what a
-//! socket took and what its kernel still holds ([`sent`]), TCP and TLS
+//! The network: writes with a stall deadline ([`stall_write`]), TCP and TLS
 //! streams ([`stream`]) and TLS configuration ([`tls`]), the checked
 //! reading of what a peer sends ([`inbound`]), and the C-node, in files
 //! named after its protocol steps: an identity ([`identity`]) registers
@@ -19,7 +18,6 @@ pub mod identity;
 pub mod inbound;
 pub(crate) mod log_every;
 pub mod pending;
-pub(crate) mod sent;
 pub(crate) mod stall_write;
 pub mod stream;
 pub mod tls;

@@ -41,9 +41,9 @@ pub enum LinkWrite {
 }
 
 impl LinkStream {
-    /// The TCP socket's descriptor (under TLS too), for
-    /// [`unacked`](crate::net::sent::unacked): valid
-    /// as long as either half of this stream lives.
+    /// The TCP socket's descriptor (under TLS too), for tests that act on
+    /// the socket itself: valid as long as either half of this stream
+    /// lives.
     pub fn raw_fd(&self) -> std::os::fd::RawFd {
         use std::os::fd::AsRawFd;
         match self {

@@ -12,6 +12,14 @@
 //! pid), a shard always belongs to the same link and names the same remote
 //! receiver, and every stage is FIFO: that is the per-caller order
 //! guarantee.
+//!
+//! A shard is also a numbered stream. Each batch gets the next number when
+//! it is sealed (`wire::etf::BatchHeader`). Once written, a batch is kept
+//! ([`Shard::retain`]) until the peer's receiver acknowledges its number or
+//! a later one ([`Shard::ack`]): its bytes stay in the peer's budget until
+//! then. When the connection ends, what is kept goes back to the front of
+//! the queue ([`Shard::rewind`]), to be written again, in order, before
+//! anything newer; the receiver drops the numbers it has processed.
 
 use crate::wire::etf::BatchHeader;
 use crate::wire::frame::Frame;
@@ -60,7 +68,7 @@ impl<'a> Element<'a> {
     }
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Inner {
     sealed: VecDeque<Frame>,
     open: Vec<u8>,
@@ -74,11 +82,69 @@ struct Inner {
     /// One spent buffer kept for reuse so that a steady stream of small
     /// batches does not allocate a fresh one each time.
     spare: Vec<u8>,
+    /// The number the next sealed batch gets (from 1).
+    next_seq: u64,
+    /// Batches written and not yet acknowledged, in order of number.
+    retained: VecDeque<Frame>,
     /// Set by [`Shard::close`] and [`Shard::shut`]: pushes are refused
     /// from then on. Checked under the lock, so that no push lands after
     /// the close emptied the shard (it would never be written, nor
     /// counted), nor after a drain found it empty.
     closed: bool,
+    /// Set by [`Shard::close`]: nothing is kept any more.
+    dead: bool,
+}
+
+impl Default for Inner {
+    fn default() -> Inner {
+        Inner {
+            sealed: VecDeque::new(),
+            open: Vec::new(),
+            open_count: 0,
+            open_text: false,
+            open_refs: 0,
+            open_urgent: false,
+            spare: Vec::new(),
+            next_seq: 1,
+            retained: VecDeque::new(),
+            closed: false,
+            dead: false,
+        }
+    }
+}
+
+impl Inner {
+    fn next_seq(&mut self) -> u64 {
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        seq
+    }
+}
+
+/// What a shard let go: requests and their element bytes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Tally {
+    /// Requests.
+    pub requests: u64,
+    /// Their element bytes (what the budget accounts for).
+    pub bytes: usize,
+}
+
+impl Tally {
+    fn add(&mut self, f: &Frame) {
+        self.requests += u64::from(f.count);
+        self.bytes += f.payload;
+    }
+}
+
+/// What a shard held when it was cleared.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Cleared {
+    /// Never written.
+    pub queued: Tally,
+    /// Written and not acknowledged: they may or may not have been
+    /// processed.
+    pub retained: Tally,
 }
 
 /// What a shard holds, as the push path and the writer's gathering see it.
@@ -200,7 +266,8 @@ impl Shard {
         let header_len = self.header.len();
         let mut bytes = std::mem::take(&mut g.open);
         let payload = bytes.len() - header_len;
-        BatchHeader::seal(&mut bytes, header_len, g.open_count);
+        let seq = g.next_seq();
+        BatchHeader::seal(&mut bytes, header_len, g.open_count, seq);
         let count = std::mem::replace(&mut g.open_count, 0);
         let text = std::mem::replace(&mut g.open_text, false) || self.header_text;
         let refs = std::mem::replace(&mut g.open_refs, 0);
@@ -211,6 +278,8 @@ impl Shard {
             payload,
             text,
             refs,
+            seq,
+            sent: false,
         });
     }
 
@@ -226,8 +295,9 @@ impl Shard {
     ) -> Option<R> {
         let mut bytes = self.header.clone();
         let payload = append_parts(&mut bytes, parts);
-        BatchHeader::seal(&mut bytes, self.header.len(), 1);
-        self.queue_alone(bytes, payload, under_lock)
+        // Its number is set when it is queued, under the lock.
+        BatchHeader::seal(&mut bytes, self.header.len(), 1, 0);
+        self.queue_alone(bytes, payload, true, under_lock)
     }
 
     /// Queues one large message for `to` on the peer (a pid, a registered
@@ -248,19 +318,20 @@ impl Shard {
         let mut bytes = self.batch.direct(to)?;
         let payload = append_parts(&mut bytes, parts);
         BatchHeader::seal_direct(&mut bytes);
-        self.queue_alone(bytes, payload, under_lock)
+        self.queue_alone(bytes, payload, false, under_lock)
     }
 
     /// Queues a frame of one large request, `payload` bytes of which are
     /// the request's, after what the shard holds: the open batch is sealed
-    /// first (order).
+    /// first (order). A batch (`numbered`) gets its number here; a direct
+    /// message has none.
     fn queue_alone<R>(
         &self,
-        bytes: Vec<u8>,
+        mut bytes: Vec<u8>,
         payload: usize,
+        numbered: bool,
         under_lock: impl FnOnce(Backlog) -> R,
     ) -> Option<R> {
-        let frame = Frame::alone(bytes, payload);
         let mut g = self.lock();
         if g.closed {
             return None;
@@ -268,20 +339,115 @@ impl Shard {
         if g.open_count > 0 {
             self.seal_open(&mut g);
         }
-        g.sealed.push_back(frame);
+        let seq = if numbered {
+            let seq = g.next_seq();
+            BatchHeader::set_seq(&mut bytes, self.header.len(), seq);
+            seq
+        } else {
+            0
+        };
+        g.sealed.push_back(Frame::alone(bytes, payload, seq));
         Some(under_lock(Backlog::FULL))
     }
 
     /// Builds in `out` the frame of a batch of this shard holding `element`
-    /// alone (external format without the version byte), for a lone write
-    /// (`link/lent_side.rs`). The shard itself is not touched. Returns whether
-    /// the header has atoms as text.
-    pub fn lone_frame(&self, element: &[u8], out: &mut Vec<u8>) -> bool {
+    /// alone, for a lone write (`link/lent_side.rs`), if the shard is empty
+    /// (else `None`: the request queues behind what is there). The batch
+    /// takes the next number and is kept as written ([`Shard::retain`]).
+    /// Returns whether the frame has atoms as text.
+    pub fn lone_frame(&self, element: Element<'_>, out: &mut Vec<u8>) -> Option<bool> {
+        let mut g = self.lock();
+        if g.closed || g.open_count > 0 || !g.sealed.is_empty() {
+            return None;
+        }
+        let seq = g.next_seq();
         out.clear();
         out.extend_from_slice(&self.header);
-        out.extend_from_slice(element);
-        BatchHeader::seal(out, self.header.len(), 1);
-        self.header_text
+        out.extend_from_slice(element.bytes);
+        BatchHeader::seal(out, self.header.len(), 1, seq);
+        let text = self.header_text || element.text;
+        g.retained.push_back(Frame {
+            bytes: out.clone(),
+            count: 1,
+            payload: element.bytes.len(),
+            text,
+            refs: element.refs.into(),
+            seq,
+            sent: true,
+        });
+        Some(text)
+    }
+
+    /// Keeps a written batch until it is acknowledged. A frame without a
+    /// number (a direct message) is not kept, nor is anything once the
+    /// shard is closed: it is given back, for its buffer and its room to
+    /// go back.
+    pub fn retain(&self, mut frame: Frame) -> Option<Frame> {
+        if frame.seq == 0 {
+            return Some(frame);
+        }
+        frame.sent = true;
+        let mut g = self.lock();
+        if g.dead {
+            return Some(frame);
+        }
+        // In order of number: written in order, so nearly always last.
+        let at = g
+            .retained
+            .iter()
+            .rposition(|f| f.seq < frame.seq)
+            .map_or(0, |i| i + 1);
+        g.retained.insert(at, frame);
+        None
+    }
+
+    /// The peer's receiver has processed every batch up to number `seq`:
+    /// those kept are let go. What they held (for the budget), or `None`
+    /// for a number this shard never gave (a malformed acknowledgement).
+    pub fn ack(&self, seq: u64) -> Option<Tally> {
+        let mut g = self.lock();
+        if seq >= g.next_seq {
+            return None;
+        }
+        let mut freed = Tally::default();
+        while g.retained.front().is_some_and(|f| f.seq <= seq) {
+            let f = g.retained.pop_front().expect("front checked");
+            freed.add(&f);
+            if f.bytes.capacity() <= 256 * 1024 && g.spare.capacity() < f.bytes.capacity() {
+                let mut bytes = f.bytes;
+                bytes.clear();
+                g.spare = bytes;
+            }
+        }
+        Some(freed)
+    }
+
+    /// The connection ended: what was kept goes back to the front of the
+    /// queue, in order, to be written again first. What went back.
+    pub fn rewind(&self) -> Tally {
+        let mut g = self.lock();
+        let mut back = Tally::default();
+        while let Some(f) = g.retained.pop_back() {
+            back.add(&f);
+            g.sealed.push_front(f);
+        }
+        back
+    }
+
+    /// Element bytes of the written batches that wait for their
+    /// acknowledgement.
+    pub fn retained_bytes(&self) -> usize {
+        self.lock().retained.iter().map(|f| f.payload).sum()
+    }
+
+    /// The number of the last batch sealed (0: none yet).
+    pub fn last_seq(&self) -> u64 {
+        self.lock().next_seq - 1
+    }
+
+    /// Whether written batches wait for their acknowledgement.
+    pub fn has_retained(&self) -> bool {
+        !self.lock().retained.is_empty()
     }
 
     /// Takes the oldest batch: a sealed one if any, else the open one.
@@ -315,16 +481,12 @@ impl Shard {
         }
     }
 
-    /// Drops everything queued; returns (requests, element bytes) dropped.
-    pub fn clear(&self) -> (u64, u64) {
-        let mut g = self.lock();
-        Self::clear_locked(&mut g, self.header.len())
-    }
-
-    /// [`Shard::clear`], and refuses every later push (returns `None`).
-    pub fn close(&self) -> (u64, u64) {
+    /// Drops everything queued and kept, and refuses every later push
+    /// (returns `None`): what it held.
+    pub fn close(&self) -> Cleared {
         let mut g = self.lock();
         g.closed = true;
+        g.dead = true;
         Self::clear_locked(&mut g, self.header.len())
     }
 
@@ -335,23 +497,28 @@ impl Shard {
         self.lock().closed = true;
     }
 
-    fn clear_locked(g: &mut Inner, header_len: usize) -> (u64, u64) {
-        let mut n = u64::from(g.open_count);
-        let mut b = if g.open_count > 0 {
-            (g.open.len() - header_len) as u64
-        } else {
-            0
-        };
+    fn clear_locked(g: &mut Inner, header_len: usize) -> Cleared {
+        let mut cleared = Cleared::default();
+        if g.open_count > 0 {
+            cleared.queued.requests = u64::from(g.open_count);
+            cleared.queued.bytes = g.open.len() - header_len;
+        }
+        // Written before (and put back by a rewind): maybe processed.
         for f in g.sealed.drain(..) {
-            n += u64::from(f.count);
-            b += f.payload as u64;
+            match f.sent {
+                true => cleared.retained.add(&f),
+                false => cleared.queued.add(&f),
+            }
+        }
+        for f in g.retained.drain(..) {
+            cleared.retained.add(&f);
         }
         g.open = Vec::new();
         g.open_count = 0;
         g.open_text = false;
         g.open_refs = 0;
         g.open_urgent = false;
-        (n, b)
+        cleared
     }
 }
 
@@ -361,7 +528,7 @@ mod tests {
 
     fn shard(max_count: u32, max_bytes: usize) -> Shard {
         Shard::new(
-            &BatchHeader::new("a_ecall_1@h", 1, "ecall_rx_1"),
+            &BatchHeader::new("a_ecall_1@h", 1, "ecall_rx_1", 7, 0),
             BatchCaps {
                 max_count,
                 max_bytes,
@@ -465,11 +632,15 @@ mod tests {
     fn a_closed_shard_refuses_pushes() {
         let s = shard(1000, 1 << 20);
         s.push(Element::text(&[97, 1]), |_| ()).unwrap();
-        assert_eq!(s.close(), (1, 2));
+        let queued = Tally {
+            requests: 1,
+            bytes: 2,
+        };
+        assert_eq!(s.close().queued, queued);
         assert!(s.push(Element::text(&[97, 2]), |_| ()).is_none());
         assert!(s.push_alone(&[&[97, 3]], |_| ()).is_none());
         assert!(s.take().is_none());
-        assert_eq!(s.clear(), (0, 0));
+        assert_eq!(s.close(), Cleared::default());
     }
 
     #[test]
@@ -517,12 +688,100 @@ mod tests {
     }
 
     #[test]
-    fn clear_accounts_for_everything() {
+    fn close_accounts_for_everything() {
         let s = shard(2, 1 << 20);
         for i in 0..5u8 {
             s.push(Element::text(&[97, i]), |_| ()).unwrap();
         }
-        assert_eq!(s.clear(), (5, 10));
-        assert!(s.is_empty());
+        let first = s.take().unwrap();
+        assert!(s.retain(first).is_none());
+        let c = s.close();
+        assert_eq!((c.queued.requests, c.queued.bytes), (3, 6));
+        assert_eq!((c.retained.requests, c.retained.bytes), (2, 4));
+        assert!(s.is_empty() && !s.has_retained());
+    }
+
+    /// The number in a frame's bytes (see `BatchHeader`).
+    fn seq_in(f: &Frame) -> u64 {
+        let b = &f.bytes;
+        // Before the list (108, count, elements, 106) of `f.payload` bytes.
+        let at = b.len() - 1 - f.payload - 5 - 8;
+        u64::from_be_bytes(b[at..at + 8].try_into().unwrap())
+    }
+
+    /// Batches are numbered from 1 as they are sealed, whatever seals them
+    /// (a take, a cap, a large request alone); a lone frame takes the
+    /// next number when the shard is empty, and none otherwise; a direct
+    /// message has no number.
+    #[test]
+    fn batches_are_numbered_in_order() {
+        let s = shard(2, 1 << 20);
+        for i in 0..3u8 {
+            s.push(Element::text(&[97, i]), |_| ()).unwrap();
+        }
+        s.push_alone(&[&[97, 9]], |_| ()).unwrap();
+        let pid = [
+            crate::wire::etf::NEW_PID_EXT,
+            crate::wire::etf::SMALL_ATOM_UTF8_EXT,
+            1,
+            b'b',
+            0,
+            0,
+            0,
+            1,
+            0,
+            0,
+            0,
+            0,
+            0,
+            0,
+            0,
+            1,
+        ];
+        s.push_direct(&pid, &[&[131, 97, 1]], |_| ()).unwrap();
+        let frames: Vec<Frame> = std::iter::from_fn(|| s.take()).collect();
+        let seqs: Vec<u64> = frames.iter().map(|f| f.seq).collect();
+        assert_eq!(seqs, [1, 2, 3, 0]);
+        for f in &frames[..3] {
+            assert_eq!(seq_in(f), f.seq);
+        }
+        let mut out = Vec::new();
+        assert!(s.lone_frame(Element::text(&[97, 5]), &mut out).is_some());
+        assert!(s.has_retained());
+        s.push(Element::text(&[97, 6]), |_| ()).unwrap();
+        assert!(s.lone_frame(Element::text(&[97, 7]), &mut out).is_none());
+        assert_eq!(s.take().unwrap().seq, 5);
+    }
+
+    /// Written batches are kept until acknowledged; an acknowledgement
+    /// lets go of every batch up to its number and gives their room; one
+    /// of a number never given is refused. At the connection's end what
+    /// is kept goes back to the front of the queue, before what came
+    /// after, in order.
+    #[test]
+    fn retained_until_acked_and_rewound_in_order() {
+        let s = shard(1, 1 << 20);
+        for i in 1..=4u8 {
+            s.push(Element::text(&[97, i]), |_| ()).unwrap();
+        }
+        let (f1, f2, f3) = (s.take().unwrap(), s.take().unwrap(), s.take().unwrap());
+        // Kept out of order (a failed pass given back late): in order.
+        assert!(s.retain(f2).is_none());
+        assert!(s.retain(f1).is_none());
+        assert!(s.retain(f3).is_none());
+        assert_eq!(s.ack(9), None);
+        assert_eq!(
+            s.ack(1),
+            Some(Tally {
+                requests: 1,
+                bytes: 2
+            })
+        );
+        assert_eq!(s.ack(1), Some(Tally::default()));
+        let back = s.rewind();
+        assert_eq!(back.requests, 2);
+        assert!(!s.has_retained());
+        let order: Vec<u64> = std::iter::from_fn(|| s.take()).map(|f| f.seq).collect();
+        assert_eq!(order, [2, 3, 4]);
     }
 }

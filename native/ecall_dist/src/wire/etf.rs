@@ -16,21 +16,27 @@
 //!
 //! ```text
 //! 0          4     5 = PLAIN_TERMS
-//! +----------+-----+-------------------------+--------------------------------------------+
-//! |  len:32  | 112 | 131 {6, From, '', To}   | 131 {batch, [<count:32> elements... 106]}  |
-//! +----------+-----+-------------------------+--------------------------------------------+
-//!            |<--------------------------------- len ------------------------------------>|
+//! +----------+-----+-------------------------+-------------------------------------------------------+
+//! |  len:32  | 112 | 131 {6, From, '', To}   | 131 {batch, Node, Stream, [<count:32> elements... 106]} |
+//! +----------+-----+-------------------------+-------------------------------------------------------+
+//!            |<--------------------------------------- len ---------------------------------------->|
 //!
 //! control  = 131 104 4  97 6  <From: 88 pid>  <'': 119 0>  <To: 119 n name>
-//! payload  = 131 104 2  <batch: 119 5 "batch">  108 <count:32>  element ... 106
+//! payload  = 131 104 4  <batch: 119 5 "batch">  <Node: 119 n name>
+//!            109 <20:32> <epoch:64> <shard:32> <seq:64>      (Stream, a binary)
+//!            108 <count:32>  element ... 106
 //! element  = one caller's term_to_binary output without its version byte
 //! ```
 //!
 //! The tags are [`PASS_THROUGH`] (112), [`VERSION`] (131),
 //! [`SMALL_TUPLE_EXT`] (104), [`SMALL_INTEGER_EXT`] (97), [`REG_SEND`] (6),
-//! [`NEW_PID_EXT`] (88), [`SMALL_ATOM_UTF8_EXT`] (119), [`LIST_EXT`] (108)
-//! and [`NIL_EXT`] (106). The length and the count are written when the
-//! batch is sealed ([`BatchHeader::seal`]).
+//! [`NEW_PID_EXT`] (88), [`SMALL_ATOM_UTF8_EXT`] (119), [`BINARY_EXT`]
+//! (109), [`LIST_EXT`] (108) and [`NIL_EXT`] (106). `Node` is the sending
+//! C-node's name (where the receiver sends its acknowledgements),
+//! `Stream` numbers the batch: the peer's epoch (one per opening of the
+//! peer), the shard, and the batch's number in that shard, from 1. The
+//! length, the number and the count are written when the batch is sealed
+//! ([`BatchHeader::seal`]).
 //!
 //! # The distribution-header form
 //!
@@ -172,12 +178,20 @@ pub fn put_atom(out: &mut Vec<u8>, name: &str) {
     out.extend_from_slice(bytes);
 }
 
+/// Bytes of a batch's `Stream` binary: epoch, shard, number.
+pub const STREAM_LEN: usize = 8 + 4 + 8;
+
+/// Where a batch's number sits before the end of its header: after it come
+/// the list's tag and its count.
+const SEQ_FROM_END: usize = 8 + 1 + 4;
+
 /// The fixed front of every batch frame sent from one C-node to one
 /// registered receiver, up to and including the list length field.
 ///
-/// Layout: `<len:32> 112 <131 {6, From, '', To}> <131 {batch, [` `<count:32>`.
-/// The length and the count are placeholders that [`BatchHeader::seal`]
-/// fills in once the batch is complete. Its atoms are id references
+/// Layout: `<len:32> 112 <131 {6, From, '', To}> <131 {batch, Node,
+/// Stream, [` `<count:32>`. The length, the batch's number (in `Stream`)
+/// and the count are placeholders that [`BatchHeader::seal`] fills in once
+/// the batch is complete. Its atoms are id references
 /// ([`crate::wire::fixed_atom_ids`]) when they have ids, else text.
 #[derive(Debug, Clone)]
 pub struct BatchHeader {
@@ -190,8 +204,9 @@ pub struct BatchHeader {
 
 impl BatchHeader {
     /// Header for batches from `from_node`'s pid `<0.1.0>` to the process
-    /// registered as `to_name` on the peer.
-    pub fn new(from_node: &str, creation: u32, to_name: &str) -> Self {
+    /// registered as `to_name` on the peer, numbered in stream `shard` of
+    /// epoch `epoch`.
+    pub fn new(from_node: &str, creation: u32, to_name: &str, epoch: u64, shard: u32) -> Self {
         let mut b = Vec::with_capacity(64 + from_node.len() + to_name.len());
         let mut text = false;
         let mut atom =
@@ -214,8 +229,14 @@ impl BatchHeader {
         let from = from_start..b.len();
         atom(&mut b, "");
         atom(&mut b, to_name);
-        b.extend_from_slice(&[VERSION, SMALL_TUPLE_EXT, 2]);
+        b.extend_from_slice(&[VERSION, SMALL_TUPLE_EXT, 4]);
         atom(&mut b, "batch");
+        atom(&mut b, from_node);
+        b.push(BINARY_EXT);
+        b.extend_from_slice(&(STREAM_LEN as u32).to_be_bytes());
+        b.extend_from_slice(&epoch.to_be_bytes());
+        b.extend_from_slice(&shard.to_be_bytes());
+        b.extend_from_slice(&0u64.to_be_bytes());
         b.extend_from_slice(&[LIST_EXT, 0, 0, 0, 0]);
         BatchHeader {
             bytes: b,
@@ -284,10 +305,18 @@ impl BatchHeader {
         &self.bytes
     }
 
+    /// Writes batch number `seq` into a sealed frame of this header (one
+    /// built before its number was known).
+    pub fn set_seq(frame: &mut [u8], header_len: usize, seq: u64) {
+        let at = header_len - SEQ_FROM_END;
+        frame[at..at + 8].copy_from_slice(&seq.to_be_bytes());
+    }
+
     /// Completes a frame that starts with this header and continues with
-    /// `count` elements: writes the length and the count and appends the
-    /// list tail.
-    pub fn seal(frame: &mut Vec<u8>, header_len: usize, count: u32) {
+    /// `count` elements, batch number `seq` of its stream: writes the
+    /// length, the number and the count and appends the list tail.
+    pub fn seal(frame: &mut Vec<u8>, header_len: usize, count: u32, seq: u64) {
+        BatchHeader::set_seq(frame, header_len, seq);
         frame[header_len - 4..header_len].copy_from_slice(&count.to_be_bytes());
         frame.push(NIL_EXT);
         let len = (frame.len() - 4) as u32;
@@ -331,6 +360,27 @@ mod tests {
         let mut v = Vec::new();
         put_atom(&mut v, &long);
         assert_eq!(&v[..3], &[118, 1, 44]);
+    }
+
+    /// A sealed batch carries `<<Epoch:64, Shard:32, Seq:64>>` as a
+    /// binary right before its list, whose count follows (how a real node
+    /// decodes it: `real_erl.rs`).
+    #[test]
+    fn a_sealed_batch_carries_its_stream_and_number() {
+        let h = BatchHeader::new("a_ecall_1@h", 1, "ecall_rx_1", 0x0102_0304_0506_0708, 9);
+        let mut f = h.as_bytes().to_vec();
+        f.extend_from_slice(&[SMALL_INTEGER_EXT, 5]);
+        BatchHeader::seal(&mut f, h.as_bytes().len(), 1, 77);
+        assert_eq!(
+            u32::from_be_bytes(f[..4].try_into().unwrap()) as usize,
+            f.len() - 4
+        );
+        let mut tail = vec![BINARY_EXT, 0, 0, 0, STREAM_LEN as u8];
+        tail.extend_from_slice(&0x0102_0304_0506_0708u64.to_be_bytes());
+        tail.extend_from_slice(&9u32.to_be_bytes());
+        tail.extend_from_slice(&77u64.to_be_bytes());
+        tail.extend_from_slice(&[LIST_EXT, 0, 0, 0, 1, SMALL_INTEGER_EXT, 5, NIL_EXT]);
+        assert!(f.ends_with(&tail), "{f:?}");
     }
 
     #[test]

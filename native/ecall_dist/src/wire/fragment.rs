@@ -121,16 +121,16 @@ mod tests {
 
     #[test]
     fn fragments_cover_the_terms_and_count_down() {
-        let header = BatchHeader::new("a_ecall_1@h", 1, "ecall_rx_1");
+        let header = BatchHeader::new("a_ecall_1@h", 1, "ecall_rx_1", 1, 0);
         let big = vec![7u8; 3 * FRAGMENT + 5];
         // A batch of one binary, as a shard builds it.
         let mut bytes = header.as_bytes().to_vec();
         bytes.push(etf::BINARY_EXT);
         bytes.extend_from_slice(&(big.len() as u32).to_be_bytes());
         bytes.extend_from_slice(&big);
-        BatchHeader::seal(&mut bytes, header.as_bytes().len(), 1);
+        BatchHeader::seal(&mut bytes, header.as_bytes().len(), 1, 1);
         let payload = bytes.len() - header.as_bytes().len();
-        let frame = Frame::alone(bytes, payload);
+        let frame = Frame::alone(bytes, payload, 1);
         let ranges = InFlight::ranges(&frame.bytes).unwrap();
         let expect: Vec<u8> = ranges
             .iter()

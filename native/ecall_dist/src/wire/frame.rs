@@ -20,18 +20,28 @@ pub struct Frame {
     pub text: bool,
     /// Atoms its elements wrote as id references.
     pub refs: u64,
+    /// Its number in its shard's stream (see `wire::etf::BatchHeader`),
+    /// from 1; 0 for a message that goes straight to its target, which
+    /// has none.
+    pub seq: u64,
+    /// Whether it was written (or began to be) on some connection: if it
+    /// is dropped, the peer may have processed it.
+    pub sent: bool,
 }
 
 impl Frame {
     /// The frame of one large request, `payload` bytes of which are the
-    /// request's, its atoms as text (it comes from `term_to_binary`).
-    pub fn alone(bytes: Vec<u8>, payload: usize) -> Self {
+    /// request's, its atoms as text (it comes from `term_to_binary`),
+    /// number `seq`.
+    pub fn alone(bytes: Vec<u8>, payload: usize, seq: u64) -> Self {
         Frame {
             bytes,
             count: 1,
             payload,
             text: true,
             refs: 0,
+            seq,
+            sent: false,
         }
     }
 }

@@ -113,7 +113,7 @@ impl LinkEvents for Events {
     fn up(&self, _link: usize) {
         let _ = self.0.send(Event::Up);
     }
-    fn down(&self, _link: usize, reason: &LinkDown, _unconfirmed: u64) {
+    fn down(&self, _link: usize, reason: &LinkDown) {
         let _ = self.0.send(Event::Down(reason.clone()));
     }
     fn alive(&self, _link: usize, _node: &str) {}
@@ -161,7 +161,10 @@ pub fn open_peer_with(
                 max_count: 1000,
                 max_bytes: 1 << 20,
             },
-            max_queue_bytes: 1 << 20,
+            // Written batches stay in the budget until acknowledged, and
+            // these nodes do not acknowledge: room for the tests that fill
+            // a stopped node's socket buffers (a few MB on loopback).
+            max_queue_bytes: 1 << 27,
             stall_timeout: Some(stall),
             backoff_min: Duration::from_millis(50),
             backoff_max: Duration::from_millis(500),
@@ -220,7 +223,7 @@ pub fn atom(s: &str) -> Term {
     Term::from(Atom::from(s))
 }
 
-/// A node that prints `ready`, then every element of every `{batch, L}`
+/// A node that prints `ready`, then every element of every `{batch, _, _, L}`
 /// its process `sink` receives (`~w`, one line each), and halts after `n`
 /// elements. How the elements were split into batches is the writer's
 /// choice (it takes what is there when it wakes), so nothing here depends
@@ -229,7 +232,7 @@ pub fn sink_eval(n: usize) -> String {
     format!(
         "register(sink, self()), io:format(\"ready~n\"), \
          Loop = fun L(0) -> erlang:halt(); \
-                    L(K) -> receive {{batch, B}} -> \
+                    L(K) -> receive {{batch, _, _, B}} -> \
                                 [io:format(\"~w~n\", [E]) || E <- B], L(K - length(B)) end end, \
          Loop({n})."
     )
