@@ -159,11 +159,9 @@ call(Node, M, F, A) ->
 %%     Stack}}': `Class' is `error' or `exit', `Stack' the stack trace of
 %%     the called function for an error, `[]' for an exit</td><td>raises `{exception, R, Stack}' (error),
 %%     `{exception, R}' (exit)</td></tr>
-%% <tr><td>cannot be reached: node down, link down, no connection</td>
-%%     <td>`{error, {badrpc, R}}': `R' is `noconnection', `nodedown',
-%%     `{link_down, Why}' (the link carrying the call went down; doc/behaviour.md,
-%%     section "Why a link went down", lists the values of `Why'), or the reason
-%%     the connection closed, such as `transport_change' (the call was in
+%% <tr><td>cannot be reached: node down, no connection</td>
+%%     <td>`{error, {badrpc, R}}': `R' is `noconnection', `nodedown', or the
+%%     reason the connection closed, such as `transport_change' (the call was in
 %%     flight for more than 60 s while its peer moved from the pure-Erlang
 %%     transport to the links)</td>
 %%     <td>raises `{erpc, noconnection}'</td></tr>

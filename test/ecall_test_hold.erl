@@ -2,7 +2,7 @@
 %% everything started later has stopped: started before ecall, it stops
 %% after it. Its stop tells `Owner' `{held, Node, Pid}' and waits for
 %% `release' at `Pid', so that a test can look at the node with ecall
-%% stopped and every other process still there (ecall_stop_SUITE).
+%% stopped and every other process still there (ecall_loss_SUITE).
 -module(ecall_test_hold).
 -behaviour(application).
 

@@ -1,9 +1,18 @@
-%% An orderly stop of the peer under traffic, ecall:send/2 against `!' in
-%% the same run: node B stops its ecall (`application:stop(ecall)', its
-%% node staying up, with traffic going on after) or the whole node
-%% (`init:stop/0', as every rolling deploy does) while 50 senders on this
-%% node send numbered messages to a process registered on B, which hands
-%% each to a collector here by `!'.
+%% What ecall loses where `!' loses nothing, under traffic: 50 senders on
+%% this node send numbered messages to a process registered on node B,
+%% which hands each to a collector here by `!'.
+%%
+%% - An orderly stop of the peer, ecall:send/2 against `!' in the same
+%%   run: B stops its ecall (`application:stop(ecall)', its node staying
+%%   up, with traffic going on after) or the whole node (`init:stop/0', as
+%%   every rolling deploy does).
+%% - Faults while both nodes stay connected: a link's connection dropped
+%%   or reset by the peer, a link reaped (the peer stopped past the stall
+%%   timeout), a receiver worker or the receivers' supervisor killed on
+%%   the peer, and the links that carry replies dropped under calls. `!'
+%%   is untouched by these (they are ecall's own connections and
+%%   processes): ecall must lose nothing, duplicate nothing, reorder
+%%   nothing.
 %%
 %% The oracle is exact: each sender ends with `{done, Id, N}' on the same
 %% path as its messages, and the collector counts, per sender, what came
@@ -13,16 +22,20 @@
 %% application started before ecall, so stopped after it) until the
 %% senders are done: ecall has stopped on B by then and its node is up,
 %% as it is during a real stop until its last applications go.
--module(ecall_stop_SUITE).
+-module(ecall_loss_SUITE).
 
 -include_lib("common_test/include/ct.hrl").
 -include_lib("stdlib/include/assert.hrl").
 
 -export([all/0, suite/0, init_per_suite/1, end_per_suite/1]).
 -export([init_stop_loses_no_more_than_bang/1, app_stop_loses_no_more_than_bang/1,
-         calls_and_casts_outlive_the_peers_stop/1]).
+         calls_and_casts_outlive_the_peers_stop/1,
+         a_dropped_link_loses_nothing/1, a_reset_link_loses_nothing/1,
+         a_reaped_link_loses_nothing/1, a_killed_receiver_loses_nothing/1,
+         a_killed_receiver_supervisor_loses_nothing/1,
+         dropped_reply_links_fail_no_call/1]).
 %% Run on B.
--export([sink/1]).
+-export([sink/1, reset_connection/1]).
 
 -define(SENDERS, 50).
 %% Messages received before the stop starts; messages each sender sends
@@ -38,7 +51,10 @@ suite() ->
 
 all() ->
     [init_stop_loses_no_more_than_bang, app_stop_loses_no_more_than_bang,
-     calls_and_casts_outlive_the_peers_stop].
+     calls_and_casts_outlive_the_peers_stop,
+     a_dropped_link_loses_nothing, a_reset_link_loses_nothing, a_reaped_link_loses_nothing,
+     a_killed_receiver_loses_nothing, a_killed_receiver_supervisor_loses_nothing,
+     dropped_reply_links_fail_no_call].
 
 init_per_suite(Config) ->
     ok = ecall_test_nodes:start_ecall(),
@@ -85,6 +101,89 @@ calls_and_casts_outlive_the_peers_stop(_Config) ->
         ecall_test_nodes:stop_node(NodeRef)
     end.
 
+%% Each of this node's links to B has its connection closed by B, in turn,
+%% under traffic.
+a_dropped_link_loses_nothing(_Config) ->
+    exact(run(ecall, drop_link)).
+
+%% The same, the connection reset (closed with no linger: a TCP reset).
+a_reset_link_loses_nothing(_Config) ->
+    exact(run(ecall, reset_link)).
+
+%% B stopped (SIGSTOP) past the stall timeout (1 s here): the links are
+%% reaped; B runs again, and they reconnect.
+a_reaped_link_loses_nothing(_Config) ->
+    ok = application:set_env(ecall, stall_timeout, 1000),
+    try exact(run(ecall, reap))
+    after application:unset_env(ecall, stall_timeout)
+    end.
+
+%% Each receiver worker of B killed, in turn, under traffic: what its
+%% mailbox held comes again.
+a_killed_receiver_loses_nothing(_Config) ->
+    exact(run(ecall, kill_receiver)).
+
+%% The receivers' supervisor of B killed under traffic (ecall on B
+%% restarts what came after it too).
+a_killed_receiver_supervisor_loses_nothing(_Config) ->
+    exact(run(ecall, kill_receiver_sup)).
+
+%% Callers on this node call B in a loop while B's links to this node,
+%% which carry the replies, are dropped in turn: every call returns its
+%% value, none fails, none is answered twice.
+dropped_reply_links_fail_no_call(_Config) ->
+    {B, _} = NodeRef = ecall_test_nodes:start_node(os:find_executable("erl")),
+    try
+        ok = ecall:connect(B),
+        ok = erpc:call(B, ecall, connect, [node()]),
+        Self = self(),
+        Callers = [spawn_link(fun() -> call_loop(Self, B, I, 1) end) || I <- lists:seq(1, 20)],
+        BIds = erpc:call(B, ecall, identities, []),
+        _ = [begin
+                 Before = calls_done(Callers),
+                 true = erlang:disconnect_node(Id),
+                 ok = ecall_test_nodes:await(calls_go_on,
+                                             fun() -> calls_done(Callers) > Before + 2000 end)
+             end || Id <- BIds],
+        [C ! {stop, Self} || C <- Callers],
+        Results = [receive {called, C, R} -> R end || C <- Callers],
+        ct:pal("calls per caller, and errors: ~p~nB's links: ~p",
+               [Results, maps:with([replayed, replayed_requests, disconnects],
+                                   element(2, erpc:call(B, ecall, stats, [node()])))]),
+        ?assertEqual([], [R || {_, Errors} = R <- Results, Errors =/= []])
+    after
+        ecall_test_nodes:stop_node(NodeRef)
+    end.
+
+%% Calls echo({I, Seq}) on B until told to stop; keeps the errors and any
+%% answer that is not its own.
+call_loop(Owner, B, I, Seq) ->
+    receive
+        {stop, To} -> To ! {called, self(), {Seq - 1, errors()}};
+        {done, To} -> To ! {done, self(), Seq - 1}, call_loop(Owner, B, I, Seq)
+    after 0 ->
+        case ecall:call(B, ecall_test_nodes, echo, [{I, Seq}]) of
+            {ok, {I, Seq}} -> ok;
+            Other -> put(errors, [{Seq, Other} | errors()])
+        end,
+        call_loop(Owner, B, I, Seq + 1)
+    end.
+
+errors() ->
+    case get(errors) of
+        undefined -> [];
+        E -> E
+    end.
+
+calls_done(Callers) ->
+    [C ! {done, self()} || C <- Callers],
+    lists:sum([receive {done, C, N} -> N end || C <- Callers]).
+
+%% Nothing lost, nothing twice or out of order.
+exact(#{lost := Lost, bad := Bad} = Result) ->
+    ct:pal("ecall:send/2: ~p", [Result]),
+    ?assertEqual({0, 0}, {Lost, Bad}).
+
 compare(#{lost := BangLost} = Bang, #{lost := Lost} = Ecall) ->
     ct:pal("`!': ~p~necall:send/2: ~p", [Bang, Ecall]),
     ?assertEqual(0, BangLost),
@@ -119,6 +218,51 @@ run(Way, Stop) ->
         ecall_test_nodes:stop_node(NodeRef)
     end.
 
+stop(Fault, B, Way, Collector, Senders)
+  when Fault =:= drop_link; Fault =:= reset_link ->
+    _ = [begin
+             ok = case Fault of
+                      drop_link -> true = erpc:call(B, erlang, disconnect_node, [Id]), ok;
+                      reset_link -> erpc:call(B, ?MODULE, reset_connection, [Id])
+                  end,
+             ok = received(Collector, ?BEFORE)
+         end || Id <- ecall:identities()],
+    finish(Way, B, Collector, Senders);
+stop(reap, B, Way, Collector, Senders) ->
+    OsPid = erpc:call(B, os, getpid, []),
+    {ok, #{stalls := S0}} = ecall:stats(B),
+    "" = os:cmd("kill -STOP " ++ OsPid),
+    try
+        ok = ecall_test_nodes:await(reaped, fun() ->
+                                                    {ok, #{stalls := S}} = ecall:stats(B),
+                                                    S > S0
+                                            end)
+    after
+        os:cmd("kill -CONT " ++ OsPid)
+    end,
+    ok = received(Collector, ?BEFORE),
+    finish(Way, B, Collector, Senders);
+stop(kill_receiver, B, Way, Collector, Senders) ->
+    _ = [begin
+             Old = erpc:call(B, erlang, whereis, [Name]),
+             true = erpc:call(B, erlang, exit, [Old, kill]),
+             ok = ecall_test_nodes:await(restarted, fun() ->
+                                                            New = erpc:call(B, erlang, whereis, [Name]),
+                                                            is_pid(New) andalso New =/= Old
+                                                    end),
+             ok = received(Collector, ?BEFORE)
+         end || Name <- [list_to_atom(binary_to_list(N))
+                         || N <- erpc:call(B, ecall_receiver_sup, names, [])]],
+    finish(Way, B, Collector, Senders);
+stop(kill_receiver_sup, B, Way, Collector, Senders) ->
+    Old = erpc:call(B, erlang, whereis, [ecall_receiver_sup]),
+    true = erpc:call(B, erlang, exit, [Old, kill]),
+    ok = ecall_test_nodes:await(restarted, fun() ->
+                                                   New = erpc:call(B, erlang, whereis, [ecall_rx_1]),
+                                                   is_pid(New)
+                                           end),
+    ok = received(Collector, ?BEFORE),
+    finish(Way, B, Collector, Senders);
 stop(init_stop, B, Way, Collector, Senders) ->
     ok = erpc:cast(B, init, stop, []),
     Held = receive {held, B, Pid} -> Pid after 60000 -> error(not_held) end,
@@ -196,6 +340,13 @@ wait_registered(B) ->
         undefined -> wait_registered(B);
         _ -> ok
     end.
+
+%% On B: closes the connection to `Node' with no linger (a TCP reset).
+reset_connection(Node) ->
+    {Node, Port} = lists:keyfind(Node, 1, erlang:system_info(dist_ctrl)),
+    ok = inet:setopts(Port, [{linger, {true, 0}}]),
+    true = erlang:port_close(Port),
+    ok.
 
 %% On B: hands everything to the collector by `!'.
 sink(Collector) ->
