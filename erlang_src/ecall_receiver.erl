@@ -154,7 +154,7 @@ numbered(Stream, Epoch, Seq, Requests, #state{skip = {Stream, Epoch, Seq, Done}}
     replay(Stream, Epoch, Seq, safe_nthtail(Done, Requests), S#state{skip = none});
 numbered(Stream, Epoch, Seq, Requests, #state{counters = C} = S) ->
     case ets:lookup(?STREAMS, Stream) of
-        [{_, Epoch, Last, _, _}] when Seq =< Last ->
+        [{_, Epoch, Last, _, _}] when Last > 0, Seq =< Last ->
             counters:add(C, ?DUPLICATES, 1),
             %% The peer sent it again: it has not had the acknowledgement.
             %% This number, not the last: a batch after it may be one a
@@ -162,27 +162,42 @@ numbered(Stream, Epoch, Seq, Requests, #state{counters = C} = S) ->
             note_ack(Stream, Epoch, Seq, S);
         [{_, Epoch, Last, _, _}] when Seq =:= Last + 1 ->
             replay(Stream, Epoch, Seq, Requests, S);
+        [{_, Epoch, 0, _, First}] when Seq =< First ->
+            %% The start of a stream whose first number seen here was
+            %% `First', a gap: what the peer writes again after the resume.
+            replay(Stream, Epoch, Seq, Requests, S);
         [{_, Epoch, Last, _, Resumed}] ->
-            gap(Stream, Last, Resumed, S);
+            gap(Stream, Epoch, Last, Seq, Resumed, S);
         [{_, _Earlier, _, _, _}] when Seq =:= 1 ->
             replay(Stream, Epoch, Seq, Requests, S);
-        [{_, _Earlier, Last, _, Resumed}] ->
-            gap(Stream, Last, Resumed, S);
-        [] ->
-            %% A stream never seen here: nothing to tell it from.
-            replay(Stream, Epoch, Seq, Requests, S)
+        [] when Seq =:= 1 ->
+            replay(Stream, Epoch, Seq, Requests, S);
+        _ ->
+            %% A stream (or an epoch) that does not start at 1 here: its
+            %% first batches were lost on the way (a worker killed with
+            %% them), or this node's ecall forgot it (it crashed).
+            gap(Stream, Epoch, 0, Seq, 0, S)
     end.
 
-%% Batches between the last one processed and this one were lost on the
-%% way: the link's connection is closed, once per gap, and the peer writes
-%% again what is not acknowledged.
--spec gap({node(), non_neg_integer()}, non_neg_integer(), non_neg_integer(), #state{}) ->
-          #state{}.
-gap(_Stream, Last, Last, S) ->
+%% Batches between the last one processed (`Last', 0: none) and this one
+%% were lost on the way: the link's connection is closed, once per gap,
+%% and the peer writes again what is not acknowledged. Until it does,
+%% later numbers (`Resumed' set) are dropped without closing again: after
+%% the last one processed, the next; of a stream not started, one no later
+%% than the first seen.
+-spec gap({node(), non_neg_integer()}, binary(), non_neg_integer(), pos_integer(),
+          non_neg_integer(), #state{}) -> #state{}.
+gap(_Stream, _Epoch, Last, _Seq, Last, S) when Last > 0 ->
     S;
-gap({Node, _} = Stream, Last, _Resumed, #state{counters = C} = S) ->
+gap(_Stream, _Epoch, 0, _Seq, Resumed, S) when Resumed > 0 ->
+    S;
+gap({Node, _} = Stream, Epoch, Last, Seq, _Resumed, #state{counters = C, index = I} = S) ->
     counters:add(C, ?RESUMES, 1),
-    _ = ets:update_element(?STREAMS, Stream, {5, Last}),
+    Mark = case Last of
+               0 -> Seq;
+               _ -> Last
+           end,
+    true = ets:insert(?STREAMS, {Stream, Epoch, Last, I, Mark}),
     _ = erlang:disconnect_node(Node),
     S.
 

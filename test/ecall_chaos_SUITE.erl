@@ -386,6 +386,9 @@ do_kill_link(K) ->
 %% Kills receiver worker K of the peer (if it has that many), and waits
 %% for its successor: what the dead one had not processed comes again.
 do_kill_receiver(K) ->
+    %% A fault for the calls: what comes again comes after a reconnect,
+    %% which a short timeout may not wait for.
+    fault(),
     B = w(b),
     Names = erpc:call(B, ecall_receiver_sup, names, []),
     Name = binary_to_atom(lists:nth(1 + (K - 1) rem length(Names), Names)),
@@ -402,6 +405,7 @@ do_kill_receiver(K) ->
 %% both ways as at the start of a sequence. Traffic meanwhile goes by
 %% plain distribution, behind the close.
 do_restart_ecall() ->
+    fault(),
     B = w(b),
     ok = erpc:call(B, application, stop, [ecall]),
     case ecall:last_stats(B) of

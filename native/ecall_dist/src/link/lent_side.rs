@@ -238,7 +238,7 @@ impl LinkShared {
             }
             // Numbered and kept in its shard until acknowledged; `None`
             // if the shard took a request meanwhile (this one queues).
-            let text = shard.lone_frame(element, &mut side.plain)?;
+            let text = shard.lone_frame(element, &mut side.plain, now)?;
             side.scratch.clear();
             let hits = crate::wire::frame::frame_out(
                 side.cache.as_mut(),
@@ -250,7 +250,6 @@ impl LinkShared {
             cached_atoms.fetch_add(hits, Ordering::Relaxed);
             // The rest goes with the writer, woken for it.
             let partial = side.try_write_scratch(&self.stats, 1, 1);
-            self.note_written();
             self.stats.lone.fetch_add(1, Ordering::Relaxed);
             self.quiet_since.store(now, Ordering::Relaxed);
             Some(((), partial))
@@ -319,15 +318,15 @@ impl LinkShared {
             cached_atoms.fetch_add(hits, Ordering::Relaxed);
             let n: u64 = frames.iter().map(|(_, f)| u64::from(f.count)).sum();
             let partial = side.try_write_scratch(&self.stats, frames.len() as u64, n);
-            self.note_written();
             self.stats.flushes.fetch_add(1, Ordering::Relaxed);
             side.trim();
-            self.quiet_since.store(clock(), Ordering::Relaxed);
+            let now = clock();
+            self.quiet_since.store(now, Ordering::Relaxed);
             // Kept until acknowledged, under the side's lock: a lone write
             // after this one keeps its batch after these (order of number).
             let unkept: Vec<(usize, Frame)> = frames
                 .into_iter()
-                .filter_map(|(s, f)| shards[s].retain(f).map(|f| (s, f)))
+                .filter_map(|(s, f)| shards[s].retain(f, now).map(|f| (s, f)))
                 .collect();
             Some((unkept, partial))
         });

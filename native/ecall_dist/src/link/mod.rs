@@ -61,8 +61,8 @@
 //! Every socket write has a deadline (`stall_timeout`) per bounded piece
 //! ([`STALL_PIECE`]); a write that does not make that much progress in time
 //! reaps the link: the socket is closed and the link reconnects. So does a
-//! link whose peer acknowledges nothing for `stall_timeout` while written
-//! batches wait for it (a peer that takes the bytes and processes none: its
+//! link one of whose shards has waited `stall_timeout` for an
+//! acknowledgement with none coming (a peer that takes the bytes and processes none: its
 //! kernel buffers hold what the budget lets out). What its shards hold
 //! waits, within the budget (callers wait for room under the overflow
 //! policy).
@@ -102,7 +102,7 @@ use crate::net::stall_write::STALL_PIECE;
 use crate::queue::shard::Backlog;
 use protocol::Protocol;
 use std::io;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64};
 
 mod backoff;
 mod clock;
@@ -194,19 +194,6 @@ pub struct LinkStats {
     pub inbound: InboundStats,
 }
 
-impl LinkShared {
-    /// A write put batches on the connection: if none waited for an
-    /// acknowledgement, they do from now.
-    pub(crate) fn note_written(&self) {
-        let _ = self.unacked_since.compare_exchange(
-            0,
-            clock::clock(),
-            Ordering::AcqRel,
-            Ordering::Relaxed,
-        );
-    }
-}
-
 /// Whether a gathering writer should stop waiting for company: the shard
 /// holds [`GATHER_REQUESTS`] or [`GATHER_BYTES`], or an urgent request.
 pub(crate) fn worth_writing(b: Backlog) -> bool {
@@ -227,11 +214,6 @@ pub(crate) struct LinkShared {
     /// Since when the link has been quiet (`clock::clock`): set when the
     /// writer goes to sleep and by each lone write.
     pub(crate) quiet_since: AtomicU64,
-    /// Since when the link has waited for an acknowledgement without one
-    /// coming (`clock::clock`; 0: nothing waits): set by the first write
-    /// after none waited, moved on by every acknowledgement that lets
-    /// batches go, 0 once nothing waits.
-    pub(crate) unacked_since: AtomicU64,
 }
 
 /// Why a link went down, or why an attempt to connect it failed: what

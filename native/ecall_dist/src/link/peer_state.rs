@@ -213,6 +213,16 @@ impl PeerState {
         }
     }
 
+    /// Since when the longest wait for an acknowledgement among link
+    /// `k`'s shards has gone on with none coming (0: none waits).
+    pub(crate) fn link_waiting_since(&self, k: usize) -> u64 {
+        self.shards_of_link(k)
+            .map(|s| self.shards[s].waiting_since())
+            .filter(|&t| t != 0)
+            .min()
+            .unwrap_or(0)
+    }
+
     /// Whether link `k` has nothing left to write and nothing waiting
     /// for an acknowledgement.
     pub(crate) fn link_is_done(&self, k: usize) -> bool {
@@ -233,19 +243,13 @@ impl PeerState {
         if s >= self.shards.len() || self.link_of_shard(s) != k {
             return false;
         }
-        let Some(freed) = self.shards[s].ack(seq) else {
+        let Some(freed) = self.shards[s].ack(seq, super::clock::clock()) else {
             return false;
         };
         let link = &self.links[k];
         link.stats.acks.fetch_add(1, Ordering::Relaxed);
         if freed.requests > 0 {
             self.release(freed.bytes);
-            // Progress: the stall clock starts again, or stops.
-            let waiting = self
-                .shards_of_link(k)
-                .any(|s| self.shards[s].has_retained());
-            let now = if waiting { super::clock::clock() } else { 0 };
-            link.unacked_since.store(now, Ordering::Release);
             link.acked.notify_one();
         }
         true
@@ -254,7 +258,6 @@ impl PeerState {
     /// Link `k`'s connection ended: what its shards kept goes back to be
     /// written again, first, on the next one (counted in `replayed`).
     pub(crate) fn rewind_link(&self, k: usize) {
-        self.links[k].unacked_since.store(0, Ordering::Release);
         let ls = &self.links[k].stats;
         for s in self.shards_of_link(k) {
             let back = self.shards[s].rewind();

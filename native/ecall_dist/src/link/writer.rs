@@ -296,9 +296,7 @@ impl LinkWriter {
         let Some(deadline) = self.deadline else {
             return false;
         };
-        let since = self.peer.links[self.k]
-            .unacked_since
-            .load(Ordering::Acquire);
+        let since = self.peer.link_waiting_since(self.k);
         since != 0 && super::clock::clock().saturating_sub(since) >= deadline.as_nanos() as u64
     }
 
@@ -309,10 +307,7 @@ impl LinkWriter {
         let Some(deadline) = self.deadline else {
             return far;
         };
-        match self.peer.links[self.k]
-            .unacked_since
-            .load(Ordering::Acquire)
-        {
+        match self.peer.link_waiting_since(self.k) {
             0 => far,
             since => {
                 let waited = super::clock::clock().saturating_sub(since);
@@ -326,7 +321,6 @@ impl LinkWriter {
     fn stalled(&self) -> LinkDown {
         let link = &self.peer.links[self.k];
         link.stats.stalls.fetch_add(1, Ordering::Relaxed);
-        link.unacked_since.store(0, Ordering::Release);
         LinkDown::Stalled
     }
 
@@ -418,9 +412,6 @@ impl LinkWriter {
         let (n, _) = tally(done);
         ls.batches.fetch_add(done.len() as u64, Ordering::Relaxed);
         ls.requests.fetch_add(n, Ordering::Relaxed);
-        if !done.is_empty() {
-            self.peer.links[self.k].note_written();
-        }
         for (s, f) in done.drain(..) {
             self.keep(s, f, true);
         }
@@ -439,7 +430,7 @@ impl LinkWriter {
     /// not `written` it is lost, counted in `dropped`.
     fn keep(&self, s: usize, f: Frame, written: bool) {
         let peer = &self.peer;
-        if let Some(f) = peer.shards[s].retain(f) {
+        if let Some(f) = peer.shards[s].retain(f, super::clock::clock()) {
             if !written {
                 peer.links[self.k]
                     .stats

@@ -24,6 +24,7 @@
 use crate::wire::etf::BatchHeader;
 use crate::wire::frame::Frame;
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
 /// Caps on one batch. They are safety valves, not operating points: under
@@ -182,6 +183,12 @@ fn append_parts(bytes: &mut Vec<u8>, parts: &[&[u8]]) -> usize {
 #[derive(Debug)]
 pub struct Shard {
     inner: Mutex<Inner>,
+    /// Since when written batches have waited for an acknowledgement with
+    /// none coming (a time of the caller's clock; 0: none waits): set when
+    /// the first is kept, moved on by each acknowledgement that lets some
+    /// go, 0 when none is left. Written under the lock, read without it
+    /// (the link's watchdog: [`Shard::waiting_since`]).
+    waiting: AtomicU64,
     header: Vec<u8>,
     /// Whether the header has atoms as text.
     header_text: bool,
@@ -195,6 +202,7 @@ impl Shard {
     pub fn new(header: &BatchHeader, caps: BatchCaps) -> Self {
         Shard {
             inner: Mutex::new(Inner::default()),
+            waiting: AtomicU64::new(0),
             header: header.as_bytes().to_vec(),
             header_text: header.has_text(),
             batch: header.clone(),
@@ -355,7 +363,7 @@ impl Shard {
     /// (else `None`: the request queues behind what is there). The batch
     /// takes the next number and is kept as written ([`Shard::retain`]).
     /// Returns whether the frame has atoms as text.
-    pub fn lone_frame(&self, element: Element<'_>, out: &mut Vec<u8>) -> Option<bool> {
+    pub fn lone_frame(&self, element: Element<'_>, out: &mut Vec<u8>, now: u64) -> Option<bool> {
         let mut g = self.lock();
         if g.closed || g.open_count > 0 || !g.sealed.is_empty() {
             return None;
@@ -366,6 +374,9 @@ impl Shard {
         out.extend_from_slice(element.bytes);
         BatchHeader::seal(out, self.header.len(), 1, seq);
         let text = self.header_text || element.text;
+        if g.retained.is_empty() {
+            self.waiting.store(now, Ordering::Release);
+        }
         g.retained.push_back(Frame {
             bytes: out.clone(),
             count: 1,
@@ -378,11 +389,11 @@ impl Shard {
         Some(text)
     }
 
-    /// Keeps a written batch until it is acknowledged. A frame without a
-    /// number (a direct message) is not kept, nor is anything once the
-    /// shard is closed: it is given back, for its buffer and its room to
-    /// go back.
-    pub fn retain(&self, mut frame: Frame) -> Option<Frame> {
+    /// Keeps a written batch until it is acknowledged (`now`: the time, on
+    /// the clock of [`Shard::waiting_since`]). A frame without a number (a
+    /// direct message) is not kept, nor is anything once the shard is
+    /// closed: it is given back, for its buffer and its room to go back.
+    pub fn retain(&self, mut frame: Frame, now: u64) -> Option<Frame> {
         if frame.seq == 0 {
             return Some(frame);
         }
@@ -392,6 +403,9 @@ impl Shard {
             return Some(frame);
         }
         // In order of number: written in order, so nearly always last.
+        if g.retained.is_empty() {
+            self.waiting.store(now, Ordering::Release);
+        }
         let at = g
             .retained
             .iter()
@@ -401,10 +415,16 @@ impl Shard {
         None
     }
 
+    /// Since when written batches have waited for an acknowledgement with
+    /// none coming (0: none waits).
+    pub fn waiting_since(&self) -> u64 {
+        self.waiting.load(Ordering::Acquire)
+    }
+
     /// The peer's receiver has processed every batch up to number `seq`:
     /// those kept are let go. What they held (for the budget), or `None`
     /// for a number this shard never gave (a malformed acknowledgement).
-    pub fn ack(&self, seq: u64) -> Option<Tally> {
+    pub fn ack(&self, seq: u64, now: u64) -> Option<Tally> {
         let mut g = self.lock();
         if seq >= g.next_seq {
             return None;
@@ -419,6 +439,11 @@ impl Shard {
                 g.spare = bytes;
             }
         }
+        if g.retained.is_empty() {
+            self.waiting.store(0, Ordering::Release);
+        } else if freed.requests > 0 {
+            self.waiting.store(now, Ordering::Release);
+        }
         Some(freed)
     }
 
@@ -427,6 +452,7 @@ impl Shard {
     pub fn rewind(&self) -> Tally {
         let mut g = self.lock();
         let mut back = Tally::default();
+        self.waiting.store(0, Ordering::Release);
         while let Some(f) = g.retained.pop_back() {
             back.add(&f);
             g.sealed.push_front(f);
@@ -487,6 +513,7 @@ impl Shard {
         let mut g = self.lock();
         g.closed = true;
         g.dead = true;
+        self.waiting.store(0, Ordering::Release);
         Self::clear_locked(&mut g, self.header.len())
     }
 
@@ -694,7 +721,7 @@ mod tests {
             s.push(Element::text(&[97, i]), |_| ()).unwrap();
         }
         let first = s.take().unwrap();
-        assert!(s.retain(first).is_none());
+        assert!(s.retain(first, 1).is_none());
         let c = s.close();
         assert_eq!((c.queued.requests, c.queued.bytes), (3, 6));
         assert_eq!((c.retained.requests, c.retained.bytes), (2, 4));
@@ -746,10 +773,10 @@ mod tests {
             assert_eq!(seq_in(f), f.seq);
         }
         let mut out = Vec::new();
-        assert!(s.lone_frame(Element::text(&[97, 5]), &mut out).is_some());
+        assert!(s.lone_frame(Element::text(&[97, 5]), &mut out, 1).is_some());
         assert!(s.has_retained());
         s.push(Element::text(&[97, 6]), |_| ()).unwrap();
-        assert!(s.lone_frame(Element::text(&[97, 7]), &mut out).is_none());
+        assert!(s.lone_frame(Element::text(&[97, 7]), &mut out, 1).is_none());
         assert_eq!(s.take().unwrap().seq, 5);
     }
 
@@ -766,20 +793,26 @@ mod tests {
         }
         let (f1, f2, f3) = (s.take().unwrap(), s.take().unwrap(), s.take().unwrap());
         // Kept out of order (a failed pass given back late): in order.
-        assert!(s.retain(f2).is_none());
-        assert!(s.retain(f1).is_none());
-        assert!(s.retain(f3).is_none());
-        assert_eq!(s.ack(9), None);
+        assert!(s.retain(f2, 5).is_none());
+        assert!(s.retain(f1, 6).is_none());
+        assert!(s.retain(f3, 7).is_none());
+        assert_eq!(s.waiting_since(), 5);
+        assert_eq!(s.ack(9, 8), None);
         assert_eq!(
-            s.ack(1),
+            s.ack(1, 9),
             Some(Tally {
                 requests: 1,
                 bytes: 2
             })
         );
-        assert_eq!(s.ack(1), Some(Tally::default()));
+        // Progress moves the wait on; an acknowledgement of nothing new
+        // does not.
+        assert_eq!(s.waiting_since(), 9);
+        assert_eq!(s.ack(1, 10), Some(Tally::default()));
+        assert_eq!(s.waiting_since(), 9);
         let back = s.rewind();
         assert_eq!(back.requests, 2);
+        assert_eq!(s.waiting_since(), 0);
         assert!(!s.has_retained());
         let order: Vec<u64> = std::iter::from_fn(|| s.take()).map(|f| f.seq).collect();
         assert_eq!(order, [2, 3, 4]);
