@@ -29,6 +29,9 @@ init([]) ->
     %% said once each (ecall_route:plain/2). Owned by this supervisor so
     %% that it outlives every connection.
     _ = ets:new(ecall_plain_said, [named_table, public, {read_concurrency, true}]),
+    %% Node -> sends to it that went by `!' instead of a transport
+    %% (ecall_route:native/3; ecall:stats/0,1).
+    _ = ets:new(ecall_fallback_sends, [named_table, public, {write_concurrency, true}]),
     %% Requests dropped when connections closed (see ecall_conn).
     persistent_term:put({ecall, conn_counters}, counters:new(?COUNTERS, [write_concurrency])),
     Conn = #{id => ecall_conn, start => {ecall_conn, start_link, []},

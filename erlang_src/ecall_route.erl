@@ -38,7 +38,8 @@
 -module(ecall_route).
 
 -export([send/3, send_to/3, send_remote/5, send_many/2, send_many/3]).
--export([route/1, peer/1, await_close/1, plain/1, plain/2, publish/2, closing/2, unpublish/1]).
+-export([route/1, peer/1, await_close/1, plain/1, plain/2, publish/2, closing/2, unpublish/1,
+         fallback_sends/0]).
 
 -include_lib("kernel/include/logger.hrl").
 
@@ -325,6 +326,7 @@ to(_Node, To) -> To.
 -spec native(node(), ecall:dest(), Msg) -> Msg.
 native(Node, To, Msg) ->
     await_close(Node),
+    count_fallback(Node),
     case get(?NATIVE_SENT) of
         undefined ->
             put(?NATIVE_SENT, [Node]);
@@ -332,6 +334,25 @@ native(Node, To, Msg) ->
             lists:member(Node, Nodes) orelse put(?NATIVE_SENT, [Node | Nodes])
     end,
     To ! Msg.
+
+%% A send to `Node' by `!' instead of a transport, counted (ecall:stats/0,1:
+%% `fallback_sends'); not before the application starts.
+-spec count_fallback(node()) -> ok.
+count_fallback(Node) ->
+    try ets:update_counter(ecall_fallback_sends, Node, 1, {Node, 0}) of
+        _ -> ok
+    catch
+        error:badarg -> ok
+    end.
+
+%% @doc Sends to each node that went by `!' instead of a transport since
+%% ecall started (no connection up, one closing, or a transport that found
+%% itself closed).
+-spec fallback_sends() -> #{node() => non_neg_integer()}.
+fallback_sends() ->
+    try maps:from_list(ets:tab2list(ecall_fallback_sends))
+    catch error:badarg -> #{}
+    end.
 
 %% Before a send to `Node' through a transport: the barrier, when this
 %% process sent to `Node' by `!' since its last send through a transport

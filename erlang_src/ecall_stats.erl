@@ -9,7 +9,8 @@
 %% @doc See ecall:stats/0 (the application is started).
 -spec node() -> #{peers := #{node() => map()}, receivers := map(), identities := [map()],
                   identities_state := registered | none | {registering, term()},
-                  closed_drops := non_neg_integer()}.
+                  closed_drops := non_neg_integer(),
+                  fallback_sends := #{node() => non_neg_integer()}}.
 node() ->
     Peers = maps:from_list([{N, S} || #{node := N} <- ecall_conn_sup:infos(),
                                       {ok, S} <- [peer(N)]]),
@@ -26,6 +27,8 @@ node() ->
       %% Requests dropped when connections closed (their peers' own
       %% counters are gone with them).
       closed_drops => ecall_conn_sup:closed_drops(),
+      %% Sends that went by `!' instead of a transport, per node.
+      fallback_sends => ecall_route:fallback_sends(),
       receivers => ecall_receiver_sup:counts()}.
 
 %% @doc See ecall:stats/1 (the application is started).
@@ -33,7 +36,8 @@ node() ->
 peer(Node) ->
     case ecall_route:peer(Node) of
         undefined -> {error, not_connected};
-        {Mod, State, _Loops} -> {ok, Mod:stats(State)}
+        {Mod, State, _Loops} ->
+            {ok, (Mod:stats(State))#{fallback_sends => maps:get(Node, ecall_route:fallback_sends(), 0)}}
     end.
 
 %% @doc See ecall:last_stats/1 (the application is started).

@@ -276,6 +276,8 @@ stop(app_stop, B, Way, Collector, Senders) ->
     [S ! {mark, self()} || S <- Senders],
     [receive {marked, S} -> ok end || S <- Senders],
     Result = finish(Way, B, Collector, Senders),
+    %% Through ecall, that traffic went by `!', and was counted so.
+    _ = Way =:= ecall andalso ?assert(maps:get(fallback_sends, Result) >= ?SENDERS * ?AFTER),
     %% ecall starts again on B: a connection is made again, and carries
     %% what is sent.
     {ok, _} = erpc:call(B, application, ensure_all_started, [ecall]),
@@ -305,7 +307,9 @@ finish(Way, B, Collector, Senders) ->
                  bang ->
                      #{}
              end,
-    Closed#{sent => lists:sum(maps:values(Sent)), lost => Lost, bad => Bad}.
+    Fallback = maps:get(B, maps:get(fallback_sends, ecall:stats()), 0),
+    Closed#{sent => lists:sum(maps:values(Sent)), lost => Lost, bad => Bad,
+            fallback_sends => Fallback}.
 
 %% Sends `{I, Seq}', Seq from 1, ?BURST every millisecond or so (a
 %% backlog on the links when the stop comes), until told to stop. Told `{mark, Test}', it says `{marked, self()}' to Test once it
