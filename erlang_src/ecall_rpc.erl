@@ -215,7 +215,6 @@ result({exception, Class, Reason, Stack}) -> {error, {exception, Class, Reason, 
 result({badrpc, Reason}) -> {error, {badrpc, Reason}}.
 
 -spec down_reason(term()) -> term().
-down_reason({link_down, Reason}) -> {link_down, Reason};
 down_reason(noproc) -> noconnection;
 down_reason(Reason) -> Reason.
 

@@ -398,7 +398,26 @@ do_kill_receiver(K) ->
                         New = erpc:call(B, erlang, whereis, [Name]),
                         is_pid(New) andalso New =/= Old
                 end, erlang:monotonic_time(millisecond) + 30000),
+    %% The fault is over once the successor has taken over (it answers a
+    %% system message after its init, which closed the links it served)
+    %% and every link is back: a call made after the command does not
+    %% meet it.
+    _ = erpc:call(B, sys, get_state, [erpc:call(B, erlang, whereis, [Name])]),
+    true = poll(fun() -> links_back(B) end, erlang:monotonic_time(millisecond) + 30000),
     ok.
+
+%% Whether every link of the connection to `B' is up and connected there
+%% (no connection: nothing to wait for).
+links_back(B) ->
+    case ecall:stats(B) of
+        {error, not_connected} ->
+            true;
+        {ok, #{links := L, links_up := L}} ->
+            Hidden = erpc:call(B, erlang, nodes, [hidden]),
+            lists:all(fun(Id) -> lists:member(Id, Hidden) end, ecall:identities());
+        {ok, _} ->
+            false
+    end.
 
 %% Stops ecall on the peer (an orderly stop: this node's connection to it
 %% writes out what it holds first) and starts it again, then connects
