@@ -193,16 +193,21 @@ impl Inbound {
     }
 }
 
-/// If a well-formed plain `body` is a receiver's acknowledgement, what it
-/// says: (epoch, shard, number).
-fn ack(body: &[u8]) -> Option<(u64, u32, u64)> {
-    // Control: 131 {6, From, Unused, ecall_ack}
+/// If the control of a well-formed plain `body` is `131 {6, From, Unused,
+/// Name}` (`REG_SEND` to `name`), where its payload starts.
+fn reg_send_to(body: &[u8], name: &str) -> Option<usize> {
     let pos = tuple(body, 1, 4)?;
     let pos =
         (body.get(pos..pos + 2)? == [etf::SMALL_INTEGER_EXT, etf::REG_SEND]).then_some(pos + 2)?;
     let pos = term_walk::term_end(body, pos)?; // From
     let pos = term_walk::term_end(body, pos)?; // Unused
-    let pos = atom_is(body, pos, "ecall_ack")?;
+    atom_is(body, pos, name)
+}
+
+/// If a well-formed plain `body` is a receiver's acknowledgement, what it
+/// says: (epoch, shard, number).
+fn ack(body: &[u8]) -> Option<(u64, u32, u64)> {
+    let pos = reg_send_to(body, "ecall_ack")?;
     // Payload: 131 <<Epoch:64, Shard:32, Seq:64>>, and nothing after.
     let head = [
         etf::VERSION,
@@ -256,13 +261,7 @@ fn tuple(inp: &[u8], pos: usize, arity: u8) -> Option<usize> {
 /// If a well-formed plain `body` is net_kernel's `is_auth` call, the frame
 /// that answers it (`From ! {Tag, yes}`, as `gen:reply/2` does).
 fn is_auth(body: &[u8]) -> Option<Vec<u8>> {
-    // Control: 131 {6, From, Unused, net_kernel}
-    let pos = tuple(body, 1, 4)?;
-    let pos =
-        (body.get(pos..pos + 2)? == [etf::SMALL_INTEGER_EXT, etf::REG_SEND]).then_some(pos + 2)?;
-    let pos = term_walk::term_end(body, pos)?; // From
-    let pos = term_walk::term_end(body, pos)?; // Unused
-    let pos = atom_is(body, pos, "net_kernel")?;
+    let pos = reg_send_to(body, "net_kernel")?;
     // Payload: 131 {'$gen_call', {Pid, Tag}, {is_auth, _}}
     (*body.get(pos)? == etf::VERSION).then_some(())?;
     let pos = tuple(body, pos + 1, 3)?;
