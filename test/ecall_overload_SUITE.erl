@@ -394,11 +394,7 @@ a_reap_loses_nothing_and_a_waiting_sender_waits(_Config) ->
     "" = os:cmd("kill -STOP " ++ OsPid),
     K = try
             K0 = step_until_blocked(Sender, 1),
-            receive
-                {trace, Conn, 'receive', {ecall_link, _, {down, Why}}} ->
-                    ?assertEqual(stalled, Why)
-            after 30000 -> ct:fail(not_reaped)
-            end,
+            ok = reaped(Conn),
             receive
                 {trace, Sender, 'receive', {ecall_room, _, _} = Let} -> ct:fail({let_in, Let})
             after 0 -> ok
@@ -453,19 +449,14 @@ casts_and_calls_wait_for_room_under_block(_Config) ->
         try
             [1 = erlang:trace(P, true, [call]) || P <- [Caster, Caller]],
             K = cast_until_waiting(Caster, 1),
-            receive
-                {trace, Conn, 'receive', {ecall_link, _, {down, Why}}} ->
-                    ?assertEqual(stalled, Why)
-            after 30000 -> ct:fail(not_reaped)
-            end,
-            R = 1,
+            ok = reaped(Conn),
             Caller ! {call, K},
             receive
                 {trace, Caller, return_from, {ecall_nif, wait_room, 3}, wait} -> ok;
                 {done, Caller, call, Early} -> ct:fail({call_did_not_wait, Early})
             after 30000 -> ct:fail(call_neither_waiting_nor_done)
             end,
-            {R, K}
+            {1, K}
         after
             erlang:trace_pattern({ecall_nif, wait_room, 3}, false, [local]),
             erlang:trace(Conn, false, ['receive']),
@@ -515,6 +506,14 @@ request_loop(Owner, C, Collector, Payload) ->
             Owner ! {done, self(), call, ecall:call(C, ecall_test_nodes, echo, [{echoed, I}])}
     end,
     request_loop(Owner, C, Collector, Payload).
+
+%% Returns once the connection process `Conn' (traced) heard that a link
+%% went down, and checks that it was reaped (`stalled').
+reaped(Conn) ->
+    receive
+        {trace, Conn, 'receive', {ecall_link, _, {down, Why}}} -> ?assertEqual(stalled, Why)
+    after 30000 -> ct:fail(not_reaped)
+    end.
 
 %% Makes the caster cast I, I + 1, ... until its cast waits for room;
 %% that cast's number. A cast that returns anything but `ok' fails the
